@@ -1,0 +1,320 @@
+//! Reading archival versions: recipes of direct, indirect and zero chunk
+//! references. Indirect references point at positions of a newer version of the
+//! same series, which may itself be archival, so a restore resolves whole
+//! recipes level by level — newest first — into one location per chunk
+//! position, instead of chasing pointers chunk by chunk.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::container::{ContainerId, CHUNK_ZERO};
+use crate::error::{corrupt_meta, Result};
+use crate::meta::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::recipe::Entry;
+use crate::restore::{load_units, push_extent, recipe_entries, Extent};
+use crate::store::Store;
+
+/// Where one chunk position's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loc {
+    Stored {
+        container: ContainerId,
+        vaddr: u64,
+        len: u32,
+    },
+    Zero {
+        len: u32,
+    },
+}
+
+impl Loc {
+    fn extent(self) -> Extent {
+        match self {
+            Loc::Stored {
+                container,
+                vaddr,
+                len,
+            } => Extent::Stored {
+                container,
+                vaddr,
+                len: u64::from(len),
+            },
+            Loc::Zero { len } => Extent::Zero {
+                len: u64::from(len),
+            },
+        }
+    }
+}
+
+/// Locations of every chunk of `unit`'s chunks `first..first+count`.
+fn unit_locs(
+    u: &crate::meta::UnitRecord,
+    uid: u64,
+    first: usize,
+    count: usize,
+    out: &mut Vec<Loc>,
+) -> Result<()> {
+    if first + count > u.chunks.len() {
+        return Err(corrupt_meta(
+            format!("unit {uid}"),
+            "a recipe references chunks beyond the unit",
+        ));
+    }
+    let mut vaddr = u.vbase
+        + u.chunks[..first]
+            .iter()
+            .map(|c| c.stored_len())
+            .sum::<u64>();
+    for c in &u.chunks[first..first + count] {
+        if c.flags & CHUNK_ZERO != 0 {
+            out.push(Loc::Zero { len: c.len });
+        } else if c.stored_len() == 0 {
+            return Err(corrupt_meta(
+                format!("unit {uid}"),
+                "a recipe references a removed chunk",
+            ));
+        } else {
+            out.push(Loc::Stored {
+                container: u.container,
+                vaddr,
+                len: c.len,
+            });
+            vaddr += u64::from(c.len);
+        }
+    }
+    Ok(())
+}
+
+/// Resolves one recipe into per-position locations, given the already
+/// resolved newer versions it points into.
+fn resolve_entries(
+    store: &Store,
+    what: &str,
+    parts: &[Vec<Entry>],
+    newer: &BTreeMap<u32, Vec<Loc>>,
+) -> Result<Vec<Loc>> {
+    let mut out = Vec::new();
+    for entries in parts {
+        let mut ids = Vec::new();
+        for e in entries {
+            match *e {
+                Entry::Units { first, count } => ids.extend(first..first + count),
+                Entry::Direct { unit, .. } => ids.push(unit),
+                _ => {}
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let units = load_units(store, &ids)?;
+        let get = |id: u64| &units[ids.binary_search(&id).expect("loaded every id")];
+        for e in entries {
+            match *e {
+                Entry::Units { first, count } => {
+                    for id in first..first + count {
+                        let u = get(id);
+                        unit_locs(u, id, 0, u.chunks.len(), &mut out)?;
+                    }
+                }
+                Entry::Direct { unit, first, count } => {
+                    unit_locs(get(unit), unit, first as usize, count as usize, &mut out)?
+                }
+                Entry::Zero { len, count } => (0..count).for_each(|_| out.push(Loc::Zero { len })),
+                Entry::Indirect {
+                    version,
+                    first,
+                    count,
+                } => {
+                    let src = newer.get(&version).ok_or_else(|| {
+                        corrupt_meta(
+                            format!("recipe of {what}"),
+                            format!("points into version {version}, which is not resolved"),
+                        )
+                    })?;
+                    let (a, b) = (first as usize, (first + count) as usize);
+                    if b > src.len() {
+                        return Err(corrupt_meta(
+                            format!("recipe of {what}"),
+                            format!("points past the end of version {version}"),
+                        ));
+                    }
+                    out.extend_from_slice(&src[a..b]);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn indirect_targets(parts: &[Vec<Entry>]) -> BTreeSet<u32> {
+    parts
+        .iter()
+        .flatten()
+        .filter_map(|e| match e {
+            Entry::Indirect { version, .. } => Some(*version),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Per-position locations of `v` and every version its references reach,
+/// and the depth of the longest indirect chain.
+pub(crate) fn resolve_positions(
+    store: &Store,
+    series: &SeriesRecord,
+    v: &VersionRecord,
+    parts: Vec<Vec<Entry>>,
+) -> Result<(Vec<Loc>, u32)> {
+    // Collect the versions reachable through indirect references.
+    let mut recipes: BTreeMap<u32, Vec<Vec<Entry>>> = BTreeMap::new();
+    let mut todo: Vec<u32> = indirect_targets(&parts).into_iter().collect();
+    recipes.insert(v.number, parts);
+    while let Some(n) = todo.pop() {
+        if recipes.contains_key(&n) {
+            continue;
+        }
+        if n <= v.number {
+            return Err(corrupt_meta(
+                format!("recipe of {} version {}", series.name, v.number),
+                format!("indirect reference to older version {n}"),
+            ));
+        }
+        let rec = store.meta.version(series, n)?.ok_or_else(|| {
+            corrupt_meta(
+                format!("recipe of {} version {}", series.name, v.number),
+                format!("points into version {n}, which does not exist"),
+            )
+        })?;
+        let p = recipe_entries(store, series, &rec)?;
+        if rec.form == RecipeForm::Archival {
+            todo.extend(indirect_targets(&p));
+        }
+        recipes.insert(n, p);
+    }
+    // Newest first: every version's targets are resolved before it.
+    let mut resolved: BTreeMap<u32, Vec<Loc>> = BTreeMap::new();
+    let mut depth: BTreeMap<u32, u32> = BTreeMap::new();
+    for (&n, p) in recipes.iter().rev() {
+        let what = format!("{} version {}", series.name, n);
+        let locs = resolve_entries(store, &what, p, &resolved)?;
+        let d = indirect_targets(p)
+            .iter()
+            .map(|t| depth[t] + 1)
+            .max()
+            .unwrap_or(0);
+        depth.insert(n, d);
+        resolved.insert(n, locs);
+    }
+    let locs = resolved
+        .remove(&v.number)
+        .expect("resolved the version itself");
+    Ok((locs, depth[&v.number]))
+}
+
+/// Extents of an archival version.
+pub(crate) fn resolve_archival(
+    store: &Store,
+    series: &SeriesRecord,
+    v: &VersionRecord,
+    parts: Vec<Vec<Entry>>,
+) -> Result<(Vec<Extent>, u32)> {
+    let (locs, depth) = resolve_positions(store, series, v, parts)?;
+    let mut out = Vec::with_capacity(locs.len() / 4 + 1);
+    for l in locs {
+        push_extent(&mut out, l.extent());
+    }
+    Ok((out, depth))
+}
+
+/// One chunk position of a recipe, as a reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ref {
+    Direct { unit: u64, idx: u32 },
+    Indirect { version: u32, pos: u64 },
+    Zero { len: u32 },
+}
+
+/// Expands recipe entries into one reference per chunk position (zero chunks
+/// inside units become `Zero`), with the records of every unit referenced.
+pub(crate) fn expand_refs(
+    store: &Store,
+    parts: &[Vec<Entry>],
+) -> Result<(
+    Vec<Ref>,
+    std::collections::HashMap<u64, crate::meta::UnitRecord>,
+)> {
+    let mut ids: Vec<u64> = Vec::new();
+    for e in parts.iter().flatten() {
+        match *e {
+            Entry::Units { first, count } => ids.extend(first..first + count),
+            Entry::Direct { unit, .. } => ids.push(unit),
+            _ => {}
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let units: std::collections::HashMap<u64, crate::meta::UnitRecord> =
+        ids.iter().copied().zip(load_units(store, &ids)?).collect();
+    let mut out = Vec::new();
+    let chunk_ref = |uid: u64, u: &crate::meta::UnitRecord, i: usize| {
+        let c = &u.chunks[i];
+        if c.flags & CHUNK_ZERO != 0 {
+            Ref::Zero { len: c.len }
+        } else {
+            Ref::Direct {
+                unit: uid,
+                idx: i as u32,
+            }
+        }
+    };
+    for e in parts.iter().flatten() {
+        match *e {
+            Entry::Units { first, count } => {
+                for uid in first..first + count {
+                    let u = &units[&uid];
+                    for i in 0..u.chunks.len() {
+                        out.push(chunk_ref(uid, u, i));
+                    }
+                }
+            }
+            Entry::Direct { unit, first, count } => {
+                let u = &units[&unit];
+                if (first + count) as usize > u.chunks.len() {
+                    return Err(corrupt_meta(
+                        format!("unit {unit}"),
+                        "a recipe references chunks beyond the unit",
+                    ));
+                }
+                for i in first..first + count {
+                    out.push(chunk_ref(unit, u, i as usize));
+                }
+            }
+            Entry::Indirect {
+                version,
+                first,
+                count,
+            } => out.extend((first..first + count).map(|pos| Ref::Indirect { version, pos })),
+            Entry::Zero { len, count } => out.extend((0..count).map(|_| Ref::Zero { len })),
+        }
+    }
+    Ok((out, units))
+}
+
+/// Encodes per-position references as (merged) archival recipe entries.
+pub(crate) fn refs_to_recipe(refs: &[Ref]) -> crate::recipe::RecipeBuilder {
+    let mut b = crate::recipe::RecipeBuilder::new();
+    for r in refs {
+        b.push(match *r {
+            Ref::Direct { unit, idx } => Entry::Direct {
+                unit,
+                first: idx,
+                count: 1,
+            },
+            Ref::Indirect { version, pos } => Entry::Indirect {
+                version,
+                first: pos,
+                count: 1,
+            },
+            Ref::Zero { len } => Entry::Zero { len, count: 1 },
+        });
+    }
+    b
+}

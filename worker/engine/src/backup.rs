@@ -1,0 +1,574 @@
+//! Inline backup: source → chunking → fingerprints → dedup → containers → commit.
+//!
+//! Three stages run concurrently, connected by bounded channels (so memory
+//! stays bounded whatever the input size):
+//!
+//! 1. a chunking thread reads the source into 4 MiB buffers and cuts chunks
+//!    (restarting at every piece, i.e. every file of a tree);
+//! 2. a hashing thread fingerprints each buffer's chunks in parallel (rayon)
+//!    and flags all-zero chunks;
+//! 3. the caller's thread groups chunks into segments, looks units up in the
+//!    index, and packs new units into containers (compressed on the pack
+//!    writer's thread).
+//!
+//! Nothing is visible until the final commit, which happens only after every
+//! container of the session is fsynced.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::catalog;
+use crate::chunker::{Chunker, Segmenter};
+use crate::config::DedupUnit;
+use crate::container::{ChunkEntry, CHUNK_ZERO};
+use crate::error::{Error, Result};
+use crate::fp::{is_zero, Fp};
+use crate::meta::{
+    part_key, version_key, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
+    CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
+};
+use crate::pack::{PackChunk, PackWriter};
+use crate::recipe::RecipeBuilder;
+use crate::source::Source;
+use crate::store::{check_series_name, now_unix, Store, Txn};
+
+const BUF_BYTES: usize = 4 << 20;
+
+pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub struct BackupOptions {
+    /// Dedup unit for a new series (an existing series keeps its own).
+    pub unit: Option<DedupUnit>,
+    /// Backup time (unix seconds); defaults to now.
+    pub time_unix: Option<i64>,
+    /// Called with the logical bytes read so far.
+    pub progress: Option<Progress>,
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BackupReport {
+    pub series: String,
+    pub version: u32,
+    pub kind: VersionKind,
+    pub unit: DedupUnit,
+    pub time_unix: i64,
+    pub logical_bytes: u64,
+    pub chunks: u64,
+    /// Distinct units the version references.
+    pub units: u64,
+    pub new_units: u64,
+    /// New unique data (uncompressed) and what it took on disk.
+    pub new_vbytes: u64,
+    pub new_container_bytes: u64,
+    pub zero_bytes: u64,
+    pub catalog_entries: u64,
+    pub recipe_bytes: u64,
+    pub catalog_bytes: u64,
+    pub seconds: f64,
+    /// What the series' automatic retention did after the backup committed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slide: Option<crate::slide::SlideReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expire: Option<crate::expire::ExpireReport>,
+}
+
+struct Batch {
+    buf: Arc<Vec<u8>>,
+    chunks: Vec<(u32, u32)>,
+}
+
+struct Hashed {
+    buf: Arc<Vec<u8>>,
+    chunks: Vec<(u32, u32)>,
+    fps: Vec<Fp>,
+    zero: Vec<bool>,
+}
+
+/// A chunk waiting in the current segment.
+struct SegChunk {
+    buf: Arc<Vec<u8>>,
+    start: u32,
+    len: u32,
+    fp: Fp,
+    zero: bool,
+}
+
+impl SegChunk {
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start as usize..(self.start + self.len) as usize]
+    }
+
+    fn entry(&self) -> ChunkEntry {
+        ChunkEntry {
+            flags: if self.zero { CHUNK_ZERO } else { 0 },
+            len: self.len,
+            fp: self.fp,
+        }
+    }
+}
+
+pub fn backup(
+    store: &Store,
+    series_name: &str,
+    source: Box<dyn Source>,
+    opts: &BackupOptions,
+) -> Result<BackupReport> {
+    let started = Instant::now();
+    store.require_writable()?;
+    check_series_name(series_name)?;
+    let _claim = store.claim_series(series_name)?;
+    let existing = store.meta.series(series_name)?;
+    let unit_kind = match (&existing, opts.unit) {
+        // A series created by `retention set` takes its unit from its first backup.
+        (Some(s), Some(u)) if s.next_version == 1 => u,
+        (Some(s), Some(u)) if s.unit != u => {
+            return Err(Error::UnitMismatch {
+                series: series_name.to_string(),
+                existing: s.unit.to_string(),
+                requested: u.to_string(),
+            })
+        }
+        (Some(s), _) => s.unit,
+        (None, u) => u.unwrap_or_default(),
+    };
+    let series_id = existing
+        .as_ref()
+        .map(|s| s.id)
+        .unwrap_or_else(|| store.alloc_series());
+    let version = existing.as_ref().map(|s| s.next_version).unwrap_or(1);
+    let cfg = store.config().clone();
+
+    let mut session = store.begin_session("backup")?;
+    let mut pack = PackWriter::new(
+        session.allocator(),
+        store.data_dir().to_path_buf(),
+        cfg.container_bytes,
+        cfg.block_bytes,
+        cfg.compression,
+    );
+
+    // Stage 1 and 2 threads.
+    let cancel = opts.cancel.clone().unwrap_or_default();
+    let (batch_tx, batch_rx) = bounded::<Batch>(2);
+    let (hashed_tx, hashed_rx) = bounded::<Hashed>(2);
+    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(8);
+    let chunker = Chunker::new(cfg.chunk);
+    let chunk_cancel = cancel.clone();
+    let chunk_thread = std::thread::Builder::new()
+        .name("revault-chunk".into())
+        .spawn(move || chunk_stage(source, chunker, batch_tx, pool_rx, chunk_cancel))
+        .expect("spawn chunker");
+    let max_len = cfg.chunk.max as usize;
+    let zero_fp_max = Fp::of(&vec![0u8; max_len]);
+    let hash_thread = std::thread::Builder::new()
+        .name("revault-hash".into())
+        .spawn(move || hash_stage(batch_rx, hashed_tx, max_len, zero_fp_max))
+        .expect("spawn hasher");
+
+    // Stage 3, here.
+    let mut d = Dedup {
+        store,
+        kind: unit_kind,
+        segmenter: Segmenter::new(cfg.segment, cfg.chunk),
+        recipe: RecipeBuilder::new(),
+        seg: Vec::new(),
+        seg_len: 0,
+        new_by_fp: HashMap::new(),
+        txn: Txn::default(),
+        referenced: HashSet::new(),
+        pinned: Vec::new(),
+        logical: 0,
+        chunks: 0,
+        zero_bytes: 0,
+        new_vbytes: 0,
+    };
+    let result = (|| -> Result<()> {
+        for h in hashed_rx.iter() {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(Error::Cancelled);
+            }
+            d.take_batch(&h, &mut pack)?;
+            if let Some(p) = &opts.progress {
+                p(d.logical);
+            }
+            let Hashed { buf, .. } = h;
+            if let Ok(v) = Arc::try_unwrap(buf) {
+                let _ = pool_tx.try_send(v);
+            }
+        }
+        d.close_segment(&mut pack)
+    })();
+    drop(hashed_rx);
+    drop(pool_tx);
+    let hashed = hash_thread
+        .join()
+        .map_err(|_| Error::Invalid("the hashing thread panicked".into()));
+    let chunked = chunk_thread
+        .join()
+        .map_err(|_| Error::Invalid("the chunking thread panicked".into()));
+    if let Err(e) = result {
+        store.unpin(d.pinned.iter().copied());
+        // A source error is the root cause; report it rather than the knock-on.
+        return Err(match chunked {
+            Ok(Err(src_err)) => src_err,
+            _ => e,
+        });
+    }
+    let pinned = std::mem::take(&mut d.pinned);
+    let outcome = (|| -> Result<BackupReport> {
+        hashed?;
+        let source = chunked??;
+        let catalog_entries = source.finish()?;
+        let containers = pack.finish()?;
+        session.sync()?;
+        store.failpoint("backup.before_commit")?;
+
+        let kind = if catalog_entries.is_some() {
+            VersionKind::Tree
+        } else {
+            VersionKind::Stream
+        };
+        let recipe_parts = std::mem::take(&mut d.recipe).finish();
+        let catalog_parts = catalog_entries
+            .as_ref()
+            .map(|c| catalog::encode(c))
+            .unwrap_or_default();
+        let time_unix = opts.time_unix.unwrap_or_else(now_unix);
+        let recipe_bytes: u64 = recipe_parts.iter().map(|p| p.len() as u64).sum();
+        let catalog_bytes: u64 = catalog_parts.iter().map(|p| p.len() as u64).sum();
+        let new_container_bytes: u64 = containers.iter().map(|c| c.1.file_bytes).sum();
+        let units = d.referenced.len() as u64;
+        let new_units = d.txn.new_units.len() as u64;
+
+        let record = VersionRecord {
+            number: version,
+            time_unix,
+            kind,
+            form: RecipeForm::Live,
+            logical_bytes: d.logical,
+            chunks: d.chunks,
+            recipe_parts: recipe_parts.len() as u32,
+            recipe_bytes,
+            catalog_parts: catalog_parts.len() as u32,
+            catalog_bytes,
+            catalog_entries: catalog_entries
+                .as_ref()
+                .map(|c| c.len() as u64)
+                .unwrap_or(0),
+            new_units,
+            new_vbytes: d.new_vbytes,
+            new_container_bytes,
+            zero_bytes: d.zero_bytes,
+            backup_secs: started.elapsed().as_secs_f64(),
+        };
+        let mut txn = std::mem::take(&mut d.txn);
+        txn.session = Some(session.id);
+        txn.new_containers = containers;
+        for (i, p) in recipe_parts.into_iter().enumerate() {
+            txn.puts.push((
+                CF_RECIPES,
+                part_key(series_id, version, i as u32).to_vec(),
+                p,
+            ));
+        }
+        for (i, p) in catalog_parts.into_iter().enumerate() {
+            txn.puts.push((
+                CF_CATALOGS,
+                part_key(series_id, version, i as u32).to_vec(),
+                p,
+            ));
+        }
+        txn.put_json(CF_VERSIONS, &version_key(series_id, version), &record);
+        let name = series_name.to_string();
+        txn.series_updates.push((
+            name.clone(),
+            Box::new(move |cur| match cur {
+                Some(mut s) => {
+                    s.next_version = version + 1;
+                    s.generation += 1;
+                    s.unit = unit_kind;
+                    s
+                }
+                None => SeriesRecord {
+                    id: series_id,
+                    name,
+                    unit: unit_kind,
+                    created_unix: now_unix(),
+                    next_version: version + 1,
+                    retention: Default::default(),
+                    generation: 1,
+                    deleted_since_gc: false,
+                },
+            }),
+        ));
+        txn.totals.logical_bytes = d.logical as i64;
+        txn.totals.versions = 1;
+        txn.totals.recipe_bytes = recipe_bytes as i64;
+        txn.totals.catalog_bytes = catalog_bytes as i64;
+        store.commit(txn)?;
+        session.mark_committed();
+        Ok(BackupReport {
+            series: series_name.to_string(),
+            version,
+            kind,
+            unit: unit_kind,
+            time_unix,
+            logical_bytes: d.logical,
+            chunks: d.chunks,
+            units,
+            new_units,
+            new_vbytes: d.new_vbytes,
+            new_container_bytes,
+            zero_bytes: d.zero_bytes,
+            catalog_entries: record.catalog_entries,
+            recipe_bytes,
+            catalog_bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            slide: None,
+            expire: None,
+        })
+    })();
+    store.unpin(pinned);
+    let mut rep = outcome?;
+    // The series says so: slide what left the live window, expire what
+    // retention no longer keeps. The backup is committed whatever happens here.
+    if store
+        .meta
+        .series(series_name)?
+        .is_some_and(|s| s.retention.auto)
+    {
+        rep.slide = Some(crate::slide::slide_claimed(store, series_name)?);
+        rep.expire = Some(crate::expire::expire_claimed(
+            store,
+            series_name,
+            &crate::expire::ExpireSel::Retention,
+        )?);
+    }
+    Ok(rep)
+}
+
+fn chunk_stage(
+    mut src: Box<dyn Source>,
+    chunker: Chunker,
+    tx: Sender<Batch>,
+    pool: Receiver<Vec<u8>>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Box<dyn Source>> {
+    let max = chunker.max_size();
+    let new_buf =
+        |pool: &Receiver<Vec<u8>>| pool.try_recv().unwrap_or_else(|_| vec![0u8; BUF_BYTES]);
+    let mut buf = new_buf(&pool);
+    let mut filled = 0usize;
+    let mut start = 0usize;
+    let mut chunks: Vec<(u32, u32)> = Vec::with_capacity(1024);
+    let ship = |buf: Vec<u8>, chunks: &mut Vec<(u32, u32)>| -> Result<()> {
+        let b = Batch {
+            buf: Arc::new(buf),
+            chunks: std::mem::take(chunks),
+        };
+        // The receiver is gone only when the dedup stage failed; it reports why.
+        tx.send(b).map_err(|_| Error::Cancelled)
+    };
+    while src.next_piece()? {
+        let mut piece_end = false;
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(Error::Cancelled);
+            }
+            while !piece_end && filled < BUF_BYTES {
+                let n = src.read(&mut buf[filled..])?;
+                if n == 0 {
+                    piece_end = true;
+                } else {
+                    filled += n;
+                }
+            }
+            while start < filled {
+                if filled - start < max && !piece_end {
+                    break;
+                }
+                let n = chunker.cut(&buf[start..filled]);
+                chunks.push((start as u32, n as u32));
+                start += n;
+            }
+            if piece_end && start == filled {
+                break;
+            }
+            // The buffer is full: ship it and carry the unchunked tail over.
+            let mut next = new_buf(&pool);
+            let tail = filled - start;
+            next[..tail].copy_from_slice(&buf[start..filled]);
+            ship(std::mem::replace(&mut buf, next), &mut chunks)?;
+            filled = tail;
+            start = 0;
+        }
+    }
+    if !chunks.is_empty() {
+        ship(buf, &mut chunks)?;
+    }
+    Ok(src)
+}
+
+fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_max: Fp) {
+    for b in rx.iter() {
+        let (fps, zero): (Vec<Fp>, Vec<bool>) = b
+            .chunks
+            .par_iter()
+            .with_min_len(16)
+            .map(|&(s, l)| {
+                let d = &b.buf[s as usize..(s + l) as usize];
+                if is_zero(d) {
+                    // Long zero runs are cut at the maximum size: hashed once, up front.
+                    (
+                        if d.len() == max_len {
+                            zero_fp_max
+                        } else {
+                            Fp::of(d)
+                        },
+                        true,
+                    )
+                } else {
+                    (Fp::of(d), false)
+                }
+            })
+            .unzip();
+        if tx
+            .send(Hashed {
+                buf: b.buf,
+                chunks: b.chunks,
+                fps,
+                zero,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+struct Dedup<'s> {
+    store: &'s Store,
+    kind: DedupUnit,
+    segmenter: Segmenter,
+    recipe: RecipeBuilder,
+    seg: Vec<SegChunk>,
+    seg_len: u64,
+    /// Units created by this backup, by fingerprint: later repeats dedup to them.
+    new_by_fp: HashMap<Fp, u64>,
+    txn: Txn,
+    /// Distinct units this version references (each gets one live reference).
+    referenced: HashSet<u64>,
+    pinned: Vec<u64>,
+    logical: u64,
+    chunks: u64,
+    zero_bytes: u64,
+    new_vbytes: u64,
+}
+
+impl Dedup<'_> {
+    fn take_batch(&mut self, h: &Hashed, pack: &mut PackWriter) -> Result<()> {
+        for (i, &(start, len)) in h.chunks.iter().enumerate() {
+            self.logical += u64::from(len);
+            self.chunks += 1;
+            let c = SegChunk {
+                buf: h.buf.clone(),
+                start,
+                len,
+                fp: h.fps[i],
+                zero: h.zero[i],
+            };
+            if c.zero {
+                self.zero_bytes += u64::from(len);
+            }
+            match self.kind {
+                DedupUnit::Chunk => self.take_chunk(c, pack)?,
+                DedupUnit::Segment => {
+                    if self.segmenter.closes_before(self.seg_len, u64::from(len)) {
+                        self.close_segment(pack)?;
+                    }
+                    self.seg_len += u64::from(len);
+                    let fp = c.fp;
+                    self.seg.push(c);
+                    if self.segmenter.closes_after(self.seg_len, &fp) {
+                        self.close_segment(pack)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn take_chunk(&mut self, c: SegChunk, pack: &mut PackWriter) -> Result<()> {
+        if c.zero {
+            self.recipe.push_zero(c.len);
+            return Ok(());
+        }
+        let id = self.dedup_or_store(c.fp, std::slice::from_ref(&c), pack)?;
+        self.recipe.push_unit(id);
+        Ok(())
+    }
+
+    fn close_segment(&mut self, pack: &mut PackWriter) -> Result<()> {
+        if self.seg.is_empty() {
+            return Ok(());
+        }
+        let seg = std::mem::take(&mut self.seg);
+        self.seg_len = 0;
+        let fp = Fp::of_segment(seg.iter().map(|c| &c.fp));
+        let id = self.dedup_or_store(fp, &seg, pack)?;
+        self.recipe.push_unit(id);
+        Ok(())
+    }
+
+    fn dedup_or_store(
+        &mut self,
+        fp: Fp,
+        chunks: &[SegChunk],
+        pack: &mut PackWriter,
+    ) -> Result<u64> {
+        let id = if let Some(&id) = self.new_by_fp.get(&fp) {
+            id
+        } else if let Some(id) = self.store.lookup_pin(self.kind, &fp)? {
+            self.pinned.push(id);
+            id
+        } else {
+            let id = self.store.alloc_unit();
+            let pc: Vec<PackChunk<'_>> = chunks
+                .iter()
+                .map(|c| PackChunk {
+                    data: c.data(),
+                    entry: c.entry(),
+                })
+                .collect();
+            let (container, vbase) = pack.add_unit(id, &pc)?;
+            let unit = UnitRecord {
+                kind: self.kind,
+                fp,
+                container,
+                vbase,
+                trimmed: false,
+                chunks: pc.into_iter().map(|c| c.entry).collect(),
+            };
+            self.new_vbytes += unit.stored_vbytes();
+            self.new_by_fp.insert(fp, id);
+            self.txn.index_puts.push(((self.kind, fp), id));
+            self.txn
+                .new_units
+                .push((id, unit, Refs { live: 1, arch: 0 }));
+            self.referenced.insert(id);
+            return Ok(id);
+        };
+        if self.referenced.insert(id) && !self.new_by_fp.contains_key(&fp) {
+            self.txn.ref_delta(id, 1, 0);
+        }
+        Ok(id)
+    }
+}

@@ -1,0 +1,302 @@
+//! `check`: verifies the whole store.
+//!
+//! - every container: header, trailer and footer checksums, every block's
+//!   checksum and decompression, and every stored chunk against its BLAKE3
+//!   fingerprint;
+//! - every version: recipe and catalog checksums, every reference resolves
+//!   (units exist, chunk ranges are in bounds, indirect chains end in stored
+//!   data), and the version's size matches its recipe;
+//! - bookkeeping: reference counts recomputed from the recipes, container live
+//!   counts recomputed from the units, index entries point at complete units;
+//! - files in the data directory that no container record names (left by a
+//!   crash; `gc` removes them).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::archive::resolve_positions;
+use crate::container::{ContainerFile, ContainerId, CHUNK_ZERO};
+use crate::error::Result;
+use crate::fp::Fp;
+use crate::meta::{
+    ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_REFS, CF_UNITS,
+};
+use crate::recipe::Entry;
+use crate::restore::{load_catalog, recipe_entries};
+use crate::store::Store;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CheckReport {
+    pub ok: bool,
+    pub series: u64,
+    pub versions: u64,
+    pub units: u64,
+    pub containers: u64,
+    pub bytes_verified: u64,
+    /// Problems that make data unreadable or bookkeeping wrong.
+    pub errors: Vec<String>,
+    /// Harmless leftovers (e.g. orphan files for `gc`).
+    pub warnings: Vec<String>,
+}
+
+pub fn check(store: &Store) -> Result<CheckReport> {
+    let mut rep = CheckReport::default();
+    let meta = &store.meta;
+
+    // Units and containers.
+    let mut units: BTreeMap<u64, UnitRecord> = BTreeMap::new();
+    meta.for_each_prefix(CF_UNITS, b"", |k, v| {
+        let id = u64::from_be_bytes(k.try_into().unwrap_or_default());
+        match UnitRecord::decode(id, v) {
+            Ok(u) => {
+                units.insert(id, u);
+            }
+            Err(e) => rep.errors.push(e.to_string()),
+        }
+        Ok(true)
+    })?;
+    let mut containers: BTreeMap<ContainerId, ContainerRecord> = BTreeMap::new();
+    meta.for_each_prefix(CF_CONTAINERS, b"", |k, v| {
+        let id = ContainerId(u64::from_be_bytes(k.try_into().unwrap_or_default()));
+        match ContainerRecord::decode(id, v) {
+            Ok(c) => {
+                containers.insert(id, c);
+            }
+            Err(e) => rep.errors.push(e.to_string()),
+        }
+        Ok(true)
+    })?;
+    rep.units = units.len() as u64;
+    rep.containers = containers.len() as u64;
+
+    let mut by_container: HashMap<ContainerId, Vec<u64>> = HashMap::new();
+    for (id, u) in &units {
+        by_container.entry(u.container).or_default().push(*id);
+    }
+    for (cid, rec) in &containers {
+        let ids = by_container.remove(cid).unwrap_or_default();
+        let live: u64 = ids.iter().map(|i| units[i].stored_vbytes()).sum();
+        if live != rec.live_vbytes || ids.len() as u64 != rec.live_units {
+            rep.errors.push(format!(
+                "container {cid}: record says {} units / {} bytes live, units say {} / {}",
+                rec.live_units,
+                rec.live_vbytes,
+                ids.len(),
+                live
+            ));
+        }
+        match verify_container(store, *cid, rec, &ids, &units) {
+            Ok(n) => rep.bytes_verified += n,
+            Err(e) => rep.errors.push(e.to_string()),
+        }
+    }
+    for (cid, ids) in by_container {
+        rep.errors.push(format!(
+            "container {cid} holds {} units but has no container record",
+            ids.len()
+        ));
+    }
+
+    // Versions and reference counts.
+    let mut want: HashMap<u64, Refs> = HashMap::new();
+    for s in meta.all_series()? {
+        rep.series += 1;
+        let versions = match meta.versions(&s) {
+            Ok(v) => v,
+            Err(e) => {
+                rep.errors.push(e.to_string());
+                continue;
+            }
+        };
+        for v in versions {
+            rep.versions += 1;
+            let what = format!("{} version {}", s.name, v.number);
+            let parts = match recipe_entries(store, &s, &v) {
+                Ok(p) => p,
+                Err(e) => {
+                    rep.errors.push(e.to_string());
+                    continue;
+                }
+            };
+            let mut distinct = std::collections::HashSet::new();
+            for e in parts.iter().flatten() {
+                match *e {
+                    Entry::Units { first, count } if v.form == RecipeForm::Live => {
+                        for id in first..first + count {
+                            if distinct.insert(id) {
+                                want.entry(id).or_default().live += 1;
+                            }
+                        }
+                    }
+                    Entry::Direct { unit, .. } if v.form == RecipeForm::Archival => {
+                        if distinct.insert(unit) {
+                            want.entry(unit).or_default().arch += 1;
+                        }
+                    }
+                    Entry::Zero { .. } => {}
+                    Entry::Indirect { .. } if v.form == RecipeForm::Archival => {}
+                    _ => rep.errors.push(format!(
+                        "recipe of {what}: entry {e:?} does not belong in a {:?} recipe",
+                        v.form
+                    )),
+                }
+            }
+            match resolve_positions(store, &s, &v, parts) {
+                Ok((locs, _)) => {
+                    let bytes: u64 = locs
+                        .iter()
+                        .map(|l| match *l {
+                            crate::archive::Loc::Stored { len, .. }
+                            | crate::archive::Loc::Zero { len } => u64::from(len),
+                        })
+                        .sum();
+                    if bytes != v.logical_bytes || locs.len() as u64 != v.chunks {
+                        rep.errors.push(format!(
+                            "{what}: recipe rebuilds {bytes} bytes in {} chunks, the version has {} bytes in {} chunks",
+                            locs.len(),
+                            v.logical_bytes,
+                            v.chunks
+                        ));
+                    }
+                }
+                Err(e) => rep.errors.push(format!("{what}: {e}")),
+            }
+            if v.catalog_parts > 0 {
+                match load_catalog(store, &s, &v) {
+                    Ok(entries) => {
+                        let data: u64 = entries.iter().map(|e| e.data_len).sum();
+                        if data != v.logical_bytes {
+                            rep.errors.push(format!(
+                                "catalog of {what}: files hold {data} bytes, the recipe {}",
+                                v.logical_bytes
+                            ));
+                        }
+                    }
+                    Err(e) => rep.errors.push(e.to_string()),
+                }
+            }
+        }
+    }
+    let mut have: HashMap<u64, Refs> = HashMap::new();
+    meta.for_each_prefix(CF_REFS, b"", |k, v| {
+        let id = u64::from_be_bytes(k.try_into().unwrap_or_default());
+        match Refs::decode(id, v) {
+            Ok(r) => {
+                have.insert(id, r);
+            }
+            Err(e) => rep.errors.push(e.to_string()),
+        }
+        Ok(true)
+    })?;
+    for id in units.keys() {
+        let w = want.get(id).copied().unwrap_or_default();
+        let h = have.get(id).copied().unwrap_or_default();
+        if w != h {
+            rep.errors.push(format!(
+                "unit {id}: reference counts say {} live / {} archival, recipes say {} / {}",
+                h.live, h.arch, w.live, w.arch
+            ));
+        }
+        if w.is_zero() {
+            rep.warnings.push(format!(
+                "unit {id} is referenced by no version (gc frees it)"
+            ));
+        }
+    }
+    for id in want.keys() {
+        if !units.contains_key(id) {
+            rep.errors.push(format!(
+                "unit {id} is referenced by a recipe but does not exist"
+            ));
+        }
+    }
+
+    // Index entries name complete units with the same fingerprint.
+    meta.for_each_prefix(CF_INDEX, b"", |k, v| {
+        let id = u64::from_be_bytes(v.try_into().unwrap_or_default());
+        let fp = Fp(k[1..].try_into().unwrap_or_default());
+        match units.get(&id) {
+            Some(u) if u.fp == fp && !u.trimmed => {}
+            _ => rep.errors.push(format!(
+                "index entry {fp} names unit {id}, which is missing, trimmed or different"
+            )),
+        }
+        Ok(true)
+    })?;
+
+    // Files nobody owns.
+    if let Ok(dirs) = std::fs::read_dir(store.data_dir()) {
+        for d in dirs.flatten() {
+            let Some(session) = d
+                .file_name()
+                .to_str()
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+            else {
+                continue;
+            };
+            if let Ok(files) = std::fs::read_dir(d.path()) {
+                for f in files.flatten() {
+                    let name = f.file_name();
+                    let seq = name
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".rvc"))
+                        .and_then(|n| u64::from_str_radix(n, 16).ok());
+                    match seq {
+                        Some(seq) if containers.contains_key(&ContainerId::new(session, seq)) => {}
+                        _ => rep.warnings.push(format!(
+                            "orphan file {} (gc removes it)",
+                            f.path().display()
+                        )),
+                    }
+                }
+            }
+        }
+    }
+
+    rep.ok = rep.errors.is_empty();
+    Ok(rep)
+}
+
+/// Reads a container fully and checks every unit's chunks against their
+/// fingerprints. Returns the bytes verified.
+fn verify_container(
+    store: &Store,
+    id: ContainerId,
+    rec: &ContainerRecord,
+    ids: &[u64],
+    units: &BTreeMap<u64, UnitRecord>,
+) -> Result<u64> {
+    let cf = ContainerFile::open(store.data_dir(), id, true)?;
+    if cf.file_len != rec.file_bytes || cf.footer.vbytes != rec.vbytes {
+        return Err(crate::error::Error::CorruptContainer {
+            container: id.to_string(),
+            detail: format!(
+                "file is {} bytes holding {} data bytes, the store recorded {} / {}",
+                cf.file_len, cf.footer.vbytes, rec.file_bytes, rec.vbytes
+            ),
+        });
+    }
+    let mut data = vec![0u8; cf.footer.vbytes as usize];
+    if !data.is_empty() {
+        cf.read_range(0, &mut data)?;
+    }
+    for uid in ids {
+        let u = &units[uid];
+        let mut off = u.vbase as usize;
+        for (i, c) in u.chunks.iter().enumerate() {
+            if c.flags & CHUNK_ZERO != 0 || c.stored_len() == 0 {
+                continue;
+            }
+            let end = off + c.len as usize;
+            if end > data.len() || Fp::of(&data[off..end]) != c.fp {
+                return Err(crate::error::Error::CorruptContainer {
+                    container: id.to_string(),
+                    detail: format!("chunk {i} of unit {uid} does not match its fingerprint"),
+                });
+            }
+            off = end;
+        }
+    }
+    Ok(data.len() as u64)
+}

@@ -1,0 +1,227 @@
+//! Expire: delete versions, in time proportional to what they reference.
+//!
+//! Deleting version V drops V's references: a live recipe's live reference on
+//! each of its units, an archival recipe's archival reference on each unit it
+//! references directly. Units left unreferenced are freed, and containers left
+//! empty — typically the ones slide packed for V alone — are deleted whole.
+//! Nothing else in the store is read.
+//!
+//! Only the previous version of the series (P) can point into V: indirect
+//! references always target the next existing version. If P does, its indirect
+//! references are *spliced* onto what V's positions refer to — V's direct
+//! chunks (P takes over an archival reference on those units, so whatever P
+//! still needs is handed over before V lets go) or V's own indirect references
+//! into the version after V — so P stays restorable.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::archive::{expand_refs, refs_to_recipe, Ref};
+use crate::error::{corrupt_meta, Error, Result};
+use crate::meta::{
+    part_key, version_key, RecipeForm, SeriesRecord, VersionRecord, CF_CATALOGS, CF_RECIPES,
+    CF_VERSIONS,
+};
+use crate::recipe::Entry;
+use crate::restore::recipe_entries;
+use crate::store::{Store, Txn};
+
+#[derive(Clone, Debug)]
+pub enum ExpireSel {
+    Version(u32),
+    /// Every version older than this time (unix seconds); the newest version is kept.
+    Before(i64),
+    /// What the series' stored retention no longer keeps.
+    Retention,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExpireReport {
+    pub series: String,
+    pub expired: Vec<u32>,
+    /// Older versions whose references were spliced onto a deleted one's.
+    pub spliced: Vec<u32>,
+    pub units_freed: u64,
+    pub containers_freed: u64,
+    pub bytes_freed: u64,
+    pub logical_bytes_expired: u64,
+    pub seconds: f64,
+}
+
+pub fn expire(store: &Store, series: &str, sel: &ExpireSel) -> Result<ExpireReport> {
+    store.require_writable()?;
+    let _claim = store.claim_series(series)?;
+    expire_claimed(store, series, sel)
+}
+
+pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Result<ExpireReport> {
+    let started = Instant::now();
+    let s = store.series(series)?;
+    let versions = store.versions(&s)?;
+    let doomed: Vec<u32> = match sel {
+        ExpireSel::Version(n) => {
+            if !versions.iter().any(|v| v.number == *n) {
+                return Err(Error::UnknownVersion {
+                    series: s.name.clone(),
+                    version: n.to_string(),
+                    latest: versions.last().map(|v| v.number),
+                });
+            }
+            vec![*n]
+        }
+        ExpireSel::Before(t) => {
+            let newest = versions.last().map(|v| v.number);
+            versions
+                .iter()
+                .filter(|v| v.time_unix < *t && Some(v.number) != newest)
+                .map(|v| v.number)
+                .collect()
+        }
+        ExpireSel::Retention => {
+            let vt: Vec<(u32, i64)> = versions.iter().map(|v| (v.number, v.time_unix)).collect();
+            crate::retention::plan(&vt, &s.retention)
+        }
+    };
+    let mut rep = ExpireReport {
+        series: s.name.clone(),
+        ..Default::default()
+    };
+    // Oldest first: then no splicing is needed for the common case.
+    for n in doomed {
+        let s = store.series(series)?;
+        let versions = store.versions(&s)?;
+        let i = versions
+            .iter()
+            .position(|v| v.number == n)
+            .expect("listed above");
+        let prev = i.checked_sub(1).map(|j| &versions[j]);
+        expire_one(store, &s, &versions[i], prev, &mut rep)?;
+        rep.expired.push(n);
+    }
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+fn distinct_units(form: RecipeForm, parts: &[Vec<Entry>]) -> HashSet<u64> {
+    let mut out = HashSet::new();
+    for e in parts.iter().flatten() {
+        match (*e, form) {
+            (Entry::Units { first, count }, RecipeForm::Live) => out.extend(first..first + count),
+            (Entry::Direct { unit, .. }, RecipeForm::Archival) => {
+                out.insert(unit);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn expire_one(
+    store: &Store,
+    s: &SeriesRecord,
+    v: &VersionRecord,
+    prev: Option<&VersionRecord>,
+    rep: &mut ExpireReport,
+) -> Result<()> {
+    let mut txn = Txn::default();
+    let v_parts = recipe_entries(store, s, v)?;
+
+    // Splice the previous version if it points into this one.
+    if let Some(p) = prev.filter(|p| p.form == RecipeForm::Archival) {
+        let p_parts = recipe_entries(store, s, p)?;
+        let points_here = p_parts
+            .iter()
+            .flatten()
+            .any(|e| matches!(e, Entry::Indirect { version, .. } if *version == v.number));
+        if points_here {
+            let (v_refs, _) = expand_refs(store, &v_parts)?;
+            let (p_refs, _) = expand_refs(store, &p_parts)?;
+            let before = distinct_units(RecipeForm::Archival, &p_parts);
+            let mut spliced = Vec::with_capacity(p_refs.len());
+            for r in p_refs {
+                spliced.push(match r {
+                    Ref::Indirect { version, pos } if version == v.number => {
+                        *v_refs.get(pos as usize).ok_or_else(|| {
+                            corrupt_meta(
+                                format!("recipe of {} version {}", s.name, p.number),
+                                format!("points past the end of version {}", v.number),
+                            )
+                        })?
+                    }
+                    other => other,
+                });
+            }
+            let mut after = HashSet::new();
+            for r in &spliced {
+                if let Ref::Direct { unit, .. } = r {
+                    after.insert(*unit);
+                }
+            }
+            for u in after.difference(&before) {
+                txn.ref_delta(*u, 0, 1);
+            }
+            let parts = refs_to_recipe(&spliced).finish();
+            let bytes: u64 = parts.iter().map(|x| x.len() as u64).sum();
+            let mut prec = p.clone();
+            prec.recipe_parts = parts.len() as u32;
+            prec.recipe_bytes = bytes;
+            txn.totals.recipe_bytes += bytes as i64 - p.recipe_bytes as i64;
+            txn.delete_ranges.push((
+                CF_RECIPES,
+                part_key(s.id, p.number, 0).to_vec(),
+                part_key(s.id, p.number, u32::MAX).to_vec(),
+            ));
+            for (i, part) in parts.into_iter().enumerate() {
+                txn.puts.push((
+                    CF_RECIPES,
+                    part_key(s.id, p.number, i as u32).to_vec(),
+                    part,
+                ));
+            }
+            txn.put_json(CF_VERSIONS, &version_key(s.id, p.number), &prec);
+            rep.spliced.push(p.number);
+        }
+    }
+
+    // Drop this version's own references.
+    for u in distinct_units(v.form, &v_parts) {
+        match v.form {
+            RecipeForm::Live => txn.ref_delta(u, -1, 0),
+            RecipeForm::Archival => txn.ref_delta(u, 0, -1),
+        }
+    }
+    txn.deletes
+        .push((CF_VERSIONS, version_key(s.id, v.number).to_vec()));
+    txn.delete_ranges.push((
+        CF_RECIPES,
+        part_key(s.id, v.number, 0).to_vec(),
+        part_key(s.id, v.number, u32::MAX).to_vec(),
+    ));
+    txn.delete_ranges.push((
+        CF_CATALOGS,
+        part_key(s.id, v.number, 0).to_vec(),
+        part_key(s.id, v.number, u32::MAX).to_vec(),
+    ));
+    txn.totals.logical_bytes -= v.logical_bytes as i64;
+    txn.totals.versions -= 1;
+    txn.totals.recipe_bytes -= v.recipe_bytes as i64;
+    txn.totals.catalog_bytes -= v.catalog_bytes as i64;
+    txn.series_updates.push((
+        s.name.clone(),
+        Box::new(|cur| {
+            let mut s = cur.expect("the series exists while it is claimed");
+            s.generation += 1;
+            s.deleted_since_gc = true;
+            s
+        }),
+    ));
+    store.failpoint("expire.before_commit")?;
+    let out = store.commit(txn)?;
+    rep.units_freed += out.freed_units;
+    rep.containers_freed += out.freed_containers;
+    rep.bytes_freed += out.freed_bytes;
+    rep.logical_bytes_expired += v.logical_bytes;
+    Ok(())
+}

@@ -1,0 +1,472 @@
+//! `gc`: reclaims space that reference counting does not cover.
+//!
+//! Reference counts free whole units and whole containers as soon as nothing
+//! references them. Three kinds of waste remain, and gc handles each:
+//!
+//! 1. **Orphans**: container files no committed record names (a crash between
+//!    writing a container and committing, or between a commit and unlinking a
+//!    freed container), and empty session directories.
+//! 2. **Dead chunks inside referenced units**: a unit that several archival
+//!    versions reference directly (segments shared across series, or versions
+//!    spliced together) is kept whole until all of them are gone, even when
+//!    every version only needs some of its chunks.
+//! 3. **Partly empty containers**: containers that lost units (expired versions,
+//!    old copies left by rewriting, chunk-mode stores) but still hold others.
+//!
+//! (2) and (3) use **grouped mark-and-sweep** (Guo & Efstathopoulos, §3.2).
+//! Groups are series. A group's mark is the set of chunks its versions
+//! reference directly, per unit (live versions reference whole units). Marks
+//! are persisted (`M`+unit+group, with `N`+group+unit to list a group's units),
+//! and a group is re-marked only when its generation changed since it was
+//! marked. Only containers that may hold dead data are swept: those holding
+//! units that a group with deletions used to reference, and those that lost
+//! units in a commit (flagged `S`+container). Sweeping a container merges all
+//! groups' marks for its units, frees unmarked unreferenced units, and, when
+//! the live fraction falls below a threshold, compacts it: the marked chunks
+//! are repacked into a new container (units keep their ids, dropped chunks
+//! become absent) and the old container is freed. Marks are keyed by unit, not
+//! by container, so moving a unit (slide, compaction) never hides another
+//! group's marks.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
+use crate::container::{ContainerFile, ContainerId};
+use crate::error::{corrupt_meta, IoContext, Result};
+use crate::meta::{
+    RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS,
+};
+use crate::pack::{repack, PackWriter};
+use crate::recipe::Entry;
+use crate::restore::recipe_entries;
+use crate::store::{sync_dir, Store, Txn};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OrphanReport {
+    pub orphan_files: u64,
+    pub orphan_bytes: u64,
+    pub empty_dirs: u64,
+}
+
+pub(crate) fn remove_orphans(store: &Store) -> Result<OrphanReport> {
+    store.require_writable()?;
+    let mut rep = OrphanReport::default();
+    let mut known: HashSet<u64> = HashSet::new();
+    store.meta.for_each_prefix(CF_CONTAINERS, b"", |k, _| {
+        if let Ok(b) = k.try_into() {
+            known.insert(u64::from_be_bytes(b));
+        }
+        Ok(true)
+    })?;
+    let mut active: HashSet<u64> = HashSet::new();
+    store.meta.for_each_prefix(CF_SESSIONS, b"", |k, _| {
+        if let Ok(b) = k.try_into() {
+            active.insert(u64::from_be_bytes(b));
+        }
+        Ok(true)
+    })?;
+    let data = store.data_dir();
+    let dirs = std::fs::read_dir(data).ctx(|| format!("reading {}", data.display()))?;
+    for d in dirs {
+        let d = d.ctx(|| format!("reading {}", data.display()))?;
+        let Some(session) = d
+            .file_name()
+            .to_str()
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+        else {
+            continue;
+        };
+        if active.contains(&session) {
+            continue;
+        }
+        let path = d.path();
+        let mut left = 0;
+        for f in std::fs::read_dir(&path).ctx(|| format!("reading {}", path.display()))? {
+            let f = f.ctx(|| format!("reading {}", path.display()))?;
+            let name = f.file_name();
+            let seq = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".rvc"))
+                .and_then(|n| u64::from_str_radix(n, 16).ok());
+            let owned = seq.is_some_and(|s| known.contains(&ContainerId::new(session, s).0));
+            if owned {
+                left += 1;
+                continue;
+            }
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            std::fs::remove_file(f.path()).ctx(|| format!("removing {}", f.path().display()))?;
+            tracing::info!(file = %f.path().display(), bytes = len, "removed orphan file");
+            rep.orphan_files += 1;
+            rep.orphan_bytes += len;
+        }
+        if left == 0 && std::fs::remove_dir(&path).is_ok() {
+            rep.empty_dirs += 1;
+        }
+    }
+    if rep.orphan_files > 0 || rep.empty_dirs > 0 {
+        sync_dir(data)?;
+    }
+    Ok(rep)
+}
+
+pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = b'S';
+    k[1..].copy_from_slice(&c.0.to_be_bytes());
+    k
+}
+
+fn mark_key(unit: u64, group: u32) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = b'M';
+    k[1..9].copy_from_slice(&unit.to_be_bytes());
+    k[9..].copy_from_slice(&group.to_be_bytes());
+    k
+}
+
+fn member_key(group: u32, unit: u64) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = b'N';
+    k[1..5].copy_from_slice(&group.to_be_bytes());
+    k[5..].copy_from_slice(&unit.to_be_bytes());
+    k
+}
+
+fn group_key(group: u32) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[0] = b'G';
+    k[1..].copy_from_slice(&group.to_be_bytes());
+    k
+}
+
+/// The chunks of one unit a group references.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Mark {
+    Whole,
+    Chunks(BTreeSet<u32>),
+}
+
+impl Mark {
+    fn merge(&mut self, o: &Mark) {
+        match (&mut *self, o) {
+            (Mark::Whole, _) => {}
+            (_, Mark::Whole) => *self = Mark::Whole,
+            (Mark::Chunks(a), Mark::Chunks(b)) => a.extend(b.iter().copied()),
+        }
+    }
+
+    fn contains(&self, i: u32) -> bool {
+        match self {
+            Mark::Whole => true,
+            Mark::Chunks(c) => c.contains(&i),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        match self {
+            Mark::Whole => v.push(0),
+            Mark::Chunks(c) => {
+                v.push(1);
+                put_uvarint(&mut v, c.len() as u64);
+                let mut last = 0u32;
+                for &i in c {
+                    put_uvarint(&mut v, u64::from(i - last));
+                    last = i;
+                }
+            }
+        }
+        seal_crc(&mut v);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Mark> {
+        let bad = || corrupt_meta("gc mark", "checksum or format mismatch");
+        let mut r = Reader::new(open_crc(b).ok_or_else(bad)?);
+        match r.u8().ok_or_else(bad)? {
+            0 => Ok(Mark::Whole),
+            1 => {
+                let n = r.uvarint().ok_or_else(bad)? as usize;
+                let mut set = BTreeSet::new();
+                let mut last = 0u64;
+                for _ in 0..n {
+                    last += r.uvarint().ok_or_else(bad)?;
+                    set.insert(u32::try_from(last).map_err(|_| bad())?);
+                }
+                Ok(Mark::Chunks(set))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// What a group's versions reference, per unit.
+fn mark_group(store: &Store, s: &SeriesRecord) -> Result<HashMap<u64, Mark>> {
+    let mut marks: HashMap<u64, Mark> = HashMap::new();
+    for v in store.versions(s)? {
+        for e in recipe_entries(store, s, &v)?.iter().flatten() {
+            match (*e, v.form) {
+                (Entry::Units { first, count }, RecipeForm::Live) => {
+                    for u in first..first + count {
+                        marks.insert(u, Mark::Whole);
+                    }
+                }
+                (Entry::Direct { unit, first, count }, RecipeForm::Archival) => {
+                    let m = marks
+                        .entry(unit)
+                        .or_insert_with(|| Mark::Chunks(BTreeSet::new()));
+                    m.merge(&Mark::Chunks((first..first + count).collect()));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(marks)
+}
+
+#[derive(Clone, Debug)]
+pub struct GcOptions {
+    /// Compact containers whose live fraction falls below this (0..1).
+    pub compact_below: f64,
+    /// Re-mark every group and sweep every container (a full mark-and-sweep).
+    pub full: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            compact_below: 0.5,
+            full: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GcReport {
+    pub orphans: OrphanReport,
+    pub groups: u64,
+    pub groups_marked: u64,
+    pub units_marked: u64,
+    pub containers_swept: u64,
+    pub units_freed: u64,
+    pub units_trimmed: u64,
+    pub containers_compacted: u64,
+    pub containers_freed: u64,
+    /// Container bytes freed and written (net reclaimed = freed - written).
+    pub bytes_freed: u64,
+    pub bytes_written: u64,
+    pub mark_secs: f64,
+    pub sweep_secs: f64,
+    pub seconds: f64,
+}
+
+pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
+    store.require_writable()?;
+    let started = Instant::now();
+    let mut rep = GcReport {
+        orphans: remove_orphans(store)?,
+        ..Default::default()
+    };
+    let meta = &store.meta;
+
+    // Mark changed groups.
+    let mut sweep: BTreeSet<ContainerId> = BTreeSet::new();
+    let mut txn = Txn::default();
+    for s in meta.all_series()? {
+        rep.groups += 1;
+        let marked_gen = meta.get(CF_MARKS, &group_key(s.id))?.map(|b| {
+            b.get(..8)
+                .map(|x| u64::from_le_bytes(x.try_into().unwrap()))
+                .unwrap_or(u64::MAX)
+        });
+        if !opts.full && marked_gen == Some(s.generation) {
+            continue;
+        }
+        rep.groups_marked += 1;
+        let mut prefix = vec![b'N'];
+        prefix.extend_from_slice(&s.id.to_be_bytes());
+        let old: Vec<u64> = meta
+            .scan_prefix(CF_MARKS, &prefix)?
+            .into_iter()
+            .map(|(k, _)| u64::from_be_bytes(k[5..13].try_into().unwrap()))
+            .collect();
+        let new = mark_group(store, &s)?;
+        rep.units_marked += new.len() as u64;
+        for u in &old {
+            if !new.contains_key(u) {
+                txn.deletes.push((CF_MARKS, mark_key(*u, s.id).to_vec()));
+                txn.deletes.push((CF_MARKS, member_key(s.id, *u).to_vec()));
+            }
+        }
+        for (u, m) in &new {
+            txn.puts
+                .push((CF_MARKS, mark_key(*u, s.id).to_vec(), m.encode()));
+            txn.puts
+                .push((CF_MARKS, member_key(s.id, *u).to_vec(), Vec::new()));
+        }
+        txn.puts.push((
+            CF_MARKS,
+            group_key(s.id).to_vec(),
+            s.generation.to_le_bytes().to_vec(),
+        ));
+        if s.deleted_since_gc || opts.full {
+            // Units the group used to reference may now hold dead chunks.
+            for u in load_units_lenient(store, &old)? {
+                sweep.insert(u.container);
+            }
+        }
+        let generation = s.generation;
+        txn.series_updates.push((
+            s.name.clone(),
+            Box::new(move |cur| {
+                let mut s = cur.expect("series records are never deleted");
+                // A series changed meanwhile keeps its flag for the next gc.
+                if s.generation == generation {
+                    s.deleted_since_gc = false;
+                }
+                s
+            }),
+        ));
+    }
+    // Persist the marks and the sweep list first: a crash after this point
+    // loses no sweep work, and marks never describe less than the recipes.
+    for c in &sweep {
+        txn.puts
+            .push((CF_MARKS, sweep_key(*c).to_vec(), Vec::new()));
+    }
+    store.failpoint("gc.before_mark_commit")?;
+    store.commit(txn)?;
+    rep.mark_secs = started.elapsed().as_secs_f64();
+
+    // Sweep.
+    let sweep_started = Instant::now();
+    let mut sweep: BTreeSet<ContainerId> = meta
+        .scan_prefix(CF_MARKS, b"S")?
+        .into_iter()
+        .map(|(k, _)| ContainerId(u64::from_be_bytes(k[1..9].try_into().unwrap())))
+        .collect();
+    if opts.full {
+        meta.for_each_prefix(CF_CONTAINERS, b"", |k, _| {
+            sweep.insert(ContainerId(u64::from_be_bytes(k.try_into().unwrap())));
+            Ok(true)
+        })?;
+    }
+    let mut session = store.begin_session("gc")?;
+    let cfg = store.config().clone();
+    let mut pack = PackWriter::new(
+        session.allocator(),
+        store.data_dir().to_path_buf(),
+        cfg.container_bytes,
+        cfg.block_bytes,
+        cfg.compression,
+    );
+    let mut txn = Txn::default();
+    // Units whose references reached zero while a backup had them pinned.
+    txn.free_units.extend(store.take_zombies());
+    for cid in sweep {
+        txn.deletes.push((CF_MARKS, sweep_key(cid).to_vec()));
+        let Some(crec) = meta.container(cid)? else {
+            continue;
+        };
+        rep.containers_swept += 1;
+        let cf = ContainerFile::open(store.data_dir(), cid, true)?;
+        let ids: Vec<u64> = cf.footer.units.iter().map(|u| u.unit).collect();
+        let units: Vec<(u64, UnitRecord)> = ids
+            .iter()
+            .copied()
+            .zip(load_units_opt(store, &ids)?)
+            .filter_map(|(id, u)| u.filter(|u| u.container == cid).map(|u| (id, u)))
+            .collect();
+        let mut keep: BTreeMap<u64, Mark> = BTreeMap::new();
+        let mut live = 0u64;
+        for (id, u) in &units {
+            let mut m: Option<Mark> = None;
+            meta.for_each_prefix(CF_MARKS, &mark_key(*id, 0)[..9], |_, v| {
+                let x = Mark::decode(v)?;
+                match m.as_mut() {
+                    Some(m) => m.merge(&x),
+                    None => m = Some(x),
+                }
+                Ok(true)
+            })?;
+            let refs = meta.refs(*id)?;
+            match m {
+                None if refs.is_zero() => {
+                    txn.free_units.push(*id);
+                    rep.units_freed += 1;
+                }
+                None => {
+                    // Referenced but not marked: a version committed after its
+                    // group was marked. Keep it whole.
+                    live += u.stored_vbytes();
+                    keep.insert(*id, Mark::Whole);
+                }
+                Some(m) => {
+                    live += u
+                        .chunks
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| m.contains(*i as u32))
+                        .map(|(_, c)| c.stored_len())
+                        .sum::<u64>();
+                    keep.insert(*id, m);
+                }
+            }
+        }
+        let fraction = if crec.vbytes == 0 {
+            0.0
+        } else {
+            live as f64 / crec.vbytes as f64
+        };
+        if keep.is_empty() || fraction >= opts.compact_below {
+            continue;
+        }
+        // Compact: repack what is marked, drop the rest.
+        let mut data = vec![0u8; cf.footer.vbytes as usize];
+        cf.read_range(0, &mut data)?;
+        rep.containers_compacted += 1;
+        for (id, u) in &units {
+            let Some(m) = keep.get(id) else { continue };
+            let chunks: Option<BTreeSet<u32>> = match m {
+                Mark::Whole => None,
+                Mark::Chunks(c) => Some(c.clone()),
+            };
+            let new = repack(*id, u, chunks.as_ref(), &data, &mut pack)?;
+            if new.trimmed && !u.trimmed {
+                rep.units_trimmed += 1;
+            }
+            rep.bytes_written += new.stored_vbytes();
+            txn.unit_updates.push((*id, new));
+        }
+    }
+    txn.new_containers = pack.finish()?;
+    session.sync()?;
+    txn.session = Some(session.id);
+    store.failpoint("gc.before_sweep_commit")?;
+    let out = store.commit(txn)?;
+    session.mark_committed();
+    rep.containers_freed = out.freed_containers;
+    rep.bytes_freed = out.freed_bytes;
+    rep.sweep_secs = sweep_started.elapsed().as_secs_f64();
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+fn load_units_opt(store: &Store, ids: &[u64]) -> Result<Vec<Option<UnitRecord>>> {
+    let keys: Vec<Vec<u8>> = ids.iter().map(|i| i.to_be_bytes().to_vec()).collect();
+    store
+        .meta
+        .multi_get(CF_UNITS, &keys)?
+        .into_iter()
+        .zip(ids)
+        .map(|(v, id)| v.map(|b| UnitRecord::decode(*id, &b)).transpose())
+        .collect()
+}
+
+/// The records of those of `ids` that still exist.
+fn load_units_lenient(store: &Store, ids: &[u64]) -> Result<Vec<UnitRecord>> {
+    Ok(load_units_opt(store, ids)?.into_iter().flatten().collect())
+}

@@ -1,0 +1,34 @@
+//! Revault's deduplication engine: plain Rust with no server dependencies.
+//!
+//! A [`store::Store`] holds series of versions. A backup ([`backup::backup`])
+//! chunks its input with content-defined chunking, groups chunks into segments,
+//! deduplicates whole segments (or single chunks) against the store, packs new
+//! data into compressed, checksummed containers, and commits a recipe.
+//! [`restore::restore`] streams a version back through a forward assembly
+//! area. See `docs/architecture.md` for the design as built.
+
+pub mod archive;
+pub mod backup;
+pub mod catalog;
+pub mod check;
+pub mod chunker;
+pub mod codec;
+pub mod config;
+pub mod container;
+pub mod error;
+pub mod expire;
+pub mod fp;
+pub mod gc;
+pub mod gen;
+pub mod lock;
+pub mod meta;
+pub mod pack;
+pub mod recipe;
+pub mod restore;
+pub mod retention;
+pub mod slide;
+pub mod source;
+pub mod store;
+pub mod tree;
+
+pub use error::{Error, Result};

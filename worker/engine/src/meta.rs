@@ -1,0 +1,774 @@
+//! Metadata in RocksDB: one column family per table, typed records, and write
+//! batches that commit atomically.
+//!
+//! | column family | key                              | value                                  |
+//! |---------------|----------------------------------|----------------------------------------|
+//! | default       | "config", "counters", "totals"   | store config (JSON), id counters, sums |
+//! | series        | "ns/name"                        | [`SeriesRecord`] (JSON)                |
+//! | versions      | series id, version (BE)          | [`VersionRecord`] (JSON)               |
+//! | recipes       | series id, version, part (BE)    | recipe bytes + CRC32C                  |
+//! | catalogs      | series id, version, part (BE)    | catalog bytes (zstd) + CRC32C          |
+//! | units         | unit id (BE)                     | [`UnitRecord`] (binary + CRC32C)       |
+//! | refs          | unit id (BE)                     | live and archival reference counts     |
+//! | index         | kind byte, fingerprint           | unit id: where new backups dedup to    |
+//! | containers    | container id (BE)                | [`ContainerRecord`] (binary + CRC32C)  |
+//! | sessions      | session id (BE)                  | a write session that has not committed |
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode,
+    Options, ReadOptions, WriteBatch, WriteOptions, DB,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
+use crate::config::{DedupUnit, StoreConfig};
+use crate::container::{ChunkEntry, ContainerId, CHUNK_ABSENT, CHUNK_ZERO};
+use crate::error::{corrupt_meta, Error, Result};
+use crate::fp::Fp;
+
+pub const CF_SERIES: &str = "series";
+pub const CF_VERSIONS: &str = "versions";
+pub const CF_RECIPES: &str = "recipes";
+pub const CF_CATALOGS: &str = "catalogs";
+pub const CF_UNITS: &str = "units";
+pub const CF_REFS: &str = "refs";
+pub const CF_INDEX: &str = "index";
+pub const CF_CONTAINERS: &str = "containers";
+pub const CF_SESSIONS: &str = "sessions";
+pub const CF_MARKS: &str = "marks";
+
+const ALL_CFS: &[&str] = &[
+    CF_SERIES,
+    CF_VERSIONS,
+    CF_RECIPES,
+    CF_CATALOGS,
+    CF_UNITS,
+    CF_REFS,
+    CF_INDEX,
+    CF_CONTAINERS,
+    CF_SESSIONS,
+    CF_MARKS,
+];
+
+pub struct Meta {
+    db: DB,
+}
+
+fn db_options(cache: &Cache) -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(false);
+    o.create_missing_column_families(true);
+    o.increase_parallelism(2);
+    o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    o.set_keep_log_file_num(4);
+    o.set_max_total_wal_size(64 << 20);
+    let mut b = BlockBasedOptions::default();
+    b.set_block_cache(cache);
+    b.set_bloom_filter(10.0, false);
+    b.set_cache_index_and_filter_blocks(true);
+    o.set_block_based_table_factory(&b);
+    o
+}
+
+impl Meta {
+    pub fn create(path: &Path) -> Result<Meta> {
+        let cache = Cache::new_lru_cache(64 << 20);
+        let mut o = db_options(&cache);
+        o.create_if_missing(true);
+        Self::open_with(path, o, false)
+    }
+
+    pub fn open(path: &Path, read_only: bool) -> Result<Meta> {
+        let cache = Cache::new_lru_cache(128 << 20);
+        Self::open_with(path, db_options(&cache), read_only)
+    }
+
+    fn open_with(path: &Path, o: Options, read_only: bool) -> Result<Meta> {
+        let cfs: Vec<_> = ALL_CFS
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(*n, o.clone()))
+            .collect();
+        let db = if read_only {
+            DB::open_cf_descriptors_read_only(&o, path, cfs, false)?
+        } else {
+            DB::open_cf_descriptors(&o, path, cfs)?
+        };
+        Ok(Meta { db })
+    }
+
+    pub fn db(&self) -> &DB {
+        &self.db
+    }
+
+    pub fn cf(&self, name: &str) -> &ColumnFamily {
+        // Every family is created at open; a missing one is a programming error.
+        self.db.cf_handle(name).expect("column family exists")
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get_cf(self.cf(cf), key)?)
+    }
+
+    pub fn get_snap(
+        &self,
+        snap: Option<&rocksdb::Snapshot<'_>>,
+        cf: &str,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        match snap {
+            Some(s) => Ok(s.get_cf(self.cf(cf), key)?),
+            None => self.get(cf, key),
+        }
+    }
+
+    pub fn multi_get(&self, cf: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let h = self.cf(cf);
+        self.db
+            .multi_get_cf(keys.iter().map(|k| (h, k.as_slice())))
+            .into_iter()
+            .map(|r| r.map_err(Error::from))
+            .collect()
+    }
+
+    /// All (key, value) pairs whose key starts with `prefix`, in key order.
+    pub fn scan_prefix(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        self.for_each_prefix(cf, prefix, |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` on each entry whose key starts with `prefix` until it returns false.
+    pub fn for_each_prefix(
+        &self,
+        cf: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let mut ro = ReadOptions::default();
+        ro.fill_cache(false);
+        let it = self.db.iterator_cf_opt(
+            self.cf(cf),
+            ro,
+            IteratorMode::From(prefix, Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) || !f(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn write(&self, batch: Batch, sync: bool) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch.inner, &wo)?;
+        Ok(())
+    }
+
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            meta: self,
+            inner: WriteBatch::default(),
+        }
+    }
+
+    // ---- typed accessors -------------------------------------------------
+
+    pub fn config(&self) -> Result<Option<StoreConfig>> {
+        match self.get("default", b"config")? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt_meta("store config", e.to_string())),
+        }
+    }
+
+    pub fn counters(&self) -> Result<Counters> {
+        match self.get("default", b"counters")? {
+            None => Ok(Counters::default()),
+            Some(v) => Counters::decode(&v),
+        }
+    }
+
+    pub fn totals(&self) -> Result<Totals> {
+        match self.get("default", b"totals")? {
+            None => Ok(Totals::default()),
+            Some(v) => {
+                serde_json::from_slice(&v).map_err(|e| corrupt_meta("store totals", e.to_string()))
+            }
+        }
+    }
+
+    pub fn series(&self, name: &str) -> Result<Option<SeriesRecord>> {
+        match self.get(CF_SERIES, name.as_bytes())? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt_meta(format!("series {name}"), e.to_string())),
+        }
+    }
+
+    pub fn all_series(&self) -> Result<Vec<SeriesRecord>> {
+        self.scan_prefix(CF_SERIES, b"")?
+            .into_iter()
+            .map(|(k, v)| {
+                serde_json::from_slice(&v).map_err(|e| {
+                    corrupt_meta(
+                        format!("series {}", String::from_utf8_lossy(&k)),
+                        e.to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    pub fn version(&self, series: &SeriesRecord, v: u32) -> Result<Option<VersionRecord>> {
+        match self.get(CF_VERSIONS, &version_key(series.id, v))? {
+            None => Ok(None),
+            Some(b) => decode_version(&series.name, v, &b).map(Some),
+        }
+    }
+
+    pub fn versions(&self, series: &SeriesRecord) -> Result<Vec<VersionRecord>> {
+        self.scan_prefix(CF_VERSIONS, &series.id.to_be_bytes())?
+            .into_iter()
+            .map(|(k, b)| {
+                let v = u32::from_be_bytes(k[4..8].try_into().unwrap());
+                decode_version(&series.name, v, &b)
+            })
+            .collect()
+    }
+
+    pub fn unit(&self, id: u64) -> Result<Option<UnitRecord>> {
+        match self.get(CF_UNITS, &id.to_be_bytes())? {
+            None => Ok(None),
+            Some(b) => UnitRecord::decode(id, &b).map(Some),
+        }
+    }
+
+    pub fn refs(&self, id: u64) -> Result<Refs> {
+        match self.get(CF_REFS, &id.to_be_bytes())? {
+            None => Ok(Refs::default()),
+            Some(b) => Refs::decode(id, &b),
+        }
+    }
+
+    pub fn container(&self, id: ContainerId) -> Result<Option<ContainerRecord>> {
+        match self.get(CF_CONTAINERS, &id.0.to_be_bytes())? {
+            None => Ok(None),
+            Some(b) => ContainerRecord::decode(id, &b).map(Some),
+        }
+    }
+
+    pub fn index_lookup(&self, kind: DedupUnit, fp: &Fp) -> Result<Option<u64>> {
+        match self.get(CF_INDEX, &index_key(kind, fp))? {
+            None => Ok(None),
+            Some(b) if b.len() == 8 => Ok(Some(u64::from_be_bytes(b[..].try_into().unwrap()))),
+            Some(_) => Err(corrupt_meta(format!("index entry {fp}"), "bad length")),
+        }
+    }
+}
+
+fn decode_version(series: &str, v: u32, b: &[u8]) -> Result<VersionRecord> {
+    serde_json::from_slice(b)
+        .map_err(|e| corrupt_meta(format!("series {series} version {v}"), e.to_string()))
+}
+
+/// A write batch with typed helpers. Nothing is visible until [`Meta::write`].
+pub struct Batch<'a> {
+    meta: &'a Meta,
+    inner: WriteBatch,
+}
+
+impl Batch<'_> {
+    pub fn put(&mut self, cf: &str, key: &[u8], value: &[u8]) {
+        self.inner.put_cf(self.meta.cf(cf), key, value);
+    }
+
+    pub fn delete(&mut self, cf: &str, key: &[u8]) {
+        self.inner.delete_cf(self.meta.cf(cf), key);
+    }
+
+    pub fn delete_prefix_range(&mut self, cf: &str, from: &[u8], to: &[u8]) {
+        self.inner.delete_range_cf(self.meta.cf(cf), from, to);
+    }
+
+    pub fn put_json<T: Serialize>(&mut self, cf: &str, key: &[u8], value: &T) {
+        let v = serde_json::to_vec(value).expect("records serialise");
+        self.put(cf, key, &v);
+    }
+
+    pub fn put_series(&mut self, s: &SeriesRecord) {
+        self.put_json(CF_SERIES, s.name.as_bytes(), s);
+    }
+
+    pub fn put_version(&mut self, series_id: u32, v: &VersionRecord) {
+        self.put_json(CF_VERSIONS, &version_key(series_id, v.number), v);
+    }
+
+    pub fn put_unit(&mut self, id: u64, u: &UnitRecord) {
+        self.put(CF_UNITS, &id.to_be_bytes(), &u.encode());
+    }
+
+    pub fn put_refs(&mut self, id: u64, r: Refs) {
+        if r.is_zero() {
+            self.delete(CF_REFS, &id.to_be_bytes());
+        } else {
+            self.put(CF_REFS, &id.to_be_bytes(), &r.encode());
+        }
+    }
+
+    pub fn put_container(&mut self, id: ContainerId, c: &ContainerRecord) {
+        self.put(CF_CONTAINERS, &id.0.to_be_bytes(), &c.encode());
+    }
+
+    pub fn put_index(&mut self, kind: DedupUnit, fp: &Fp, unit: u64) {
+        self.put(CF_INDEX, &index_key(kind, fp), &unit.to_be_bytes());
+    }
+
+    pub fn delete_index(&mut self, kind: DedupUnit, fp: &Fp) {
+        self.delete(CF_INDEX, &index_key(kind, fp));
+    }
+
+    pub fn put_counters(&mut self, c: &Counters) {
+        self.put("default", b"counters", &c.encode());
+    }
+
+    pub fn put_totals(&mut self, t: &Totals) {
+        self.put_json("default", b"totals", t);
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+}
+
+pub fn version_key(series: u32, v: u32) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[..4].copy_from_slice(&series.to_be_bytes());
+    k[4..].copy_from_slice(&v.to_be_bytes());
+    k
+}
+
+pub fn part_key(series: u32, v: u32, part: u32) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..8].copy_from_slice(&version_key(series, v));
+    k[8..].copy_from_slice(&part.to_be_bytes());
+    k
+}
+
+pub fn index_key(kind: DedupUnit, fp: &Fp) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = match kind {
+        DedupUnit::Segment => b'S',
+        DedupUnit::Chunk => b'C',
+    };
+    k[1..].copy_from_slice(&fp.0);
+    k
+}
+
+/// Id allocators, persisted in every commit (and at session start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub next_session: u64,
+    pub next_unit: u64,
+    pub next_series: u32,
+}
+
+impl Counters {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(24);
+        put_uvarint(&mut v, self.next_session);
+        put_uvarint(&mut v, self.next_unit);
+        put_uvarint(&mut v, u64::from(self.next_series));
+        seal_crc(&mut v);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<Self> {
+        let bad = || corrupt_meta("id counters", "checksum or format mismatch");
+        let body = open_crc(b).ok_or_else(bad)?;
+        let mut r = Reader::new(body);
+        Ok(Counters {
+            next_session: r.uvarint().ok_or_else(bad)?,
+            next_unit: r.uvarint().ok_or_else(bad)?,
+            next_series: u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?,
+        })
+    }
+
+    /// Merges another writer's high-water marks into these.
+    pub fn max(self, o: Counters) -> Counters {
+        Counters {
+            next_session: self.next_session.max(o.next_session),
+            next_unit: self.next_unit.max(o.next_unit),
+            next_series: self.next_series.max(o.next_series),
+        }
+    }
+}
+
+/// Store-wide sums, updated in every commit so `stats` costs one read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Logical bytes of every version currently stored.
+    pub logical_bytes: u64,
+    pub versions: u64,
+    /// Uncompressed chunk bytes held by live units.
+    pub unit_vbytes: u64,
+    /// Bytes of container files on disk (compressed).
+    pub container_bytes: u64,
+    /// Uncompressed bytes in container files (live and dead).
+    pub container_vbytes: u64,
+    pub containers: u64,
+    pub units: u64,
+    /// Bytes of recipes and catalogs (metadata that grows with versions).
+    pub recipe_bytes: u64,
+    pub catalog_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    /// Keep at most this many versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<u32>,
+    /// Keep versions younger than this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_within_secs: Option<u64>,
+    /// Versions in the live window (default 1).
+    #[serde(default = "default_live")]
+    pub live: u32,
+    /// After each backup, slide versions out of the live window and expire
+    /// what retention no longer keeps.
+    #[serde(default)]
+    pub auto: bool,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            keep: None,
+            keep_within_secs: None,
+            live: 1,
+            auto: false,
+        }
+    }
+}
+
+fn default_live() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeriesRecord {
+    pub id: u32,
+    pub name: String,
+    pub unit: DedupUnit,
+    pub created_unix: i64,
+    pub next_version: u32,
+    #[serde(default)]
+    pub retention: Retention,
+    /// Bumped by every change to the series' versions; gc re-marks a series
+    /// only when this differs from the generation it marked.
+    #[serde(default)]
+    pub generation: u64,
+    /// A version was deleted since gc last marked this series, so containers
+    /// it referenced may hold dead data.
+    #[serde(default)]
+    pub deleted_since_gc: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionKind {
+    /// One byte stream (a file or stdin).
+    Stream,
+    /// A directory tree: contents in the recipe, metadata in the catalog.
+    Tree,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecipeForm {
+    /// References whole units (segments or chunks).
+    Live,
+    /// References chunks: direct, indirect (into a newer version) or zero.
+    Archival,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    pub number: u32,
+    /// Backup time, unix seconds (from `--time` or the clock).
+    pub time_unix: i64,
+    pub kind: VersionKind,
+    pub form: RecipeForm,
+    pub logical_bytes: u64,
+    /// Chunk positions in the recipe (every chunk, zero chunks included).
+    pub chunks: u64,
+    pub recipe_parts: u32,
+    pub recipe_bytes: u64,
+    pub catalog_parts: u32,
+    pub catalog_bytes: u64,
+    pub catalog_entries: u64,
+    /// What this backup added to the store.
+    pub new_units: u64,
+    pub new_vbytes: u64,
+    pub new_container_bytes: u64,
+    pub zero_bytes: u64,
+    pub backup_secs: f64,
+}
+
+/// A stored unit: a run of chunks in one container's data space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitRecord {
+    pub kind: DedupUnit,
+    /// The fingerprint new backups dedup against (segment or chunk fp).
+    pub fp: Fp,
+    pub container: ContainerId,
+    pub vbase: u64,
+    /// Set when chunks were removed (reverse dedup, compaction): an incomplete
+    /// unit is no longer a dedup target.
+    pub trimmed: bool,
+    pub chunks: Vec<ChunkEntry>,
+}
+
+impl UnitRecord {
+    pub fn stored_vbytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.stored_len()).sum()
+    }
+
+    pub fn logical_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| u64::from(c.len)).sum()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64 + self.chunks.len() * 36);
+        v.push(1); // format
+        v.push(match self.kind {
+            DedupUnit::Segment => 0,
+            DedupUnit::Chunk => 1,
+        });
+        v.push(u8::from(self.trimmed));
+        v.extend_from_slice(&self.fp.0);
+        put_uvarint(&mut v, self.container.0);
+        put_uvarint(&mut v, self.vbase);
+        put_uvarint(&mut v, self.chunks.len() as u64);
+        for c in &self.chunks {
+            v.push(c.flags);
+            put_uvarint(&mut v, u64::from(c.len));
+            v.extend_from_slice(&c.fp.0);
+        }
+        seal_crc(&mut v);
+        v
+    }
+
+    pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
+        let bad = || corrupt_meta(format!("unit {id}"), "checksum or format mismatch");
+        let body = open_crc(b).ok_or_else(bad)?;
+        let mut r = Reader::new(body);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let kind = match r.u8().ok_or_else(bad)? {
+            0 => DedupUnit::Segment,
+            1 => DedupUnit::Chunk,
+            _ => return Err(bad()),
+        };
+        let trimmed = r.u8().ok_or_else(bad)? != 0;
+        let fp = Fp(r.array().ok_or_else(bad)?);
+        let container = ContainerId(r.uvarint().ok_or_else(bad)?);
+        let vbase = r.uvarint().ok_or_else(bad)?;
+        let n = r.uvarint().ok_or_else(bad)? as usize;
+        let mut chunks = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            let flags = r.u8().ok_or_else(bad)?;
+            if flags & !(CHUNK_ZERO | CHUNK_ABSENT) != 0 {
+                return Err(bad());
+            }
+            let len = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
+            let fp = Fp(r.array().ok_or_else(bad)?);
+            chunks.push(ChunkEntry { flags, len, fp });
+        }
+        if !r.is_empty() {
+            return Err(bad());
+        }
+        Ok(UnitRecord {
+            kind,
+            fp,
+            container,
+            vbase,
+            trimmed,
+            chunks,
+        })
+    }
+}
+
+/// Two-level reference counts of a unit: live recipes that reference it whole,
+/// and archival recipes that reference some of its chunks directly. A unit with
+/// both at zero is unreachable and is deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refs {
+    pub live: u32,
+    pub arch: u32,
+}
+
+impl Refs {
+    pub fn is_zero(&self) -> bool {
+        self.live == 0 && self.arch == 0
+    }
+
+    fn encode(&self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&self.live.to_le_bytes());
+        b[4..].copy_from_slice(&self.arch.to_le_bytes());
+        b
+    }
+
+    pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
+        if b.len() != 8 {
+            return Err(corrupt_meta(
+                format!("reference counts of unit {id}"),
+                "bad length",
+            ));
+        }
+        Ok(Refs {
+            live: u32::from_le_bytes(b[..4].try_into().unwrap()),
+            arch: u32::from_le_bytes(b[4..].try_into().unwrap()),
+        })
+    }
+}
+
+/// A container file known to the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRecord {
+    pub file_bytes: u64,
+    pub vbytes: u64,
+    /// Uncompressed bytes of units still stored in it.
+    pub live_vbytes: u64,
+    /// Units still stored in it.
+    pub live_units: u64,
+    /// The version whose leftovers were repacked into it (series id, version), if any.
+    pub owner: Option<(u32, u32)>,
+}
+
+impl ContainerRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(40);
+        v.push(1);
+        put_uvarint(&mut v, self.file_bytes);
+        put_uvarint(&mut v, self.vbytes);
+        put_uvarint(&mut v, self.live_vbytes);
+        put_uvarint(&mut v, self.live_units);
+        match self.owner {
+            None => v.push(0),
+            Some((s, n)) => {
+                v.push(1);
+                put_uvarint(&mut v, u64::from(s));
+                put_uvarint(&mut v, u64::from(n));
+            }
+        }
+        seal_crc(&mut v);
+        v
+    }
+
+    pub fn decode(id: ContainerId, b: &[u8]) -> Result<Self> {
+        let bad = || {
+            corrupt_meta(
+                format!("container record {id}"),
+                "checksum or format mismatch",
+            )
+        };
+        let body = open_crc(b).ok_or_else(bad)?;
+        let mut r = Reader::new(body);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let file_bytes = r.uvarint().ok_or_else(bad)?;
+        let vbytes = r.uvarint().ok_or_else(bad)?;
+        let live_vbytes = r.uvarint().ok_or_else(bad)?;
+        let live_units = r.uvarint().ok_or_else(bad)?;
+        let owner = match r.u8().ok_or_else(bad)? {
+            0 => None,
+            1 => Some((
+                u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?,
+                u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?,
+            )),
+            _ => return Err(bad()),
+        };
+        Ok(ContainerRecord {
+            file_bytes,
+            vbytes,
+            live_vbytes,
+            live_units,
+            owner,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub kind: String,
+    pub started_unix: i64,
+    pub pid: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_record_round_trips_and_detects_corruption() {
+        let u = UnitRecord {
+            kind: DedupUnit::Segment,
+            fp: Fp::of(b"seg"),
+            container: ContainerId::new(3, 9),
+            vbase: 123_456,
+            trimmed: false,
+            chunks: vec![
+                ChunkEntry {
+                    flags: 0,
+                    len: 8000,
+                    fp: Fp::of(b"a"),
+                },
+                ChunkEntry {
+                    flags: CHUNK_ZERO,
+                    len: 65536,
+                    fp: Fp::of(&[0; 65536]),
+                },
+            ],
+        };
+        let mut b = u.encode();
+        assert_eq!(UnitRecord::decode(1, &b).unwrap(), u);
+        assert_eq!(u.stored_vbytes(), 8000);
+        b[10] ^= 4;
+        let e = UnitRecord::decode(1, &b).unwrap_err().to_string();
+        assert!(e.contains("unit 1"), "{e}");
+    }
+
+    #[test]
+    fn container_record_round_trips() {
+        for owner in [None, Some((4, 17))] {
+            let c = ContainerRecord {
+                file_bytes: 1,
+                vbytes: 2,
+                live_vbytes: 3,
+                live_units: 4,
+                owner,
+            };
+            assert_eq!(
+                ContainerRecord::decode(ContainerId(1), &c.encode()).unwrap(),
+                c
+            );
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! Packs units into containers for one write session.
+//!
+//! The caller hands over each unit's chunks and gets its location at once (a
+//! container and an offset in its uncompressed data space). Blocks of about
+//! `block_bytes` are cut at chunk boundaries and sent to a writer thread, which
+//! compresses batches of blocks in parallel and appends them to the container
+//! file in order. A container is sealed (footer + fsync) when its data reaches
+//! the store's container size; a unit never spans two containers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use rayon::prelude::*;
+
+use crate::config::Compression;
+use crate::container::{
+    encode_block, ChunkEntry, ContainerId, ContainerWriter, SealedContainer, UnitEntry,
+    CHUNK_ABSENT,
+};
+use crate::error::{Error, Result};
+use crate::meta::{ContainerRecord, UnitRecord};
+use crate::store::ContainerAlloc;
+use std::collections::BTreeSet;
+
+enum Msg {
+    Open(ContainerId),
+    Block(Vec<u8>),
+    Unit(UnitEntry),
+    Seal,
+}
+
+/// A chunk handed to the packer: its bytes (ignored for zero chunks) and entry.
+pub struct PackChunk<'a> {
+    pub data: &'a [u8],
+    pub entry: ChunkEntry,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Placed {
+    units: u64,
+    vbytes: u64,
+}
+
+pub struct PackWriter {
+    alloc: ContainerAlloc,
+    container_bytes: u64,
+    block_bytes: usize,
+    cur: Option<(ContainerId, u64)>,
+    block: Vec<u8>,
+    placed: HashMap<ContainerId, Placed>,
+    tx: Option<Sender<Msg>>,
+    handle: Option<JoinHandle<Result<Vec<SealedContainer>>>>,
+}
+
+impl PackWriter {
+    pub(crate) fn new(
+        alloc: ContainerAlloc,
+        data_dir: PathBuf,
+        container_bytes: u64,
+        block_bytes: u32,
+        compression: Compression,
+    ) -> Self {
+        let (tx, rx) = bounded(32);
+        let handle = std::thread::Builder::new()
+            .name("revault-pack".into())
+            .spawn(move || writer_thread(rx, data_dir, compression))
+            .expect("spawn pack writer");
+        PackWriter {
+            alloc,
+            container_bytes,
+            block_bytes: block_bytes as usize,
+            cur: None,
+            block: Vec::with_capacity(block_bytes as usize * 2),
+            placed: HashMap::new(),
+            tx: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    fn send(&mut self, m: Msg) -> Result<()> {
+        let ok = self.tx.as_ref().map(|t| t.send(m).is_ok()).unwrap_or(false);
+        if ok {
+            Ok(())
+        } else {
+            // The writer thread stopped: its error explains why.
+            Err(self.join_error())
+        }
+    }
+
+    fn join_error(&mut self) -> Error {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => Error::Invalid("the container writer panicked".into()),
+            _ => Error::Invalid("the container writer stopped".into()),
+        }
+    }
+
+    fn flush_block(&mut self) -> Result<()> {
+        if !self.block.is_empty() {
+            let b = std::mem::replace(&mut self.block, Vec::with_capacity(self.block_bytes * 2));
+            self.send(Msg::Block(b))?;
+        }
+        Ok(())
+    }
+
+    fn seal(&mut self) -> Result<()> {
+        if self.cur.take().is_some() {
+            self.flush_block()?;
+            self.send(Msg::Seal)?;
+        }
+        Ok(())
+    }
+
+    /// Stores a unit's chunks; returns where its data starts.
+    pub fn add_unit(&mut self, unit: u64, chunks: &[PackChunk<'_>]) -> Result<(ContainerId, u64)> {
+        let stored: u64 = chunks.iter().map(|c| c.entry.stored_len()).sum();
+        if let Some((_, used)) = self.cur {
+            if used > 0 && used + stored > self.container_bytes {
+                self.seal()?;
+            }
+        }
+        if self.cur.is_none() {
+            let id = self.alloc.next();
+            self.send(Msg::Open(id))?;
+            self.cur = Some((id, 0));
+        }
+        let (id, vbase) = self.cur.unwrap();
+        for c in chunks {
+            if c.entry.stored_len() == 0 {
+                continue; // zero and absent chunks take no space
+            }
+            debug_assert_eq!(c.data.len(), c.entry.len as usize);
+            self.block.extend_from_slice(c.data);
+            if self.block.len() >= self.block_bytes {
+                self.flush_block()?;
+            }
+        }
+        // Prefer block boundaries at unit boundaries: segments then decode alone.
+        if self.block.len() >= self.block_bytes / 2 {
+            self.flush_block()?;
+        }
+        self.send(Msg::Unit(UnitEntry {
+            unit,
+            vbase,
+            chunks: chunks.iter().map(|c| c.entry.clone()).collect(),
+        }))?;
+        let p = self.placed.entry(id).or_default();
+        p.units += 1;
+        p.vbytes += stored;
+        let used = vbase + stored;
+        self.cur = Some((id, used));
+        if used >= self.container_bytes {
+            self.seal()?;
+        }
+        Ok((id, vbase))
+    }
+
+    /// Seals the last container and waits for every container to be durable.
+    /// Returns the container records (live counts filled from what was placed).
+    pub fn finish(mut self) -> Result<Vec<(ContainerId, ContainerRecord)>> {
+        self.seal()?;
+        self.tx = None;
+        let sealed = match self.handle.take().map(|h| h.join()) {
+            Some(Ok(r)) => r?,
+            _ => return Err(Error::Invalid("the container writer panicked".into())),
+        };
+        Ok(sealed
+            .into_iter()
+            .map(|s| {
+                let p = self.placed.get(&s.id).copied().unwrap_or_default();
+                (
+                    s.id,
+                    ContainerRecord {
+                        file_bytes: s.file_bytes,
+                        vbytes: s.vbytes,
+                        live_vbytes: p.vbytes,
+                        live_units: p.units,
+                        owner: None,
+                    },
+                )
+            })
+            .collect())
+    }
+}
+
+impl Drop for PackWriter {
+    fn drop(&mut self) {
+        // Abandoned (error or cancel): stop the writer; the session removes files.
+        self.tx = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn writer_thread(
+    rx: Receiver<Msg>,
+    data_dir: PathBuf,
+    compression: Compression,
+) -> Result<Vec<SealedContainer>> {
+    let mut sealed = Vec::new();
+    let mut cur: Option<ContainerWriter> = None;
+    let mut pending: Vec<Vec<u8>> = Vec::new();
+
+    fn write_pending(
+        cur: &mut Option<ContainerWriter>,
+        pending: &mut Vec<Vec<u8>>,
+        compression: Compression,
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let encoded: Vec<(u8, Vec<u8>, u32)> = pending
+            .par_iter()
+            .map(|b| {
+                let (flags, data) = encode_block(b, compression);
+                (flags, data, b.len() as u32)
+            })
+            .collect();
+        pending.clear();
+        let w = cur
+            .as_mut()
+            .expect("a container is open while blocks arrive");
+        for (flags, data, vlen) in encoded {
+            w.write_block(flags, &data, vlen)?;
+        }
+        Ok(())
+    }
+
+    let result = (|| -> Result<()> {
+        while let Ok(m) = rx.recv() {
+            match m {
+                Msg::Open(id) => cur = Some(ContainerWriter::create(&data_dir, id)?),
+                Msg::Block(b) => {
+                    pending.push(b);
+                    // Compress in parallel batches; do not sit on blocks when idle.
+                    if pending.len() >= 8 || rx.is_empty() {
+                        write_pending(&mut cur, &mut pending, compression)?;
+                    }
+                }
+                Msg::Unit(u) => cur
+                    .as_mut()
+                    .expect("a container is open while units arrive")
+                    .add_unit(u),
+                Msg::Seal => {
+                    write_pending(&mut cur, &mut pending, compression)?;
+                    let w = cur.take().expect("a container is open when sealed");
+                    sealed.push(w.finish()?);
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        if let Some(w) = cur.take() {
+            w.discard();
+        }
+        return Err(e);
+    }
+    Ok(sealed)
+}
+
+/// Writes a unit's chunks (all stored ones, or only `keep`) to `pack`; returns
+/// its new record. Chunks not kept become absent.
+pub(crate) fn repack(
+    id: u64,
+    old: &UnitRecord,
+    keep: Option<&BTreeSet<u32>>,
+    data: &[u8],
+    pack: &mut PackWriter,
+) -> Result<UnitRecord> {
+    // Every chunk entry goes to the footer (absent ones flagged); only kept,
+    // stored chunks carry bytes.
+    let mut chunks = Vec::with_capacity(old.chunks.len());
+    let mut off = old.vbase as usize;
+    let mut trimmed = old.trimmed;
+    for (i, c) in old.chunks.iter().enumerate() {
+        let len = c.stored_len() as usize;
+        let src = data
+            .get(off..off + len)
+            .ok_or_else(|| Error::CorruptContainer {
+                container: old.container.to_string(),
+                detail: format!("unit {id} extends past the container's data"),
+            })?;
+        off += len;
+        let mut entry = c.clone();
+        if len > 0 && keep.is_some_and(|k| !k.contains(&(i as u32))) {
+            entry.flags |= CHUNK_ABSENT;
+            trimmed = true;
+        }
+        let data = if entry.stored_len() > 0 { src } else { &[][..] };
+        chunks.push(PackChunk { data, entry });
+    }
+    let (container, vbase) = pack.add_unit(id, &chunks)?;
+    let entries = chunks.into_iter().map(|c| c.entry).collect();
+    Ok(UnitRecord {
+        kind: old.kind,
+        fp: old.fp,
+        container,
+        vbase,
+        trimmed,
+        chunks: entries,
+    })
+}

@@ -1,0 +1,278 @@
+//! Slide: reverse deduplication of versions leaving the live window
+//! (RevDedup §2.4), made safe for shared units and per-series retention.
+//!
+//! For a version V leaving the live window and the next version N of its
+//! series:
+//!
+//! 1. every chunk of V whose fingerprint also occurs in N becomes an *indirect*
+//!    reference to that position of N; zero chunks become zero entries; the rest
+//!    stay *direct* references `(unit, chunk)`;
+//! 2. V drops its live reference on each of its units and takes an archival
+//!    reference on each unit it still references directly;
+//! 3. a unit that only V referenced is either freed (V needs none of its
+//!    chunks) or *trimmed* to the chunks V needs and repacked into a container
+//!    owned by V, so expiring V later frees that container whole;
+//! 4. the containers those units came from are *split*: their remaining (shared)
+//!    units are moved to fresh containers and the old container is freed.
+//!
+//! Units that other versions still reference are left whole: V refers into
+//! them directly and its archival reference keeps them; grouped gc trims what
+//! becomes dead inside them later. Memory holds one version's chunk
+//! fingerprints; I/O touches that version's containers only.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::archive::{expand_refs, refs_to_recipe, Ref};
+use crate::container::{ContainerFile, ContainerId};
+use crate::error::{corrupt_meta, Error, Result};
+use crate::fp::Fp;
+use crate::meta::{
+    part_key, version_key, RecipeForm, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,
+    CF_VERSIONS,
+};
+use crate::pack::{repack, PackWriter};
+use crate::restore::recipe_entries;
+use crate::store::{Store, Txn};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SlideReport {
+    pub series: String,
+    /// Versions moved to the archival window.
+    pub slid: Vec<u32>,
+    /// Chunks that became references into the next version.
+    pub indirect_chunks: u64,
+    pub direct_chunks: u64,
+    pub units_trimmed: u64,
+    pub units_freed: u64,
+    /// Shared units moved out of split containers.
+    pub units_moved: u64,
+    /// Data written (uncompressed) and containers freed.
+    pub bytes_written: u64,
+    pub containers_freed: u64,
+    pub bytes_freed: u64,
+    pub seconds: f64,
+}
+
+/// Slides every version that is outside the series' live window.
+pub fn slide(store: &Store, series: &str) -> Result<SlideReport> {
+    store.require_writable()?;
+    let _claim = store.claim_series(series)?;
+    slide_claimed(store, series)
+}
+
+pub(crate) fn slide_claimed(store: &Store, series: &str) -> Result<SlideReport> {
+    let started = Instant::now();
+    let s = store.series(series)?;
+    let mut rep = SlideReport {
+        series: s.name.clone(),
+        ..Default::default()
+    };
+    let versions = store.versions(&s)?;
+    let live: Vec<usize> = (0..versions.len())
+        .filter(|&i| versions[i].form == RecipeForm::Live)
+        .collect();
+    let window = s.retention.live.max(1) as usize;
+    for &i in &live[..live.len().saturating_sub(window)] {
+        let next = versions.get(i + 1).ok_or_else(|| {
+            Error::Invalid("the newest version cannot leave the live window".into())
+        })?;
+        let s = store.series(series)?;
+        slide_one(store, &s, &versions[i], next, &mut rep)?;
+        rep.slid.push(versions[i].number);
+    }
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+fn slide_one(
+    store: &Store,
+    s: &SeriesRecord,
+    v: &VersionRecord,
+    n: &VersionRecord,
+    rep: &mut SlideReport,
+) -> Result<()> {
+    let what = format!("{} version {}", s.name, v.number);
+    let v_parts = recipe_entries(store, s, v)?;
+    let (v_refs, v_units) = expand_refs(store, &v_parts)?;
+
+    // The next version's chunks by fingerprint (first position wins).
+    let n_map: HashMap<Fp, u64> = {
+        let n_parts = recipe_entries(store, s, n)?;
+        let (n_refs, n_units) = expand_refs(store, &n_parts)?;
+        let mut m = HashMap::with_capacity(n_refs.len());
+        for (pos, r) in n_refs.iter().enumerate() {
+            if let Ref::Direct { unit, idx } = *r {
+                m.entry(n_units[&unit].chunks[idx as usize].fp)
+                    .or_insert(pos as u64);
+            }
+        }
+        m
+    };
+
+    // 1. Reverse dedup against the next version.
+    let mut needed: HashMap<u64, BTreeSet<u32>> = HashMap::new();
+    let mut order: HashMap<u64, usize> = HashMap::new(); // first use in recipe order
+    let mut new_refs = Vec::with_capacity(v_refs.len());
+    for r in &v_refs {
+        new_refs.push(match *r {
+            Ref::Direct { unit, idx } => {
+                let next = order.len();
+                order.entry(unit).or_insert(next);
+                match n_map.get(&v_units[&unit].chunks[idx as usize].fp) {
+                    Some(&pos) => {
+                        rep.indirect_chunks += 1;
+                        Ref::Indirect {
+                            version: n.number,
+                            pos,
+                        }
+                    }
+                    None => {
+                        rep.direct_chunks += 1;
+                        needed.entry(unit).or_default().insert(idx);
+                        Ref::Direct { unit, idx }
+                    }
+                }
+            }
+            Ref::Zero { len } => Ref::Zero { len },
+            Ref::Indirect { .. } => {
+                return Err(corrupt_meta(
+                    format!("recipe of {what}"),
+                    "a live recipe holds an indirect reference",
+                ))
+            }
+        });
+    }
+    drop(n_map);
+
+    // 2. Reference changes, and which units only this version holds.
+    let mut txn = Txn::default();
+    let mut exclusive: Vec<u64> = Vec::new();
+    for &u in v_units.keys() {
+        let r = store.meta.refs(u)?;
+        txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
+        if r.live == 1 && r.arch == 0 && !store.is_pinned(u) {
+            exclusive.push(u);
+        }
+    }
+    exclusive.sort_unstable_by_key(|u| order.get(u).copied().unwrap_or(usize::MAX));
+
+    // 3 and 4: trim-and-repack exclusive units, split their containers.
+    let mut session = store.begin_session("slide")?;
+    let cfg = store.config().clone();
+    let new_pack = || {
+        PackWriter::new(
+            session.allocator(),
+            store.data_dir().to_path_buf(),
+            cfg.container_bytes,
+            cfg.block_bytes,
+            cfg.compression,
+        )
+    };
+    let mut owned = new_pack();
+    let mut shared = new_pack();
+    let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
+    // Containers to split, in the order V first uses them.
+    let mut touched: Vec<ContainerId> = Vec::new();
+    for u in &exclusive {
+        let c = v_units[u].container;
+        if !touched.contains(&c) {
+            touched.push(c);
+        }
+    }
+    let mut owned_units: Vec<u64> = Vec::new();
+    for cid in &touched {
+        let cf = ContainerFile::open(store.data_dir(), *cid, true)?;
+        let mut data = vec![0u8; cf.footer.vbytes as usize];
+        if !data.is_empty() {
+            cf.read_range(0, &mut data)?;
+        }
+        // Exclusive units of V in this container: keep what V needs.
+        for u in exclusive.iter().filter(|u| v_units[u].container == *cid) {
+            let old = &v_units[u];
+            let Some(keep) = needed.get(u) else {
+                rep.units_freed += 1;
+                continue;
+            };
+            let new = repack(*u, old, Some(keep), &data, &mut owned)?;
+            if new.trimmed && !old.trimmed {
+                rep.units_trimmed += 1;
+            }
+            rep.bytes_written += new.stored_vbytes();
+            txn.unit_updates.push((*u, new));
+            owned_units.push(*u);
+        }
+        // Everything else still in it moves out, so the container can go.
+        let ids: Vec<u64> = cf
+            .footer
+            .units
+            .iter()
+            .map(|e| e.unit)
+            .filter(|id| !exclusive_set.contains(id))
+            .collect();
+        for (id, rec) in ids.iter().zip(
+            store.meta.multi_get(
+                crate::meta::CF_UNITS,
+                &ids.iter()
+                    .map(|i| i.to_be_bytes().to_vec())
+                    .collect::<Vec<_>>(),
+            )?,
+        ) {
+            let Some(rec) = rec else { continue };
+            let old = UnitRecord::decode(*id, &rec)?;
+            if old.container != *cid {
+                continue; // moved elsewhere earlier
+            }
+            let new = repack(*id, &old, None, &data, &mut shared)?;
+            rep.bytes_written += new.stored_vbytes();
+            rep.units_moved += 1;
+            txn.unit_updates.push((*id, new));
+        }
+    }
+    let mut containers = owned.finish()?;
+    for c in containers.iter_mut() {
+        c.1.owner = Some((s.id, v.number));
+    }
+    containers.extend(shared.finish()?);
+    session.sync()?;
+    txn.new_containers = containers;
+    txn.session = Some(session.id);
+
+    // The archival recipe replaces the live one.
+    let parts = refs_to_recipe(&new_refs).finish();
+    let recipe_bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    txn.delete_ranges.push((
+        CF_RECIPES,
+        part_key(s.id, v.number, 0).to_vec(),
+        part_key(s.id, v.number, u32::MAX).to_vec(),
+    ));
+    for (i, p) in parts.iter().enumerate() {
+        txn.puts.push((
+            CF_RECIPES,
+            part_key(s.id, v.number, i as u32).to_vec(),
+            p.clone(),
+        ));
+    }
+    let mut rec = v.clone();
+    rec.form = RecipeForm::Archival;
+    rec.recipe_parts = parts.len() as u32;
+    rec.recipe_bytes = recipe_bytes;
+    txn.put_json(CF_VERSIONS, &version_key(s.id, v.number), &rec);
+    txn.totals.recipe_bytes = recipe_bytes as i64 - v.recipe_bytes as i64;
+    txn.series_updates.push((
+        s.name.clone(),
+        Box::new(|cur| {
+            let mut s = cur.expect("the series exists while it is claimed");
+            s.generation += 1;
+            s
+        }),
+    ));
+    store.failpoint("slide.before_commit")?;
+    let out = store.commit(txn)?;
+    session.mark_committed();
+    rep.containers_freed += out.freed_containers;
+    rep.bytes_freed += out.freed_bytes;
+    Ok(())
+}

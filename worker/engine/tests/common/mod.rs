@@ -1,0 +1,82 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::io::Cursor;
+
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use revault_engine::backup::{backup, BackupOptions, BackupReport};
+use revault_engine::config::{DedupUnit, SizeRange, StoreConfig, KIB, MIB};
+use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
+use revault_engine::source::StreamSource;
+use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
+
+/// Small chunks, segments and containers so small inputs exercise many units,
+/// blocks and containers.
+pub fn small_config() -> StoreConfig {
+    StoreConfig {
+        chunk: SizeRange {
+            min: 256,
+            avg: 1024,
+            max: 8 * 1024,
+        },
+        segment: SizeRange {
+            min: 4 * 1024,
+            avg: 16 * 1024,
+            max: 64 * 1024,
+        },
+        container_bytes: MIB,
+        block_bytes: 64 * KIB as u32,
+        ..Default::default()
+    }
+}
+
+pub fn new_store(config: StoreConfig) -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    Store::init(
+        dir.path(),
+        &InitOptions {
+            config,
+            data_dir: None,
+        },
+    )
+    .unwrap();
+    let s = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+    (dir, s)
+}
+
+pub fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -> BackupReport {
+    let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
+    backup(
+        store,
+        series,
+        Box::new(src),
+        &BackupOptions {
+            unit: Some(unit),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+pub fn restore_bytes(store: &Store, series: &str, v: u32) -> (Vec<u8>, RestoreReport) {
+    let mut out: Vec<u8> = Vec::new();
+    let rep = restore(
+        store,
+        series,
+        VersionSel::Number(v),
+        &RestoreOptions {
+            cache_bytes: MIB,
+            ..Default::default()
+        },
+        RestoreTarget::Writer(&mut out),
+    )
+    .unwrap();
+    (out, rep)
+}

@@ -1,0 +1,770 @@
+//! Offline commands on a local store directory.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use revault_engine::backup::{backup, BackupOptions};
+use revault_engine::config::{Compression, DedupUnit, StoreConfig, MIB};
+use revault_engine::gen::{GenFormat, GenOptions};
+use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
+use revault_engine::source::{Source, StreamSource};
+use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
+use revault_engine::tree::TreeSource;
+
+use crate::output::{self, mib, rate, ratio, Table};
+use crate::{Cli, Cmd};
+
+#[derive(Args)]
+pub struct StoreArg {
+    /// Store directory.
+    #[arg(long, env = "REVAULT_STORE")]
+    pub store: PathBuf,
+}
+
+#[derive(Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Uncompressed data per container, MiB.
+    #[arg(long, default_value_t = 4)]
+    pub container_mib: u64,
+    /// `zstd`, `zstd:LEVEL` (1-19) or `none`.
+    #[arg(long, default_value = "zstd:3")]
+    pub compression: String,
+    /// Average chunk size, KiB (min = avg/4, max = avg*8).
+    #[arg(long, default_value_t = 8)]
+    pub chunk_kib: u32,
+    /// Average segment size, KiB (min = avg/4, max = avg*4).
+    #[arg(long, default_value_t = 1024)]
+    pub segment_kib: u32,
+    /// Keep containers in another directory (e.g. an HDD) than the metadata.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Series name, NAMESPACE/NAME.
+    #[arg(long)]
+    pub series: String,
+    /// Dedup unit of a new series: `segment` (default) or `chunk`.
+    #[arg(long)]
+    pub unit: Option<String>,
+    /// Backup time (RFC 3339), e.g. for importing old backups; default now.
+    #[arg(long)]
+    pub time: Option<String>,
+    /// A file, a directory, or `-` for stdin.
+    pub input: String,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[arg(long)]
+    pub series: String,
+    /// A version number or `latest`.
+    #[arg(long, default_value = "latest")]
+    pub version: String,
+    /// Restore memory (the forward assembly area), MiB.
+    #[arg(long, default_value_t = 64)]
+    pub cache_mib: u64,
+    /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
+    /// `/`) to extract a directory version into. A directory version written to
+    /// a file or stdout is a tar stream.
+    #[arg(short = 'o', long = "output", default_value = "-")]
+    pub output: String,
+}
+
+#[derive(Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// List this series' versions instead of all series.
+    #[arg(long)]
+    pub series: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SeriesArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[arg(long)]
+    pub series: String,
+}
+
+#[derive(clap::Subcommand)]
+pub enum RetentionCmd {
+    /// Store the retention of a series (creating it if it has no versions yet).
+    Set(RetentionSetArgs),
+    /// Show a series' retention.
+    Show(SeriesArgs),
+}
+
+#[derive(Args)]
+pub struct RetentionSetArgs {
+    #[command(flatten)]
+    pub series: SeriesArgs,
+    /// Keep the newest N versions.
+    #[arg(long)]
+    pub keep: Option<u32>,
+    /// Keep versions within this duration of the newest one (e.g. `30d`, `12h`).
+    #[arg(long)]
+    pub keep_within: Option<String>,
+    /// Versions in the live window (inline-deduplicated, fastest to restore).
+    #[arg(long, default_value_t = 1)]
+    pub live: u32,
+    /// Slide and apply retention automatically after every backup.
+    #[arg(long)]
+    pub auto: bool,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["version", "before", "apply_retention"])))]
+pub struct ExpireArgs {
+    #[command(flatten)]
+    pub series: SeriesArgs,
+    /// Delete this version.
+    #[arg(long)]
+    pub version: Option<u32>,
+    /// Delete every version older than this time (RFC 3339); the newest is kept.
+    #[arg(long)]
+    pub before: Option<String>,
+    /// Delete what the series' retention no longer keeps.
+    #[arg(long)]
+    pub apply_retention: bool,
+}
+
+#[derive(Args)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Re-mark every series and sweep every container.
+    #[arg(long)]
+    pub full: bool,
+    /// Compact containers whose live fraction is below this.
+    #[arg(long, default_value_t = 0.5)]
+    pub compact_below: f64,
+}
+
+#[derive(Args)]
+pub struct GenArgs {
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 10)]
+    pub versions: u32,
+    /// Size of the first version, MiB.
+    #[arg(long, default_value_t = 40.0)]
+    pub initial_mib: f64,
+    /// Percent of files modified per version.
+    #[arg(long, default_value_t = 5.0)]
+    pub alpha: f64,
+    /// Percent of a modified file that changes.
+    #[arg(long, default_value_t = 10.0)]
+    pub beta: f64,
+    /// New data per version, MiB.
+    #[arg(long, default_value_t = 1.0)]
+    pub gamma_mib: f64,
+    /// Percent of files that are incompressible binary data.
+    #[arg(long, default_value_t = 15.0)]
+    pub binary: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// `tar` (one tar per version) or `dir` (one directory per version).
+    #[arg(long, default_value = "tar")]
+    pub format: String,
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    let json = cli.json;
+    let quiet = cli.quiet || json;
+    match cli.cmd {
+        Cmd::Init(a) => init(a, json),
+        Cmd::Backup(a) => cmd_backup(a, json, quiet),
+        Cmd::Restore(a) => cmd_restore(a, json, quiet),
+        Cmd::List(a) => list(a, json),
+        Cmd::Stats(a) => stats(a, json),
+        Cmd::Check(a) => check(a, json),
+        Cmd::Retention(c) => retention(c, json),
+        Cmd::Slide(a) => slide(a, json),
+        Cmd::Expire(a) => expire(a, json),
+        Cmd::Gc(a) => gc(a, json),
+        Cmd::GenSeries(a) => gen_series(a, json),
+    }
+}
+
+fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Store> {
+    Ok(Store::open(&store.store, mode, what)?)
+}
+
+fn init(a: InitArgs, json: bool) -> Result<()> {
+    let mut config = StoreConfig {
+        container_bytes: a.container_mib * MIB,
+        compression: a.compression.parse::<Compression>()?,
+        ..Default::default()
+    };
+    let kib = 1024u32;
+    config.chunk.avg = a.chunk_kib * kib;
+    config.chunk.min = a.chunk_kib * kib / 4;
+    config.chunk.max = a.chunk_kib * kib * 8;
+    config.segment.avg = a.segment_kib * kib;
+    config.segment.min = a.segment_kib * kib / 4;
+    config.segment.max = a.segment_kib * kib * 4;
+    Store::init(
+        &a.store.store,
+        &InitOptions {
+            config: config.clone(),
+            data_dir: a.data_dir,
+        },
+    )?;
+    if json {
+        output::json(&serde_json::json!({ "store": a.store.store, "config": config }));
+    } else {
+        println!(
+            "initialised store {} ({} MiB containers, {} compression, {} KiB chunks, {} KiB segments)",
+            a.store.store.display(),
+            a.container_mib,
+            config.compression,
+            a.chunk_kib,
+            a.segment_kib
+        );
+    }
+    Ok(())
+}
+
+fn parse_time(s: &str) -> Result<i64> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .with_context(|| format!("--time {s:?}: expected RFC 3339, e.g. 2026-01-31T02:00:00Z"))?;
+    Ok(t.unix_timestamp())
+}
+
+pub fn format_time(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
+/// The source for an input argument, and its size when known up front.
+pub fn open_input(input: &str) -> Result<(Box<dyn Source>, Option<u64>)> {
+    if input == "-" {
+        return Ok((Box::new(StreamSource::new("stdin", std::io::stdin())), None));
+    }
+    let p = Path::new(input);
+    let m = std::fs::metadata(p).with_context(|| format!("cannot read {input}"))?;
+    if m.is_dir() {
+        Ok((Box::new(TreeSource::new(p)?), None))
+    } else {
+        let f = File::open(p).with_context(|| format!("cannot read {input}"))?;
+        Ok((
+            Box::new(StreamSource::new(input.to_string(), f)),
+            Some(m.len()),
+        ))
+    }
+}
+
+fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
+    let unit = a.unit.as_deref().map(str::parse::<DedupUnit>).transpose()?;
+    let time_unix = a.time.as_deref().map(parse_time).transpose()?;
+    let (source, size) = open_input(&a.input)?;
+    let store = open(
+        &a.store,
+        OpenMode::ReadWrite,
+        &format!("revault backup {}", a.series),
+    )?;
+    let pb = output::progress(size, quiet, &format!("backup {}", a.series));
+    let pb2 = pb.clone();
+    let opts = BackupOptions {
+        unit,
+        time_unix,
+        progress: Some(Arc::new(move |n| pb2.set_position(n))),
+        cancel: None,
+    };
+    let rep = backup(&store, &a.series, source, &opts);
+    pb.finish_and_clear();
+    let rep = rep?;
+    if json {
+        output::json(&rep);
+    } else {
+        println!(
+            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} new units, {} MiB new data ({} MiB on disk)",
+            rep.series,
+            rep.version,
+            mib(rep.logical_bytes),
+            rep.seconds,
+            rate(rep.logical_bytes, rep.seconds),
+            rep.new_units,
+            mib(rep.new_vbytes),
+            mib(rep.new_container_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
+    let sel: VersionSel = a.version.parse()?;
+    let store = open(&a.store, OpenMode::ReadOnly, "revault restore")?;
+    let s = store.series(&a.series)?;
+    let v = store.resolve_version(&s, &sel)?;
+    let pb = output::progress(
+        Some(v.logical_bytes),
+        quiet,
+        &format!("restore {} v{}", s.name, v.number),
+    );
+    let pb2 = pb.clone();
+    let opts = RestoreOptions {
+        cache_bytes: a.cache_mib * MIB,
+        progress: Some(Arc::new(move |n| pb2.set_position(n))),
+        cancel: None,
+    };
+    let sel = VersionSel::Number(v.number);
+    let is_dir = a.output.ends_with('/') || Path::new(&a.output).is_dir();
+    let rep = if a.output == "-" {
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+        restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
+    } else if is_dir {
+        restore(
+            &store,
+            &a.series,
+            sel,
+            &opts,
+            RestoreTarget::Dir(Path::new(&a.output)),
+        )
+    } else {
+        // Write beside the target and rename at the end: a failed restore
+        // never leaves a truncated file under the requested name.
+        let partial = PathBuf::from(format!("{}.revault-partial", a.output));
+        let f = File::create(&partial)
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        let r = restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w));
+        let r = r.and_then(|rep| {
+            w.flush().map_err(|e| revault_engine::Error::Io {
+                context: format!("writing {}", partial.display()),
+                source: e,
+            })?;
+            Ok(rep)
+        });
+        match r {
+            Ok(rep) => {
+                std::fs::rename(&partial, &a.output)
+                    .with_context(|| format!("cannot create {}", a.output))?;
+                Ok(rep)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                Err(e)
+            }
+        }
+    };
+    pb.finish_and_clear();
+    let rep = rep?;
+    if json {
+        output::json(&rep);
+    } else {
+        for w in &rep.warnings {
+            eprintln!("warning: {w}");
+        }
+        eprintln!(
+            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}, chain depth {}",
+            rep.series,
+            rep.version,
+            mib(rep.logical_bytes),
+            rep.seconds,
+            rate(rep.logical_bytes, rep.seconds),
+            rep.container_reads,
+            rep.speed_factor.map(|s| format!("{s:.2}")).unwrap_or_else(|| "-".into()),
+            rep.chain_depth
+        );
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct SeriesRow {
+    series: String,
+    unit: DedupUnit,
+    versions: usize,
+    latest: Option<u32>,
+    latest_time: Option<String>,
+    logical_bytes: u64,
+}
+
+fn list(a: ListArgs, json: bool) -> Result<()> {
+    let store = open(&a.store, OpenMode::ReadOnly, "revault list")?;
+    if let Some(name) = a.series {
+        let s = store.series(&name)?;
+        let vs = store.versions(&s)?;
+        if json {
+            output::json(&serde_json::json!({ "series": s, "versions": vs }));
+            return Ok(());
+        }
+        let mut t = Table::new(&[
+            "version",
+            "time",
+            "kind",
+            "form",
+            "logical MiB",
+            "new MiB",
+            "on disk MiB",
+            "chunks",
+        ]);
+        for v in vs {
+            t.row(vec![
+                v.number.to_string(),
+                format_time(v.time_unix),
+                format!("{:?}", v.kind).to_lowercase(),
+                format!("{:?}", v.form).to_lowercase(),
+                mib(v.logical_bytes),
+                mib(v.new_vbytes),
+                mib(v.new_container_bytes),
+                v.chunks.to_string(),
+            ]);
+        }
+        print!("{}", t.render());
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for s in store.list_series()? {
+        let vs = store.versions(&s)?;
+        rows.push(SeriesRow {
+            series: s.name.clone(),
+            unit: s.unit,
+            versions: vs.len(),
+            latest: vs.last().map(|v| v.number),
+            latest_time: vs.last().map(|v| format_time(v.time_unix)),
+            logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
+        });
+    }
+    if json {
+        output::json(&rows);
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "series",
+        "unit",
+        "versions",
+        "latest",
+        "latest time",
+        "logical MiB",
+    ]);
+    for r in rows {
+        t.row(vec![
+            r.series,
+            r.unit.to_string(),
+            r.versions.to_string(),
+            r.latest
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+            r.latest_time.unwrap_or_else(|| "-".into()),
+            mib(r.logical_bytes),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct StatsOut {
+    #[serde(flatten)]
+    totals: revault_engine::meta::Totals,
+    /// Logical / unique bytes (before compression).
+    dedup_ratio: f64,
+    /// Logical / bytes on disk (after compression).
+    total_ratio: f64,
+    metadata_bytes: u64,
+}
+
+fn dir_size(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|it| {
+            it.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn stats(a: StoreArg, json: bool) -> Result<()> {
+    let store = open(&a, OpenMode::ReadOnly, "revault stats")?;
+    let t = store.totals()?;
+    let out = StatsOut {
+        totals: t,
+        dedup_ratio: if t.unit_vbytes > 0 {
+            t.logical_bytes as f64 / t.unit_vbytes as f64
+        } else {
+            0.0
+        },
+        total_ratio: if t.container_bytes > 0 {
+            t.logical_bytes as f64 / t.container_bytes as f64
+        } else {
+            0.0
+        },
+        metadata_bytes: dir_size(&store.root().join("meta")),
+    };
+    if json {
+        output::json(&out);
+    } else {
+        println!("versions            {}", t.versions);
+        println!("logical             {} MiB", mib(t.logical_bytes));
+        println!(
+            "stored, unique      {} MiB  (dedup {})",
+            mib(t.unit_vbytes),
+            ratio(t.logical_bytes, t.unit_vbytes)
+        );
+        println!(
+            "stored, on disk     {} MiB  (with compression {})",
+            mib(t.container_bytes),
+            ratio(t.logical_bytes, t.container_bytes)
+        );
+        println!(
+            "containers          {} ({} MiB of data, {} MiB live)",
+            t.containers,
+            mib(t.container_vbytes),
+            mib(t.unit_vbytes)
+        );
+        println!("units               {}", t.units);
+        println!(
+            "recipes + catalogs  {} MiB",
+            mib(t.recipe_bytes + t.catalog_bytes)
+        );
+        println!("metadata (RocksDB)  {} MiB", mib(out.metadata_bytes));
+    }
+    Ok(())
+}
+
+fn check(a: StoreArg, json: bool) -> Result<()> {
+    let store = open(&a, OpenMode::ReadOnly, "revault check")?;
+    let rep = revault_engine::check::check(&store)?;
+    if json {
+        output::json(&rep);
+    } else {
+        for w in &rep.warnings {
+            eprintln!("warning: {w}");
+        }
+        for e in &rep.errors {
+            eprintln!("problem: {e}");
+        }
+        println!(
+            "checked {} series, {} versions, {} units, {} containers ({} MiB verified): {}",
+            rep.series,
+            rep.versions,
+            rep.units,
+            rep.containers,
+            mib(rep.bytes_verified),
+            if rep.ok {
+                "ok".to_string()
+            } else {
+                format!("{} problems", rep.errors.len())
+            }
+        );
+    }
+    if !rep.ok {
+        bail!(
+            "store {} failed its check: {}",
+            a.store.display(),
+            rep.errors[0]
+        );
+    }
+    Ok(())
+}
+
+fn gc(a: GcArgs, json: bool) -> Result<()> {
+    if !(0.0..=1.0).contains(&a.compact_below) {
+        bail!("--compact-below is a fraction between 0 and 1");
+    }
+    let store = open(&a.store, OpenMode::ReadWrite, "revault gc")?;
+    let opts = revault_engine::gc::GcOptions {
+        compact_below: a.compact_below,
+        full: a.full,
+    };
+    let rep = revault_engine::gc::gc(&store, &opts)?;
+    if json {
+        output::json(&rep);
+    } else {
+        println!(
+            "gc: marked {} of {} series, swept {} containers: freed {} units and {} containers ({} MiB), compacted {} (trimmed {} units, wrote {} MiB), removed {} orphan files, in {:.2}s",
+            rep.groups_marked,
+            rep.groups,
+            rep.containers_swept,
+            rep.units_freed,
+            rep.containers_freed,
+            mib(rep.bytes_freed),
+            rep.containers_compacted,
+            rep.units_trimmed,
+            mib(rep.bytes_written),
+            rep.orphans.orphan_files,
+            rep.seconds
+        );
+    }
+    Ok(())
+}
+
+fn retention(c: RetentionCmd, json: bool) -> Result<()> {
+    match c {
+        RetentionCmd::Show(a) => {
+            let store = open(&a.store, OpenMode::ReadOnly, "revault retention show")?;
+            let s = store.series(&a.series)?;
+            if json {
+                output::json(&s.retention);
+            } else {
+                print_retention(&s.name, &s.retention);
+            }
+        }
+        RetentionCmd::Set(a) => {
+            let keep_within_secs = a
+                .keep_within
+                .as_deref()
+                .map(|d| {
+                    humantime::parse_duration(d).with_context(|| {
+                        format!("--keep-within {d:?}: expected a duration like 30d or 12h")
+                    })
+                })
+                .transpose()?
+                .map(|d| d.as_secs());
+            let r = revault_engine::meta::Retention {
+                keep: a.keep,
+                keep_within_secs,
+                live: a.live,
+                auto: a.auto,
+            };
+            let store = open(
+                &a.series.store,
+                OpenMode::ReadWrite,
+                "revault retention set",
+            )?;
+            let s = revault_engine::retention::set_retention(&store, &a.series.series, r)?;
+            if json {
+                output::json(&s.retention);
+            } else {
+                print_retention(&s.name, &s.retention);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_retention(name: &str, r: &revault_engine::meta::Retention) {
+    println!(
+        "{name}: keep {}, keep within {}, live window {}, automatic {}",
+        r.keep
+            .map(|k| k.to_string())
+            .unwrap_or_else(|| "all".into()),
+        r.keep_within_secs
+            .map(|s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())
+            .unwrap_or_else(|| "-".into()),
+        r.live,
+        if r.auto { "yes" } else { "no" }
+    );
+}
+
+fn slide(a: SeriesArgs, json: bool) -> Result<()> {
+    let store = open(
+        &a.store,
+        OpenMode::ReadWrite,
+        &format!("revault slide {}", a.series),
+    )?;
+    let rep = revault_engine::slide::slide(&store, &a.series)?;
+    if json {
+        output::json(&rep);
+    } else if rep.slid.is_empty() {
+        println!("{}: nothing left the live window", rep.series);
+    } else {
+        println!(
+            "{}: slid versions {:?}: {} chunks now reference the next version, {} stay direct; trimmed {} units, freed {}, moved {}; wrote {} MiB, freed {} containers ({} MiB) in {:.2}s",
+            rep.series,
+            rep.slid,
+            rep.indirect_chunks,
+            rep.direct_chunks,
+            rep.units_trimmed,
+            rep.units_freed,
+            rep.units_moved,
+            mib(rep.bytes_written),
+            rep.containers_freed,
+            mib(rep.bytes_freed),
+            rep.seconds
+        );
+    }
+    Ok(())
+}
+
+fn expire(a: ExpireArgs, json: bool) -> Result<()> {
+    use revault_engine::expire::ExpireSel;
+    let sel = if let Some(v) = a.version {
+        ExpireSel::Version(v)
+    } else if let Some(t) = &a.before {
+        ExpireSel::Before(parse_time(t)?)
+    } else {
+        ExpireSel::Retention
+    };
+    let store = open(
+        &a.series.store,
+        OpenMode::ReadWrite,
+        &format!("revault expire {}", a.series.series),
+    )?;
+    let rep = revault_engine::expire::expire(&store, &a.series.series, &sel)?;
+    if json {
+        output::json(&rep);
+    } else {
+        println!(
+            "{}: expired versions {:?} ({} MiB logical); freed {} units and {} containers ({} MiB) in {:.3}s",
+            rep.series,
+            rep.expired,
+            mib(rep.logical_bytes_expired),
+            rep.units_freed,
+            rep.containers_freed,
+            mib(rep.bytes_freed),
+            rep.seconds
+        );
+    }
+    Ok(())
+}
+
+fn gen_series(a: GenArgs, json: bool) -> Result<()> {
+    let format = match a.format.as_str() {
+        "tar" => GenFormat::Tar,
+        "dir" => GenFormat::Dir,
+        f => bail!("--format {f:?}: expected `tar` or `dir`"),
+    };
+    let opts = GenOptions {
+        versions: a.versions,
+        initial_mib: a.initial_mib,
+        alpha_pct: a.alpha,
+        beta_pct: a.beta,
+        gamma_mib: a.gamma_mib,
+        binary_pct: a.binary,
+        seed: a.seed,
+        format,
+    };
+    let vs = revault_engine::gen::generate(&a.out, &opts, |v| {
+        if !json {
+            eprintln!(
+                "  {} ({} files, {} MiB)",
+                v.path.display(),
+                v.files,
+                mib(v.bytes)
+            );
+        }
+    })?;
+    if json {
+        output::json(&vs);
+    }
+    Ok(())
+}

@@ -1,0 +1,363 @@
+//! The CLI's behaviour on good and bad input, through the real binary.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+#[test]
+fn backup_list_restore_round_trip_with_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, random(3 << 20, 1)).unwrap();
+    let b = ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        input.to_str().unwrap(),
+        "--time",
+        "2026-01-02T03:04:05Z",
+    ]);
+    assert_eq!(b["version"], 1);
+    assert_eq!(b["logical_bytes"], 3 << 20);
+    assert_eq!(b["time_unix"], 1767323045);
+    let l = ok_json(&["list", "--store", s, "--series", "default/db"]);
+    assert_eq!(l["versions"].as_array().unwrap().len(), 1);
+    let out = dir.path().join("out.bin");
+    let r = ok_json(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--version",
+        "latest",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(r["container_reads"].as_u64().unwrap() >= 1);
+    assert_eq!(sha256_file(&out), sha256_file(&input));
+    let st = ok_json(&["stats", "--store", s]);
+    assert_eq!(st["versions"], 1);
+    assert!(ok_json(&["check", "--store", s])["ok"].as_bool().unwrap());
+}
+
+#[test]
+fn unknown_series_and_versions_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let e = fails(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/nope",
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(
+        e.contains("error: no series default/nope in this store"),
+        "{e}"
+    );
+    let input = dir.path().join("in");
+    std::fs::write(&input, b"some data").unwrap();
+    for _ in 0..5 {
+        ok_json(&[
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ]);
+    }
+    let e = fails(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--version",
+        "7",
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(
+        e.contains("series default/db has no version 7 (latest is 5)"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    let e = fails(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--version",
+        "seven",
+    ]);
+    assert!(e.contains("expected a version number"), "{e}");
+    let e = fails(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "Bad_Name",
+        input.to_str().unwrap(),
+    ]);
+    assert!(e.contains("NAMESPACE/NAME"), "{e}");
+    let out = revault(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--version",
+        "9",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "unknown_version");
+}
+
+#[test]
+fn a_store_that_was_never_initialised_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = fails(&["list", "--store", dir.path().to_str().unwrap()]);
+    assert!(
+        e.contains("not a Revault store") && e.contains("revault init --store"),
+        "{e}"
+    );
+    let e = fails(&[
+        "backup",
+        "--store",
+        dir.path().join("none").to_str().unwrap(),
+        "--series",
+        "a/b",
+        "-",
+    ]);
+    assert!(e.contains("not a Revault store"), "{e}");
+}
+
+#[test]
+fn a_second_writer_is_refused_and_the_first_is_unharmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap().to_string();
+    init(&store);
+    let data = random(2 << 20, 4);
+    // The first writer reads stdin, which we hold open, so it holds the lock.
+    let mut first = Command::new(bin())
+        .args([
+            "backup",
+            "--store",
+            &s,
+            "--series",
+            "default/db",
+            "-",
+            "--json",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = first.stdin.take().unwrap();
+    stdin.write_all(&data[..1 << 20]).unwrap();
+    // Wait until it holds the lock (its pid is written into the lock file).
+    let lock = store.join("lock");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&lock)
+            .unwrap_or_default()
+            .contains("revault backup")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let input = dir.path().join("other");
+    std::fs::write(&input, b"x").unwrap();
+    let e = fails(&[
+        "backup",
+        "--store",
+        &s,
+        "--series",
+        "default/other",
+        input.to_str().unwrap(),
+    ]);
+    assert!(e.contains("is locked by another revault process"), "{e}");
+    assert!(e.contains(&format!("pid {}", first.id())), "{e}");
+    stdin.write_all(&data[1 << 20..]).unwrap();
+    drop(stdin);
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored = dir.path().join("restored");
+    ok_json(&[
+        "restore",
+        "--store",
+        &s,
+        "--series",
+        "default/db",
+        "-o",
+        restored.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read(restored).unwrap(), data);
+}
+
+#[test]
+fn empty_stdin_is_a_valid_zero_length_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let b = ok_json(&["backup", "--store", s, "--series", "default/empty", "-"]);
+    assert_eq!(b["logical_bytes"], 0);
+    let out = revault(&["restore", "--store", s, "--series", "default/empty"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn an_unreadable_input_fails_clearly_and_creates_no_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let e = fails(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        dir.path().join("missing.tar").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("cannot read") && e.contains("missing.tar"),
+        "{e}"
+    );
+
+    // Permission errors: run as an unprivileged user (root reads anything).
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipping the permission case: setpriv is not installed");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/ok.txt"), b"fine").unwrap();
+    std::fs::write(tree.join("sub/secret.txt"), b"no").unwrap();
+    std::fs::set_permissions(
+        tree.join("sub/secret.txt"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    for p in [dir.path(), &store, &tree, &tree.join("sub")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let chown = |p: &std::path::Path| {
+        Command::new("chown")
+            .args(["-R", "65534:65534", p.to_str().unwrap()])
+            .status()
+            .unwrap();
+    };
+    chown(&store);
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            bin(),
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            tree.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        e.contains("cannot read") && e.contains("secret.txt") && e.contains("Permission denied"),
+        "{e}"
+    );
+    let l = ok_json(&["list", "--store", s]);
+    assert_eq!(
+        l.as_array().unwrap().len(),
+        0,
+        "no series or version was created: {l}"
+    );
+}
+
+#[test]
+fn directory_versions_restore_as_trees_and_as_tar() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    std::fs::create_dir_all(tree.join("empty")).unwrap();
+    std::fs::write(tree.join("a/b/f.txt"), random(100_000, 7)).unwrap();
+    std::os::unix::fs::symlink("a/b/f.txt", tree.join("l")).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/tree",
+        tree.to_str().unwrap(),
+    ]);
+    let out = dir.path().join("out/");
+    ok_json(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/tree",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(out.join("a/b/f.txt")).unwrap(),
+        std::fs::read(tree.join("a/b/f.txt")).unwrap()
+    );
+    assert!(out.join("empty").is_dir());
+    assert_eq!(
+        std::fs::read_link(out.join("l")).unwrap().to_str().unwrap(),
+        "a/b/f.txt"
+    );
+    let tarball = dir.path().join("t.tar");
+    ok_json(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/tree",
+        "-o",
+        tarball.to_str().unwrap(),
+    ]);
+    let listing = Command::new("tar")
+        .args(["-tf", tarball.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        names.contains("a/b/f.txt") && names.contains("empty/"),
+        "{names}"
+    );
+}

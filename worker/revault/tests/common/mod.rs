@@ -1,0 +1,56 @@
+//! Helpers for tests that run the real `revault` binary.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_revault")
+}
+
+pub fn revault(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .env("REVAULT_LOG", "warn")
+        .output()
+        .expect("run revault")
+}
+
+/// Runs revault, asserts success, returns stdout parsed as JSON.
+pub fn ok_json(args: &[&str]) -> serde_json::Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let out = revault(&a);
+    assert!(
+        out.status.success(),
+        "revault {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json output")
+}
+
+/// Runs revault, asserts failure, returns stderr.
+pub fn fails(args: &[&str]) -> String {
+    let out = revault(args);
+    assert!(!out.status.success(), "revault {args:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+pub fn sha256_file(p: &Path) -> String {
+    hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
+}
+
+pub fn init(store: &Path) {
+    ok_json(&["init", "--store", store.to_str().unwrap()]);
+}
