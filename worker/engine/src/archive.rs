@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::container::{ContainerId, CHUNK_ZERO};
 use crate::error::{corrupt_meta, Result};
-use crate::meta::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
 use crate::recipe::Entry;
 use crate::restore::{load_units, push_extent, recipe_entries, Extent};
-use crate::store::Store;
 
 /// Where one chunk position's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +86,7 @@ fn unit_locs(
 /// Resolves one recipe into per-position locations, given the already
 /// resolved newer versions it points into.
 fn resolve_entries(
-    store: &Store,
+    r: &impl MetaRead,
     what: &str,
     parts: &[Vec<Entry>],
     newer: &BTreeMap<u32, Vec<Loc>>,
@@ -104,7 +103,7 @@ fn resolve_entries(
         }
         ids.sort_unstable();
         ids.dedup();
-        let units = load_units(store, &ids)?;
+        let units = load_units(r, &ids)?;
         let get = |id: u64| &units[ids.binary_search(&id).expect("loaded every id")];
         for e in entries {
             match *e {
@@ -158,7 +157,7 @@ fn indirect_targets(parts: &[Vec<Entry>]) -> BTreeSet<u32> {
 /// Per-position locations of `v` and every version its references reach,
 /// and the depth of the longest indirect chain.
 pub(crate) fn resolve_positions(
-    store: &Store,
+    r: &impl MetaRead,
     series: &SeriesRecord,
     v: &VersionRecord,
     parts: Vec<Vec<Entry>>,
@@ -177,13 +176,13 @@ pub(crate) fn resolve_positions(
                 format!("indirect reference to older version {n}"),
             ));
         }
-        let rec = store.meta.version(series, n)?.ok_or_else(|| {
+        let rec = r.version(series, n)?.ok_or_else(|| {
             corrupt_meta(
                 format!("recipe of {} version {}", series.name, v.number),
                 format!("points into version {n}, which does not exist"),
             )
         })?;
-        let p = recipe_entries(store, series, &rec)?;
+        let p = recipe_entries(r, series, &rec)?;
         if rec.form == RecipeForm::Archival {
             todo.extend(indirect_targets(&p));
         }
@@ -194,7 +193,7 @@ pub(crate) fn resolve_positions(
     let mut depth: BTreeMap<u32, u32> = BTreeMap::new();
     for (&n, p) in recipes.iter().rev() {
         let what = format!("{} version {}", series.name, n);
-        let locs = resolve_entries(store, &what, p, &resolved)?;
+        let locs = resolve_entries(r, &what, p, &resolved)?;
         let d = indirect_targets(p)
             .iter()
             .map(|t| depth[t] + 1)
@@ -211,12 +210,12 @@ pub(crate) fn resolve_positions(
 
 /// Extents of an archival version.
 pub(crate) fn resolve_archival(
-    store: &Store,
+    r: &impl MetaRead,
     series: &SeriesRecord,
     v: &VersionRecord,
     parts: Vec<Vec<Entry>>,
 ) -> Result<(Vec<Extent>, u32)> {
-    let (locs, depth) = resolve_positions(store, series, v, parts)?;
+    let (locs, depth) = resolve_positions(r, series, v, parts)?;
     let mut out = Vec::with_capacity(locs.len() / 4 + 1);
     for l in locs {
         push_extent(&mut out, l.extent());
@@ -235,7 +234,7 @@ pub(crate) enum Ref {
 /// Expands recipe entries into one reference per chunk position (zero chunks
 /// inside units become `Zero`), with the records of every unit referenced.
 pub(crate) fn expand_refs(
-    store: &Store,
+    r: &impl MetaRead,
     parts: &[Vec<Entry>],
 ) -> Result<(
     Vec<Ref>,
@@ -252,7 +251,7 @@ pub(crate) fn expand_refs(
     ids.sort_unstable();
     ids.dedup();
     let units: std::collections::HashMap<u64, crate::meta::UnitRecord> =
-        ids.iter().copied().zip(load_units(store, &ids)?).collect();
+        ids.iter().copied().zip(load_units(r, &ids)?).collect();
     let mut out = Vec::new();
     let chunk_ref = |uid: u64, u: &crate::meta::UnitRecord, i: usize| {
         let c = &u.chunks[i];

@@ -14,7 +14,7 @@
 //! Nothing is visible until the final commit, which happens only after every
 //! container of the session is fsynced.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,18 +25,20 @@ use serde::Serialize;
 
 use crate::catalog;
 use crate::chunker::{Chunker, Segmenter};
+use crate::commit::Txn;
 use crate::config::DedupUnit;
-use crate::container::{ChunkEntry, CHUNK_ZERO};
+use crate::container::{ChunkEntry, ContainerId, CHUNK_ZERO};
 use crate::error::{Error, Result};
 use crate::fp::{is_zero, Fp};
 use crate::meta::{
-    part_key, version_key, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
-    CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
+    part_key, version_key, MetaRead, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind,
+    VersionRecord, CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
 };
 use crate::pack::{PackChunk, PackWriter};
 use crate::recipe::RecipeBuilder;
+use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
-use crate::store::{check_series_name, now_unix, Store, Txn};
+use crate::store::{check_series_name, now_unix, Store};
 
 const BUF_BYTES: usize = 4 << 20;
 
@@ -46,6 +48,9 @@ pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
 pub struct BackupOptions {
     /// Dedup unit for a new series (an existing series keeps its own).
     pub unit: Option<DedupUnit>,
+    /// Rewrite policy; stored with the series and used by later backups.
+    /// `None` uses the series' stored policy.
+    pub rewrite: Option<RewriteSettings>,
     /// Backup time (unix seconds); defaults to now.
     pub time_unix: Option<i64>,
     /// Called with the logical bytes read so far.
@@ -73,6 +78,10 @@ pub struct BackupReport {
     pub recipe_bytes: u64,
     pub catalog_bytes: u64,
     pub seconds: f64,
+    /// Rewrite policy used, and the duplicates it stored again.
+    pub rewrite: String,
+    pub rewritten_units: u64,
+    pub rewritten_bytes: u64,
     /// What the series' automatic retention did after the backup committed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slide: Option<crate::slide::SlideReport>,
@@ -145,6 +154,16 @@ pub fn backup(
         .unwrap_or_else(|| store.alloc_series());
     let version = existing.as_ref().map(|s| s.next_version).unwrap_or(1);
     let cfg = store.config().clone();
+    let rewrite = match &opts.rewrite {
+        Some(r) => {
+            r.validate()?;
+            r.clone()
+        }
+        None => existing
+            .as_ref()
+            .map(|s| s.rewrite.clone())
+            .unwrap_or_default(),
+    };
 
     let mut session = store.begin_session("backup")?;
     let mut pack = PackWriter::new(
@@ -189,6 +208,23 @@ pub fn backup(
         chunks: 0,
         zero_bytes: 0,
         new_vbytes: 0,
+        unique_chunks: 0,
+        policy: rewrite.build(
+            cfg.container_bytes,
+            existing.as_ref().map(|s| s.last).unwrap_or_default(),
+        ),
+        pending: VecDeque::new(),
+        pending_fps: HashMap::new(),
+        decided: Vec::new(),
+        window: RefWindow {
+            cap: 8 * cfg.container_bytes,
+            bytes: 0,
+            refs: VecDeque::new(),
+            per: HashMap::new(),
+        },
+        container_bytes: HashMap::new(),
+        rewritten_units: 0,
+        rewritten_bytes: 0,
     };
     let result = (|| -> Result<()> {
         for h in hashed_rx.iter() {
@@ -204,7 +240,7 @@ pub fn backup(
                 let _ = pool_tx.try_send(v);
             }
         }
-        d.close_segment(&mut pack)
+        d.finish(&mut pack)
     })();
     drop(hashed_rx);
     drop(pool_tx);
@@ -288,6 +324,12 @@ pub fn backup(
         }
         txn.put_json(CF_VERSIONS, &version_key(series_id, version), &record);
         let name = series_name.to_string();
+        let last = crate::rewrite::VersionHint {
+            chunks: d.chunks,
+            unique_chunks: d.unique_chunks,
+            logical_bytes: d.logical,
+        };
+        let stored_rewrite = rewrite.clone();
         txn.series_updates.push((
             name.clone(),
             Box::new(move |cur| match cur {
@@ -295,6 +337,8 @@ pub fn backup(
                     s.next_version = version + 1;
                     s.generation += 1;
                     s.unit = unit_kind;
+                    s.rewrite = stored_rewrite;
+                    s.last = last;
                     s
                 }
                 None => SeriesRecord {
@@ -306,6 +350,8 @@ pub fn backup(
                     retention: Default::default(),
                     generation: 1,
                     deleted_since_gc: false,
+                    rewrite: stored_rewrite,
+                    last,
                 },
             }),
         ));
@@ -332,6 +378,9 @@ pub fn backup(
             recipe_bytes,
             catalog_bytes,
             seconds: started.elapsed().as_secs_f64(),
+            rewrite: rewrite.name().to_string(),
+            rewritten_units: d.rewritten_units,
+            rewritten_bytes: d.rewritten_bytes,
             slide: None,
             expire: None,
         })
@@ -471,6 +520,70 @@ struct Dedup<'s> {
     chunks: u64,
     zero_bytes: u64,
     new_vbytes: u64,
+    /// Chunks of units stored as new (not rewritten copies): the next
+    /// backup's rewrite budget is sized from this.
+    unique_chunks: u64,
+    /// Rewrite selection: units wait here, in stream order, for its decisions.
+    policy: Box<dyn Policy>,
+    pending: VecDeque<Pending>,
+    pending_fps: HashMap<Fp, u32>,
+    decided: Vec<bool>,
+    window: RefWindow,
+    container_bytes: HashMap<ContainerId, u64>,
+    rewritten_units: u64,
+    rewritten_bytes: u64,
+}
+
+/// A unit waiting for the rewrite policy's decision.
+struct Pending {
+    fp: Fp,
+    chunks: Vec<SegChunk>,
+    /// The existing copy it would dedup to.
+    found: Option<(u64, ContainerId)>,
+    /// A zero chunk in chunk mode (never stored).
+    zero: bool,
+}
+
+/// Which containers the last few MiB of the version referenced: when a
+/// duplicate has several copies (rewriting makes them), the copy whose
+/// container serves the most of this window is used.
+struct RefWindow {
+    cap: u64,
+    bytes: u64,
+    refs: VecDeque<(ContainerId, u64)>,
+    per: HashMap<ContainerId, u64>,
+}
+
+impl RefWindow {
+    fn note(&mut self, c: ContainerId, n: u64) {
+        self.refs.push_back((c, n));
+        *self.per.entry(c).or_default() += n;
+        self.bytes += n;
+        while self.bytes > self.cap {
+            let Some((old, m)) = self.refs.pop_front() else {
+                break;
+            };
+            self.bytes -= m;
+            if let Some(x) = self.per.get_mut(&old) {
+                *x -= m;
+                if *x == 0 {
+                    self.per.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Index of the best copy; the newest (first) when none is in the window.
+    fn best(&self, cands: &[(u64, UnitRecord)]) -> usize {
+        let mut best = (0, 0u64);
+        for (i, (_, u)) in cands.iter().enumerate() {
+            let n = self.per.get(&u.container).copied().unwrap_or(0);
+            if n > best.1 {
+                best = (i, n);
+            }
+        }
+        best.0
+    }
 }
 
 impl Dedup<'_> {
@@ -489,7 +602,10 @@ impl Dedup<'_> {
                 self.zero_bytes += u64::from(len);
             }
             match self.kind {
-                DedupUnit::Chunk => self.take_chunk(c, pack)?,
+                DedupUnit::Chunk => {
+                    let fp = c.fp;
+                    self.unit(fp, vec![c], pack)?;
+                }
                 DedupUnit::Segment => {
                     if self.segmenter.closes_before(self.seg_len, u64::from(len)) {
                         self.close_segment(pack)?;
@@ -506,16 +622,6 @@ impl Dedup<'_> {
         Ok(())
     }
 
-    fn take_chunk(&mut self, c: SegChunk, pack: &mut PackWriter) -> Result<()> {
-        if c.zero {
-            self.recipe.push_zero(c.len);
-            return Ok(());
-        }
-        let id = self.dedup_or_store(c.fp, std::slice::from_ref(&c), pack)?;
-        self.recipe.push_unit(id);
-        Ok(())
-    }
-
     fn close_segment(&mut self, pack: &mut PackWriter) -> Result<()> {
         if self.seg.is_empty() {
             return Ok(());
@@ -523,52 +629,153 @@ impl Dedup<'_> {
         let seg = std::mem::take(&mut self.seg);
         self.seg_len = 0;
         let fp = Fp::of_segment(seg.iter().map(|c| &c.fp));
-        let id = self.dedup_or_store(fp, &seg, pack)?;
+        self.unit(fp, seg, pack)
+    }
+
+    /// Classifies a unit (new, or a duplicate and where its copy is), hands it
+    /// to the rewrite policy, and applies whatever decisions are now final.
+    fn unit(&mut self, fp: Fp, chunks: Vec<SegChunk>, pack: &mut PackWriter) -> Result<()> {
+        let bytes: u32 = chunks.iter().map(|c| c.len).sum();
+        let n = chunks.len() as u32;
+        let zero = self.kind == DedupUnit::Chunk && chunks[0].zero;
+        // Repeats inside this backup resolve to the first copy when decided.
+        let internal =
+            zero || self.new_by_fp.contains_key(&fp) || self.pending_fps.contains_key(&fp);
+        let (item, found) = if internal {
+            (Item::unique(bytes, n), None)
+        } else {
+            let window = &self.window;
+            match self.store.lookup_pin(self.kind, &fp, |c| window.best(c))? {
+                None => (Item::unique(bytes, n), None),
+                Some((id, u)) => {
+                    self.pinned.push(id);
+                    let total = match self.container_bytes.get(&u.container) {
+                        Some(t) => *t,
+                        None => {
+                            let t = self
+                                .store
+                                .meta
+                                .container(u.container)?
+                                .map(|c| c.vbytes)
+                                .unwrap_or(u.vbase);
+                            self.container_bytes.insert(u.container, t);
+                            t
+                        }
+                    };
+                    (
+                        Item::dup(
+                            bytes,
+                            n,
+                            u.container.0,
+                            u.vbase,
+                            total.saturating_sub(u.vbase),
+                        ),
+                        Some((id, u.container)),
+                    )
+                }
+            }
+        };
+        *self.pending_fps.entry(fp).or_default() += 1;
+        self.pending.push_back(Pending {
+            fp,
+            chunks,
+            found,
+            zero,
+        });
+        self.policy.push(item, &mut self.decided);
+        self.drain(pack)
+    }
+
+    fn drain(&mut self, pack: &mut PackWriter) -> Result<()> {
+        for rewrite in std::mem::take(&mut self.decided) {
+            let p = self
+                .pending
+                .pop_front()
+                .expect("one pending unit per decision");
+            if let Some(c) = self.pending_fps.get_mut(&p.fp) {
+                *c -= 1;
+                if *c == 0 {
+                    self.pending_fps.remove(&p.fp);
+                }
+            }
+            self.apply(p, rewrite, pack)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, pack: &mut PackWriter) -> Result<()> {
+        self.close_segment(pack)?;
+        self.policy.finish(&mut self.decided);
+        self.drain(pack)?;
+        debug_assert!(self.pending.is_empty());
+        Ok(())
+    }
+
+    fn apply(&mut self, p: Pending, rewrite: bool, pack: &mut PackWriter) -> Result<()> {
+        if p.zero {
+            self.recipe.push_zero(p.chunks[0].len);
+            return Ok(());
+        }
+        let bytes: u64 = p.chunks.iter().map(|c| u64::from(c.len)).sum();
+        let id = match (self.new_by_fp.get(&p.fp).copied(), p.found) {
+            (Some(id), _) => id,
+            (None, Some((id, container))) if !rewrite => {
+                self.window.note(container, bytes);
+                if self.referenced.insert(id) {
+                    self.txn.ref_delta(id, 1, 0);
+                }
+                id
+            }
+            (None, found) => {
+                if found.is_some() {
+                    self.rewritten_units += 1;
+                    self.rewritten_bytes += bytes;
+                }
+                self.store_new(p.fp, &p.chunks, found.is_none(), pack)?
+            }
+        };
         self.recipe.push_unit(id);
         Ok(())
     }
 
-    fn dedup_or_store(
+    /// Stores a unit (new data, or a rewritten copy of a duplicate); the index
+    /// then points new backups at this, the newest copy.
+    fn store_new(
         &mut self,
         fp: Fp,
         chunks: &[SegChunk],
+        unique: bool,
         pack: &mut PackWriter,
     ) -> Result<u64> {
-        let id = if let Some(&id) = self.new_by_fp.get(&fp) {
-            id
-        } else if let Some(id) = self.store.lookup_pin(self.kind, &fp)? {
-            self.pinned.push(id);
-            id
-        } else {
-            let id = self.store.alloc_unit();
-            let pc: Vec<PackChunk<'_>> = chunks
-                .iter()
-                .map(|c| PackChunk {
-                    data: c.data(),
-                    entry: c.entry(),
-                })
-                .collect();
-            let (container, vbase) = pack.add_unit(id, &pc)?;
-            let unit = UnitRecord {
-                kind: self.kind,
-                fp,
-                container,
-                vbase,
-                trimmed: false,
-                chunks: pc.into_iter().map(|c| c.entry).collect(),
-            };
-            self.new_vbytes += unit.stored_vbytes();
-            self.new_by_fp.insert(fp, id);
-            self.txn.index_puts.push(((self.kind, fp), id));
-            self.txn
-                .new_units
-                .push((id, unit, Refs { live: 1, arch: 0 }));
-            self.referenced.insert(id);
-            return Ok(id);
+        let id = self.store.alloc_unit();
+        let pc: Vec<PackChunk<'_>> = chunks
+            .iter()
+            .map(|c| PackChunk {
+                data: c.data(),
+                entry: c.entry(),
+            })
+            .collect();
+        let (container, vbase) = pack.add_unit(id, &pc)?;
+        self.window
+            .note(container, chunks.iter().map(|c| u64::from(c.len)).sum());
+        let unit = UnitRecord {
+            kind: self.kind,
+            fp,
+            container,
+            vbase,
+            trimmed: false,
+            chunks: pc.into_iter().map(|c| c.entry).collect(),
         };
-        if self.referenced.insert(id) && !self.new_by_fp.contains_key(&fp) {
-            self.txn.ref_delta(id, 1, 0);
+        self.new_vbytes += unit.stored_vbytes();
+        if unique {
+            self.unique_chunks += unit.chunks.len() as u64;
         }
+        self.new_by_fp.insert(fp, id);
+        self.txn.index_puts.push(((self.kind, fp), id));
+        self.txn
+            .new_units
+            .push((id, unit, Refs { live: 1, arch: 0 }));
+        self.referenced.insert(id);
         Ok(id)
     }
 }

@@ -19,6 +19,7 @@ use crate::archive::resolve_positions;
 use crate::container::{ContainerFile, ContainerId, CHUNK_ZERO};
 use crate::error::Result;
 use crate::fp::Fp;
+use crate::meta::MetaRead;
 use crate::meta::{
     ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_REFS, CF_UNITS,
 };
@@ -42,31 +43,31 @@ pub struct CheckReport {
 
 pub fn check(store: &Store) -> Result<CheckReport> {
     let mut rep = CheckReport::default();
-    let meta = &store.meta;
+    // One snapshot, so a check running beside writers sees a consistent store.
+    let view = store.read_view();
+    let meta = &view;
 
     // Units and containers.
     let mut units: BTreeMap<u64, UnitRecord> = BTreeMap::new();
-    meta.for_each_prefix(CF_UNITS, b"", |k, v| {
-        let id = u64::from_be_bytes(k.try_into().unwrap_or_default());
-        match UnitRecord::decode(id, v) {
+    for (k, v) in meta.scan(CF_UNITS, b"")? {
+        let id = u64::from_be_bytes(k[..].try_into().unwrap_or_default());
+        match UnitRecord::decode(id, &v) {
             Ok(u) => {
                 units.insert(id, u);
             }
             Err(e) => rep.errors.push(e.to_string()),
         }
-        Ok(true)
-    })?;
+    }
     let mut containers: BTreeMap<ContainerId, ContainerRecord> = BTreeMap::new();
-    meta.for_each_prefix(CF_CONTAINERS, b"", |k, v| {
-        let id = ContainerId(u64::from_be_bytes(k.try_into().unwrap_or_default()));
-        match ContainerRecord::decode(id, v) {
+    for (k, v) in meta.scan(CF_CONTAINERS, b"")? {
+        let id = ContainerId(u64::from_be_bytes(k[..].try_into().unwrap_or_default()));
+        match ContainerRecord::decode(id, &v) {
             Ok(c) => {
                 containers.insert(id, c);
             }
             Err(e) => rep.errors.push(e.to_string()),
         }
-        Ok(true)
-    })?;
+    }
     rep.units = units.len() as u64;
     rep.containers = containers.len() as u64;
 
@@ -112,7 +113,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         for v in versions {
             rep.versions += 1;
             let what = format!("{} version {}", s.name, v.number);
-            let parts = match recipe_entries(store, &s, &v) {
+            let parts = match recipe_entries(meta, &s, &v) {
                 Ok(p) => p,
                 Err(e) => {
                     rep.errors.push(e.to_string());
@@ -142,7 +143,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                     )),
                 }
             }
-            match resolve_positions(store, &s, &v, parts) {
+            match resolve_positions(meta, &s, &v, parts) {
                 Ok((locs, _)) => {
                     let bytes: u64 = locs
                         .iter()
@@ -163,7 +164,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                 Err(e) => rep.errors.push(format!("{what}: {e}")),
             }
             if v.catalog_parts > 0 {
-                match load_catalog(store, &s, &v) {
+                match load_catalog(meta, &s, &v) {
                     Ok(entries) => {
                         let data: u64 = entries.iter().map(|e| e.data_len).sum();
                         if data != v.logical_bytes {
@@ -179,16 +180,15 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         }
     }
     let mut have: HashMap<u64, Refs> = HashMap::new();
-    meta.for_each_prefix(CF_REFS, b"", |k, v| {
-        let id = u64::from_be_bytes(k.try_into().unwrap_or_default());
-        match Refs::decode(id, v) {
+    for (k, v) in meta.scan(CF_REFS, b"")? {
+        let id = u64::from_be_bytes(k[..].try_into().unwrap_or_default());
+        match Refs::decode(id, &v) {
             Ok(r) => {
                 have.insert(id, r);
             }
             Err(e) => rep.errors.push(e.to_string()),
         }
-        Ok(true)
-    })?;
+    }
     for id in units.keys() {
         let w = want.get(id).copied().unwrap_or_default();
         let h = have.get(id).copied().unwrap_or_default();
@@ -213,17 +213,21 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     }
 
     // Index entries name complete units with the same fingerprint.
-    meta.for_each_prefix(CF_INDEX, b"", |k, v| {
-        let id = u64::from_be_bytes(v.try_into().unwrap_or_default());
+    for (k, v) in meta.scan(CF_INDEX, b"")? {
         let fp = Fp(k[1..].try_into().unwrap_or_default());
-        match units.get(&id) {
-            Some(u) if u.fp == fp && !u.trimmed => {}
-            _ => rep.errors.push(format!(
-                "index entry {fp} names unit {id}, which is missing, trimmed or different"
-            )),
+        let Some(copies) = crate::meta::decode_copies(&v) else {
+            rep.errors.push(format!("index entry {fp} is malformed"));
+            continue;
+        };
+        for id in copies {
+            match units.get(&id) {
+                Some(u) if u.fp == fp && !u.trimmed => {}
+                _ => rep.errors.push(format!(
+                    "index entry {fp} names unit {id}, which is missing, trimmed or different"
+                )),
+            }
         }
-        Ok(true)
-    })?;
+    }
 
     // Files nobody owns.
     if let Ok(dirs) = std::fs::read_dir(store.data_dir()) {

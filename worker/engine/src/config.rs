@@ -139,7 +139,7 @@ impl StoreConfig {
 }
 
 /// The dedup unit of a series.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum DedupUnit {
     /// RevDedup's inline step: whole segments (~1 MiB) are deduplicated.
@@ -191,8 +191,10 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_bad_sizes_rejected() {
         StoreConfig::default().validate().unwrap();
-        let mut c = StoreConfig::default();
-        c.container_bytes = 1000;
+        let c = StoreConfig {
+            container_bytes: 1000,
+            ..Default::default()
+        };
         assert!(c
             .validate()
             .unwrap_err()

@@ -19,6 +19,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
+use crate::commit::Txn;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::meta::{
     part_key, version_key, RecipeForm, SeriesRecord, VersionRecord, CF_CATALOGS, CF_RECIPES,
@@ -26,7 +27,7 @@ use crate::meta::{
 };
 use crate::recipe::Entry;
 use crate::restore::recipe_entries;
-use crate::store::{Store, Txn};
+use crate::store::Store;
 
 #[derive(Clone, Debug)]
 pub enum ExpireSel {
@@ -57,6 +58,7 @@ pub fn expire(store: &Store, series: &str, sel: &ExpireSel) -> Result<ExpireRepo
 }
 
 pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Result<ExpireReport> {
+    let _m = store.maintenance();
     let started = Instant::now();
     let s = store.series(series)?;
     let versions = store.versions(&s)?;
@@ -126,18 +128,18 @@ fn expire_one(
     rep: &mut ExpireReport,
 ) -> Result<()> {
     let mut txn = Txn::default();
-    let v_parts = recipe_entries(store, s, v)?;
+    let v_parts = recipe_entries(&store.meta, s, v)?;
 
     // Splice the previous version if it points into this one.
     if let Some(p) = prev.filter(|p| p.form == RecipeForm::Archival) {
-        let p_parts = recipe_entries(store, s, p)?;
+        let p_parts = recipe_entries(&store.meta, s, p)?;
         let points_here = p_parts
             .iter()
             .flatten()
             .any(|e| matches!(e, Entry::Indirect { version, .. } if *version == v.number));
         if points_here {
-            let (v_refs, _) = expand_refs(store, &v_parts)?;
-            let (p_refs, _) = expand_refs(store, &p_parts)?;
+            let (v_refs, _) = expand_refs(&store.meta, &v_parts)?;
+            let (p_refs, _) = expand_refs(&store.meta, &p_parts)?;
             let before = distinct_units(RecipeForm::Archival, &p_parts);
             let mut spliced = Vec::with_capacity(p_refs.len());
             for r in p_refs {

@@ -34,15 +34,17 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
+use crate::commit::Txn;
 use crate::container::{ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, IoContext, Result};
+use crate::meta::MetaRead;
 use crate::meta::{
     RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS,
 };
 use crate::pack::{repack, PackWriter};
 use crate::recipe::Entry;
 use crate::restore::recipe_entries;
-use crate::store::{sync_dir, Store, Txn};
+use crate::store::{sync_dir, Store};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct OrphanReport {
@@ -207,7 +209,7 @@ impl Mark {
 fn mark_group(store: &Store, s: &SeriesRecord) -> Result<HashMap<u64, Mark>> {
     let mut marks: HashMap<u64, Mark> = HashMap::new();
     for v in store.versions(s)? {
-        for e in recipe_entries(store, s, &v)?.iter().flatten() {
+        for e in recipe_entries(&store.meta, s, &v)?.iter().flatten() {
             match (*e, v.form) {
                 (Entry::Units { first, count }, RecipeForm::Live) => {
                     for u in first..first + count {
@@ -265,6 +267,7 @@ pub struct GcReport {
 
 pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     store.require_writable()?;
+    let _m = store.maintenance();
     let started = Instant::now();
     let mut rep = GcReport {
         orphans: remove_orphans(store)?,
@@ -364,6 +367,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
         cfg.compression,
     );
     let mut txn = Txn::default();
+    let mut doomed: Vec<u64> = Vec::new();
     // Units whose references reached zero while a backup had them pinned.
     txn.free_units.extend(store.take_zombies());
     for cid in sweep {
@@ -393,8 +397,15 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
                 Ok(true)
             })?;
             let refs = meta.refs(*id)?;
+            // A unit a backup in flight deduplicated against stays whole.
+            let m = if store.is_pinned(*id) {
+                Some(Mark::Whole)
+            } else {
+                m
+            };
             match m {
-                None if refs.is_zero() => {
+                None if refs.is_zero() && store.try_doom(*id) => {
+                    doomed.push(*id);
                     txn.free_units.push(*id);
                     rep.units_freed += 1;
                 }
@@ -432,7 +443,12 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             let Some(m) = keep.get(id) else { continue };
             let chunks: Option<BTreeSet<u32>> = match m {
                 Mark::Whole => None,
-                Mark::Chunks(c) => Some(c.clone()),
+                // Trimming: no backup may dedup against the unit meanwhile.
+                Mark::Chunks(c) if store.try_doom(*id) => {
+                    doomed.push(*id);
+                    Some(c.clone())
+                }
+                Mark::Chunks(_) => None,
             };
             let new = repack(*id, u, chunks.as_ref(), &data, &mut pack)?;
             if new.trimmed && !u.trimmed {
@@ -442,6 +458,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             txn.unit_updates.push((*id, new));
         }
     }
+    let _undoom = crate::slide::Undoom(store, doomed);
     txn.new_containers = pack.finish()?;
     session.sync()?;
     txn.session = Some(session.id);

@@ -9,10 +9,12 @@
 
 pub mod archive;
 pub mod backup;
+pub mod caches;
 pub mod catalog;
 pub mod check;
 pub mod chunker;
 pub mod codec;
+pub mod commit;
 pub mod config;
 pub mod container;
 pub mod error;
@@ -26,9 +28,11 @@ pub mod pack;
 pub mod recipe;
 pub mod restore;
 pub mod retention;
+pub mod rewrite;
 pub mod slide;
 pub mod source;
 pub mod store;
+pub mod tarsource;
 pub mod tree;
 
 pub use error::{Error, Result};

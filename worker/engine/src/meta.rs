@@ -178,11 +178,17 @@ impl Meta {
             inner: WriteBatch::default(),
         }
     }
+}
 
-    // ---- typed accessors -------------------------------------------------
+/// Reads metadata: from the live database, or from a snapshot ([`crate::store::ReadView`])
+/// so that a long reader sees one consistent store while writers commit.
+pub trait MetaRead {
+    fn get_raw(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>>;
+    fn multi_get_raw(&self, cf: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>>;
+    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
 
-    pub fn config(&self) -> Result<Option<StoreConfig>> {
-        match self.get("default", b"config")? {
+    fn config(&self) -> Result<Option<StoreConfig>> {
+        match self.get_raw("default", b"config")? {
             None => Ok(None),
             Some(v) => serde_json::from_slice(&v)
                 .map(Some)
@@ -190,15 +196,15 @@ impl Meta {
         }
     }
 
-    pub fn counters(&self) -> Result<Counters> {
-        match self.get("default", b"counters")? {
+    fn counters(&self) -> Result<Counters> {
+        match self.get_raw("default", b"counters")? {
             None => Ok(Counters::default()),
             Some(v) => Counters::decode(&v),
         }
     }
 
-    pub fn totals(&self) -> Result<Totals> {
-        match self.get("default", b"totals")? {
+    fn totals(&self) -> Result<Totals> {
+        match self.get_raw("default", b"totals")? {
             None => Ok(Totals::default()),
             Some(v) => {
                 serde_json::from_slice(&v).map_err(|e| corrupt_meta("store totals", e.to_string()))
@@ -206,8 +212,8 @@ impl Meta {
         }
     }
 
-    pub fn series(&self, name: &str) -> Result<Option<SeriesRecord>> {
-        match self.get(CF_SERIES, name.as_bytes())? {
+    fn series(&self, name: &str) -> Result<Option<SeriesRecord>> {
+        match self.get_raw(CF_SERIES, name.as_bytes())? {
             None => Ok(None),
             Some(v) => serde_json::from_slice(&v)
                 .map(Some)
@@ -215,8 +221,8 @@ impl Meta {
         }
     }
 
-    pub fn all_series(&self) -> Result<Vec<SeriesRecord>> {
-        self.scan_prefix(CF_SERIES, b"")?
+    fn all_series(&self) -> Result<Vec<SeriesRecord>> {
+        self.scan(CF_SERIES, b"")?
             .into_iter()
             .map(|(k, v)| {
                 serde_json::from_slice(&v).map_err(|e| {
@@ -229,15 +235,15 @@ impl Meta {
             .collect()
     }
 
-    pub fn version(&self, series: &SeriesRecord, v: u32) -> Result<Option<VersionRecord>> {
-        match self.get(CF_VERSIONS, &version_key(series.id, v))? {
+    fn version(&self, series: &SeriesRecord, v: u32) -> Result<Option<VersionRecord>> {
+        match self.get_raw(CF_VERSIONS, &version_key(series.id, v))? {
             None => Ok(None),
             Some(b) => decode_version(&series.name, v, &b).map(Some),
         }
     }
 
-    pub fn versions(&self, series: &SeriesRecord) -> Result<Vec<VersionRecord>> {
-        self.scan_prefix(CF_VERSIONS, &series.id.to_be_bytes())?
+    fn versions(&self, series: &SeriesRecord) -> Result<Vec<VersionRecord>> {
+        self.scan(CF_VERSIONS, &series.id.to_be_bytes())?
             .into_iter()
             .map(|(k, b)| {
                 let v = u32::from_be_bytes(k[4..8].try_into().unwrap());
@@ -246,33 +252,54 @@ impl Meta {
             .collect()
     }
 
-    pub fn unit(&self, id: u64) -> Result<Option<UnitRecord>> {
-        match self.get(CF_UNITS, &id.to_be_bytes())? {
+    fn unit(&self, id: u64) -> Result<Option<UnitRecord>> {
+        match self.get_raw(CF_UNITS, &id.to_be_bytes())? {
             None => Ok(None),
             Some(b) => UnitRecord::decode(id, &b).map(Some),
         }
     }
 
-    pub fn refs(&self, id: u64) -> Result<Refs> {
-        match self.get(CF_REFS, &id.to_be_bytes())? {
+    fn refs(&self, id: u64) -> Result<Refs> {
+        match self.get_raw(CF_REFS, &id.to_be_bytes())? {
             None => Ok(Refs::default()),
             Some(b) => Refs::decode(id, &b),
         }
     }
 
-    pub fn container(&self, id: ContainerId) -> Result<Option<ContainerRecord>> {
-        match self.get(CF_CONTAINERS, &id.0.to_be_bytes())? {
+    fn container(&self, id: ContainerId) -> Result<Option<ContainerRecord>> {
+        match self.get_raw(CF_CONTAINERS, &id.0.to_be_bytes())? {
             None => Ok(None),
             Some(b) => ContainerRecord::decode(id, &b).map(Some),
         }
     }
 
-    pub fn index_lookup(&self, kind: DedupUnit, fp: &Fp) -> Result<Option<u64>> {
-        match self.get(CF_INDEX, &index_key(kind, fp))? {
-            None => Ok(None),
-            Some(b) if b.len() == 8 => Ok(Some(u64::from_be_bytes(b[..].try_into().unwrap()))),
-            Some(_) => Err(corrupt_meta(format!("index entry {fp}"), "bad length")),
+    /// The units holding copies of `fp`, newest first (rewriting makes
+    /// copies; new backups dedup to the newest unless an older copy serves the
+    /// current window better).
+    fn index_copies(&self, kind: DedupUnit, fp: &Fp) -> Result<Vec<u64>> {
+        match self.get_raw(CF_INDEX, &index_key(kind, fp))? {
+            None => Ok(Vec::new()),
+            Some(b) => decode_copies(&b)
+                .ok_or_else(|| corrupt_meta(format!("index entry {fp}"), "bad length")),
         }
+    }
+
+    fn index_lookup(&self, kind: DedupUnit, fp: &Fp) -> Result<Option<u64>> {
+        Ok(self.index_copies(kind, fp)?.first().copied())
+    }
+}
+
+impl MetaRead for Meta {
+    fn get_raw(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get(cf, key)
+    }
+
+    fn multi_get_raw(&self, cf: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.multi_get(cf, keys)
+    }
+
+    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.scan_prefix(cf, prefix)
     }
 }
 
@@ -329,12 +356,14 @@ impl Batch<'_> {
         self.put(CF_CONTAINERS, &id.0.to_be_bytes(), &c.encode());
     }
 
-    pub fn put_index(&mut self, kind: DedupUnit, fp: &Fp, unit: u64) {
-        self.put(CF_INDEX, &index_key(kind, fp), &unit.to_be_bytes());
-    }
-
-    pub fn delete_index(&mut self, kind: DedupUnit, fp: &Fp) {
-        self.delete(CF_INDEX, &index_key(kind, fp));
+    /// Stores the copies of `fp` (newest first); an empty list deletes the entry.
+    pub fn put_index(&mut self, kind: DedupUnit, fp: &Fp, copies: &[u64]) {
+        if copies.is_empty() {
+            self.delete(CF_INDEX, &index_key(kind, fp));
+        } else {
+            let v: Vec<u8> = copies.iter().flat_map(|c| c.to_be_bytes()).collect();
+            self.put(CF_INDEX, &index_key(kind, fp), &v);
+        }
     }
 
     pub fn put_counters(&mut self, c: &Counters) {
@@ -366,6 +395,20 @@ pub fn part_key(series: u32, v: u32, part: u32) -> [u8; 12] {
     k[..8].copy_from_slice(&version_key(series, v));
     k[8..].copy_from_slice(&part.to_be_bytes());
     k
+}
+
+/// Copies of one fingerprint kept in the index at most.
+pub const MAX_COPIES: usize = 4;
+
+pub fn decode_copies(b: &[u8]) -> Option<Vec<u64>> {
+    if b.is_empty() || !b.len().is_multiple_of(8) {
+        return None;
+    }
+    Some(
+        b.chunks(8)
+            .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
 }
 
 pub fn index_key(kind: DedupUnit, fp: &Fp) -> [u8; 33] {
@@ -468,7 +511,7 @@ fn default_live() -> u32 {
     1
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeriesRecord {
     pub id: u32,
     pub name: String,
@@ -485,6 +528,12 @@ pub struct SeriesRecord {
     /// it referenced may hold dead data.
     #[serde(default)]
     pub deleted_since_gc: bool,
+    /// Rewrite selection on the inline path.
+    #[serde(default)]
+    pub rewrite: crate::rewrite::RewriteSettings,
+    /// The last backup's shape, for rewrite budgets.
+    #[serde(default)]
+    pub last: crate::rewrite::VersionHint,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,23 +23,25 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::caches::CachePolicy;
 use crate::catalog;
 use crate::config::MIB;
 use crate::container::{decode_block, ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::meta::{
-    part_key, RecipeForm, SeriesRecord, UnitRecord, VersionKind, VersionRecord, CF_CATALOGS,
-    CF_RECIPES,
+    part_key, MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
+    CF_CATALOGS, CF_RECIPES,
 };
 use crate::recipe::{decode_part, Entry};
-use crate::store::{Store, VersionSel};
+use crate::store::{resolve_version_in, series_in, ReadView, Store, VersionSel};
 
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * MIB;
 
 #[derive(Clone)]
 pub struct RestoreOptions {
-    /// Restore memory: the forward assembly area.
+    /// Restore memory: the forward assembly area, or the cache of `cache`.
     pub cache_bytes: u64,
+    pub cache: CachePolicy,
     pub progress: Option<crate::backup::Progress>,
     pub cancel: Option<Arc<AtomicBool>>,
 }
@@ -48,6 +50,7 @@ impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
+            cache: CachePolicy::Faa,
             progress: None,
             cancel: None,
         }
@@ -79,7 +82,10 @@ pub struct RestoreReport {
     pub speed_factor: Option<f64>,
     /// Levels of indirect references followed (0 for a live version).
     pub chain_depth: u32,
+    pub cache: String,
     pub cache_bytes: u64,
+    /// The most memory the cache held (never more than `cache_bytes`).
+    pub peak_cache_bytes: u64,
     pub seconds: f64,
     pub warnings: Vec<String>,
 }
@@ -174,16 +180,15 @@ pub(crate) fn push_extent(out: &mut Vec<Extent>, e: Extent) {
 
 /// Reads a version's recipe parts.
 pub(crate) fn recipe_entries(
-    store: &Store,
+    r: &impl MetaRead,
     series: &SeriesRecord,
     v: &VersionRecord,
 ) -> Result<Vec<Vec<Entry>>> {
     let what = format!("{} version {}", series.name, v.number);
     (0..v.recipe_parts)
         .map(|i| {
-            let part = store
-                .meta
-                .get(CF_RECIPES, &part_key(series.id, v.number, i))?
+            let part = r
+                .get_raw(CF_RECIPES, &part_key(series.id, v.number, i))?
                 .ok_or_else(|| {
                     corrupt_meta(format!("recipe of {what}"), format!("part {i} is missing"))
                 })?;
@@ -192,11 +197,9 @@ pub(crate) fn recipe_entries(
         .collect()
 }
 
-pub(crate) fn load_units(store: &Store, ids: &[u64]) -> Result<Vec<UnitRecord>> {
+pub(crate) fn load_units(r: &impl MetaRead, ids: &[u64]) -> Result<Vec<UnitRecord>> {
     let keys: Vec<Vec<u8>> = ids.iter().map(|i| i.to_be_bytes().to_vec()).collect();
-    store
-        .meta
-        .multi_get(crate::meta::CF_UNITS, &keys)?
+    r.multi_get_raw(crate::meta::CF_UNITS, &keys)?
         .into_iter()
         .zip(ids)
         .map(|(v, &id)| {
@@ -209,14 +212,14 @@ pub(crate) fn load_units(store: &Store, ids: &[u64]) -> Result<Vec<UnitRecord>> 
 }
 
 /// Resolves a live recipe part into extents.
-fn live_part_extents(store: &Store, entries: &[Entry], out: &mut Vec<Extent>) -> Result<()> {
+fn live_part_extents(r: &impl MetaRead, entries: &[Entry], out: &mut Vec<Extent>) -> Result<()> {
     let mut ids = Vec::new();
     for e in entries {
         if let Entry::Units { first, count } = *e {
             ids.extend(first..first + count);
         }
     }
-    let units = load_units(store, &ids)?;
+    let units = load_units(r, &ids)?;
     let mut it = units.iter();
     for e in entries {
         match *e {
@@ -252,7 +255,7 @@ pub(crate) struct Extents {
 }
 
 impl Extents {
-    fn next(&mut self, store: &Store) -> Result<Option<Extent>> {
+    fn next(&mut self, r: &impl MetaRead) -> Result<Option<Extent>> {
         loop {
             if let Some(e) = self.ready.pop_front() {
                 return Ok(Some(e));
@@ -264,18 +267,18 @@ impl Extents {
                 return Ok(None);
             };
             let mut v = Vec::new();
-            live_part_extents(store, &part, &mut v)?;
+            live_part_extents(r, &part, &mut v)?;
             self.ready.extend(v);
         }
     }
 }
 
 pub(crate) fn version_extents(
-    store: &Store,
+    r: &impl MetaRead,
     series: &SeriesRecord,
     v: &VersionRecord,
 ) -> Result<(Extents, u32)> {
-    let parts = recipe_entries(store, series, v)?;
+    let parts = recipe_entries(r, series, v)?;
     match v.form {
         RecipeForm::Live => Ok((
             Extents {
@@ -286,7 +289,7 @@ pub(crate) fn version_extents(
             0,
         )),
         RecipeForm::Archival => {
-            let (extents, depth) = crate::archive::resolve_archival(store, series, v, parts)?;
+            let (extents, depth) = crate::archive::resolve_archival(r, series, v, parts)?;
             Ok((
                 Extents {
                     parts: VecDeque::new(),
@@ -443,7 +446,7 @@ fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent]) {
 
 /// Pulls the next window (at most `cap` bytes) of extents, splitting the last.
 fn take_window(
-    store: &Store,
+    r: &impl MetaRead,
     ex: &mut Extents,
     carry: &mut Option<Extent>,
     cap: u64,
@@ -453,7 +456,7 @@ fn take_window(
     while used < cap {
         let e = match carry.take() {
             Some(e) => e,
-            None => match ex.next(store)? {
+            None => match ex.next(r)? {
                 Some(e) => e,
                 None => break,
             },
@@ -494,22 +497,23 @@ fn take_window(
 
 /// Streams a version's bytes through the FAA into `out`.
 fn run_faa(
-    store: &Store,
+    view: &ReadView<'_>,
     mut ex: Extents,
     opts: &RestoreOptions,
     out: &mut dyn Write,
     rep: &mut RestoreReport,
 ) -> Result<()> {
+    let store = view.store();
     let cap = opts.cache_bytes.max(MIB);
     let cache = ContainerCache::default();
     let counters = Counters::default();
     let mut carry = None;
     let mut faa: Vec<u8> = Vec::new();
-    let mut next = take_window(store, &mut ex, &mut carry, cap)?;
+    let mut next = take_window(view, &mut ex, &mut carry, cap)?;
     let mut written = 0u64;
     while !next.is_empty() {
         let window = std::mem::take(&mut next);
-        next = take_window(store, &mut ex, &mut carry, cap)?;
+        next = take_window(view, &mut ex, &mut carry, cap)?;
         prefetch(store, &cache, &next);
         if let Some(c) = &opts.cancel {
             if c.load(Ordering::Relaxed) {
@@ -546,10 +550,9 @@ fn run_faa(
                 },
             })?;
         written += total;
-        if let Some(p) = &opts.progress {
-            p(written);
-        }
     }
+    debug_assert_eq!(written, rep.logical_bytes);
+    rep.peak_cache_bytes = faa.len() as u64;
     rep.container_reads = counters.reads.load(Ordering::Relaxed);
     rep.bytes_read = counters.bytes_read.load(Ordering::Relaxed);
     rep.bytes_decoded = counters.decoded.load(Ordering::Relaxed);
@@ -564,21 +567,49 @@ pub fn restore(
     target: RestoreTarget<'_>,
 ) -> Result<RestoreReport> {
     let started = Instant::now();
-    let s = store.series(series)?;
-    let v = store.resolve_version(&s, &sel)?;
-    let (extents, depth) = version_extents(store, &s, &v)?;
+    // One snapshot for the whole restore; containers it uses stay on disk
+    // until it ends, whatever slides, expiries and gc commit meanwhile.
+    let view = store.read_view();
+    let s = series_in(&view, series)?;
+    let v = resolve_version_in(&view, &s, &sel)?;
     let mut rep = RestoreReport {
         series: s.name.clone(),
         version: v.number,
         kind: Some(v.kind),
         logical_bytes: v.logical_bytes,
-        chain_depth: depth,
+        cache: opts.cache.name().to_string(),
         cache_bytes: opts.cache_bytes.max(MIB),
         ..Default::default()
     };
+    let run = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
+        let mut out = Progressed {
+            out,
+            done: 0,
+            next: PROGRESS_STEP,
+            progress: opts.progress.clone(),
+        };
+        match opts.cache {
+            CachePolicy::Faa => {
+                let (extents, depth) = version_extents(&view, &s, &v)?;
+                rep.chain_depth = depth;
+                run_faa(&view, extents, opts, &mut out, rep)
+            }
+            policy => {
+                let parts = recipe_entries(&view, &s, &v)?;
+                let (locs, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
+                rep.chain_depth = depth;
+                let st = crate::caches::run(store, policy, &locs, rep.cache_bytes, &mut out)?;
+                rep.container_reads = st.reads;
+                rep.bytes_read = st.bytes_read;
+                rep.bytes_decoded = st.decoded;
+                rep.peak_cache_bytes = st.peak;
+                Ok(())
+            }
+        }
+    };
     match (v.kind, target) {
         (VersionKind::Stream, RestoreTarget::Writer(w)) => {
-            run_faa(store, extents, opts, w, &mut rep)?;
+            run(w, &mut rep)?;
             w.flush().map_err(|e| Error::Io { context: "writing restored data".into(), source: e })?;
         }
         (VersionKind::Stream, RestoreTarget::Dir(p)) => {
@@ -590,16 +621,16 @@ pub fn restore(
             )))
         }
         (VersionKind::Tree, target) => {
-            let entries = load_catalog(store, &s, &v)?;
+            let entries = load_catalog(&view, &s, &v)?;
             match target {
                 RestoreTarget::Dir(p) => {
                     let mut w = crate::tree::TreeWriter::new(p, entries)?;
-                    run_faa(store, extents, opts, &mut w, &mut rep)?;
+                    run(&mut w, &mut rep)?;
                     rep.warnings = w.finish()?;
                 }
                 RestoreTarget::Writer(out) => {
                     let mut w = crate::tree::TarWriter::new(out, entries);
-                    run_faa(store, extents, opts, &mut w, &mut rep)?;
+                    run(&mut w, &mut rep)?;
                     w.finish()?;
                 }
             }
@@ -616,17 +647,43 @@ pub fn restore(
     Ok(rep)
 }
 
+const PROGRESS_STEP: u64 = 4 << 20;
+
+/// Counts restored bytes for the progress callback.
+struct Progressed<'a> {
+    out: &'a mut dyn Write,
+    done: u64,
+    next: u64,
+    progress: Option<crate::backup::Progress>,
+}
+
+impl Write for Progressed<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.done += n as u64;
+        if self.done >= self.next {
+            self.next = self.done + PROGRESS_STEP;
+            if let Some(p) = &self.progress {
+                p(self.done);
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 pub(crate) fn load_catalog(
-    store: &Store,
+    r: &impl MetaRead,
     s: &SeriesRecord,
     v: &VersionRecord,
 ) -> Result<Vec<catalog::Entry>> {
     let what = format!("{} version {}", s.name, v.number);
     let parts = (0..v.catalog_parts)
         .map(|i| {
-            store
-                .meta
-                .get(CF_CATALOGS, &part_key(s.id, v.number, i))?
+            r.get_raw(CF_CATALOGS, &part_key(s.id, v.number, i))?
                 .ok_or_else(|| {
                     corrupt_meta(format!("catalog of {what}"), format!("part {i} is missing"))
                 })

@@ -6,10 +6,11 @@
 //! stopped backing up is not emptied). With neither rule everything is kept,
 //! and the newest version is always kept.
 
+use crate::commit::Txn;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
-use crate::meta::{Retention, SeriesRecord};
-use crate::store::{check_series_name, now_unix, Store, Txn};
+use crate::meta::{MetaRead, Retention, SeriesRecord};
+use crate::store::{check_series_name, now_unix, Store};
 
 /// Stores a series' retention, creating the series (without versions) if it
 /// does not exist yet, so a policy can be set before the first backup.
@@ -58,6 +59,8 @@ pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<Series
                 retention: r2,
                 generation: 0,
                 deleted_since_gc: false,
+                rewrite: Default::default(),
+                last: Default::default(),
             },
         }),
     ));

@@ -26,16 +26,18 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
+use crate::commit::Txn;
 use crate::container::{ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::fp::Fp;
+use crate::meta::MetaRead;
 use crate::meta::{
     part_key, version_key, RecipeForm, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,
     CF_VERSIONS,
 };
 use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
-use crate::store::{Store, Txn};
+use crate::store::Store;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SlideReport {
@@ -64,6 +66,7 @@ pub fn slide(store: &Store, series: &str) -> Result<SlideReport> {
 }
 
 pub(crate) fn slide_claimed(store: &Store, series: &str) -> Result<SlideReport> {
+    let _m = store.maintenance();
     let started = Instant::now();
     let s = store.series(series)?;
     let mut rep = SlideReport {
@@ -95,13 +98,13 @@ fn slide_one(
     rep: &mut SlideReport,
 ) -> Result<()> {
     let what = format!("{} version {}", s.name, v.number);
-    let v_parts = recipe_entries(store, s, v)?;
-    let (v_refs, v_units) = expand_refs(store, &v_parts)?;
+    let v_parts = recipe_entries(&store.meta, s, v)?;
+    let (v_refs, v_units) = expand_refs(&store.meta, &v_parts)?;
 
     // The next version's chunks by fingerprint (first position wins).
     let n_map: HashMap<Fp, u64> = {
-        let n_parts = recipe_entries(store, s, n)?;
-        let (n_refs, n_units) = expand_refs(store, &n_parts)?;
+        let n_parts = recipe_entries(&store.meta, s, n)?;
+        let (n_refs, n_units) = expand_refs(&store.meta, &n_parts)?;
         let mut m = HashMap::with_capacity(n_refs.len());
         for (pos, r) in n_refs.iter().enumerate() {
             if let Ref::Direct { unit, idx } = *r {
@@ -153,10 +156,13 @@ fn slide_one(
     for &u in v_units.keys() {
         let r = store.meta.refs(u)?;
         txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
-        if r.live == 1 && r.arch == 0 && !store.is_pinned(u) {
+        // Only V references it, and no backup in flight has deduplicated
+        // against it: from here until the commit, none can.
+        if r.live == 1 && r.arch == 0 && store.try_doom(u) {
             exclusive.push(u);
         }
     }
+    let _undoom = Undoom(store, exclusive.clone());
     exclusive.sort_unstable_by_key(|u| order.get(u).copied().unwrap_or(usize::MAX));
 
     // 3 and 4: trim-and-repack exclusive units, split their containers.
@@ -275,4 +281,13 @@ fn slide_one(
     rep.containers_freed += out.freed_containers;
     rep.bytes_freed += out.freed_bytes;
     Ok(())
+}
+
+/// Releases doomed units when a slide or gc ends, committed or not.
+pub(crate) struct Undoom<'s>(pub &'s Store, pub Vec<u64>);
+
+impl Drop for Undoom<'_> {
+    fn drop(&mut self) {
+        self.0.undoom(self.1.drain(..));
+    }
 }

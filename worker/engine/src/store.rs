@@ -30,8 +30,8 @@ use crate::error::{corrupt_meta, Error, IoContext, Result};
 use crate::fp::Fp;
 use crate::lock::StoreLock;
 use crate::meta::{
-    Batch, ContainerRecord, Counters, Meta, Refs, SeriesRecord, SessionRecord, Totals, UnitRecord,
-    VersionRecord, CF_CONTAINERS, CF_INDEX, CF_MARKS, CF_REFS, CF_SESSIONS, CF_UNITS,
+    Counters, Meta, MetaRead, SeriesRecord, SessionRecord, Totals, UnitRecord, VersionRecord,
+    CF_SESSIONS,
 };
 
 const MARKER: &str = "revault.store";
@@ -66,14 +66,21 @@ pub struct Store {
     mode: OpenMode,
     ids: Mutex<Counters>,
     /// Serialises read-modify-write of reference counts and totals.
-    commit_lock: Mutex<()>,
+    pub(crate) commit_lock: Mutex<()>,
     /// Series with a backup in progress (one writer per series).
     writers: Mutex<HashSet<String>>,
-    /// Units that in-flight backups have deduplicated against: they must not be
-    /// freed before those backups commit or abort.
-    pins: Mutex<HashMap<u64, u32>>,
+    /// Units that in-flight backups have deduplicated against (they must not be
+    /// freed or trimmed before those backups commit or abort), and units a
+    /// running slide or gc is about to trim or free (new backups must not
+    /// dedup against them).
+    pub(crate) pins: Mutex<PinState>,
+    /// Readers (restores, listings) and container files whose deletion waits
+    /// for readers that might still need them.
+    readers: Mutex<ReaderState>,
+    /// Slides, expiries and gc run one at a time: they move and free units.
+    maintenance: Mutex<()>,
     /// Units whose references reached zero while pinned; freed later.
-    zombies: Mutex<HashSet<u64>>,
+    pub(crate) zombies: Mutex<HashSet<u64>>,
     /// Test hook: the failpoint that will simulate a crash, if armed.
     failpoint: Mutex<Option<String>>,
     /// Set when a failpoint fired: sessions then leave their files behind, as
@@ -149,7 +156,9 @@ impl Store {
             ids: Mutex::new(counters),
             commit_lock: Mutex::new(()),
             writers: Mutex::new(HashSet::new()),
-            pins: Mutex::new(HashMap::new()),
+            pins: Mutex::new(PinState::default()),
+            readers: Mutex::new(ReaderState::default()),
+            maintenance: Mutex::new(()),
             zombies: Mutex::new(HashSet::new()),
             failpoint: Mutex::new(None),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -283,19 +292,92 @@ impl Store {
         })
     }
 
-    /// Looks up the unit new data with fingerprint `fp` dedups to, pinning it.
-    pub(crate) fn lookup_pin(&self, kind: DedupUnit, fp: &Fp) -> Result<Option<u64>> {
-        let Some(id) = self.meta.index_lookup(kind, fp)? else {
-            return Ok(None);
-        };
-        // The index only names complete, referenced units (kept so by commit),
-        // and the commit lock orders this check against concurrent frees.
-        let _g = self.commit_lock.lock();
-        if self.meta.get(CF_UNITS, &id.to_be_bytes())?.is_none() {
+    /// Finds the copies new data with fingerprint `fp` may dedup to, lets
+    /// `choose` pick one, and pins it. Only complete units that no slide or gc
+    /// is about to trim or free are offered.
+    pub(crate) fn lookup_pin(
+        &self,
+        kind: DedupUnit,
+        fp: &Fp,
+        choose: impl FnOnce(&[(u64, UnitRecord)]) -> usize,
+    ) -> Result<Option<(u64, UnitRecord)>> {
+        let ids = self.meta.index_copies(kind, fp)?;
+        if ids.is_empty() {
             return Ok(None);
         }
-        *self.pins.lock().entry(id).or_default() += 1;
-        Ok(Some(id))
+        // The commit lock orders this against concurrent frees.
+        let _g = self.commit_lock.lock();
+        let mut cands = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(u) = self.meta.unit(id)? {
+                if !u.trimmed {
+                    cands.push((id, u));
+                }
+            }
+        }
+        let mut p = self.pins.lock();
+        cands.retain(|(id, _)| !p.doomed.contains(id));
+        if cands.is_empty() {
+            return Ok(None);
+        }
+        let i = choose(&cands).min(cands.len() - 1);
+        let chosen = cands.swap_remove(i);
+        *p.pins.entry(chosen.0).or_default() += 1;
+        Ok(Some(chosen))
+    }
+
+    /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
+    pub(crate) fn try_doom(&self, id: u64) -> bool {
+        let mut p = self.pins.lock();
+        if p.pins.contains_key(&id) {
+            return false;
+        }
+        p.doomed.insert(id);
+        true
+    }
+
+    pub(crate) fn undoom(&self, ids: impl IntoIterator<Item = u64>) {
+        let mut p = self.pins.lock();
+        for id in ids {
+            p.doomed.remove(&id);
+        }
+    }
+
+    /// Serialises slides, expiries and gc.
+    pub(crate) fn maintenance(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.maintenance.lock()
+    }
+
+    /// A consistent view for a reader: metadata from a snapshot, and container
+    /// files kept on disk until the view is dropped.
+    pub fn read_view(&self) -> ReadView<'_> {
+        let epoch = {
+            let mut r = self.readers.lock();
+            let e = r.epoch;
+            *r.active.entry(e).or_default() += 1;
+            e
+        };
+        ReadView {
+            store: self,
+            snap: self.meta.db().snapshot(),
+            epoch,
+        }
+    }
+
+    fn end_read(&self, epoch: u64) {
+        let doomed = {
+            let mut r = self.readers.lock();
+            if let Some(n) = r.active.get_mut(&epoch) {
+                *n -= 1;
+                if *n == 0 {
+                    r.active.remove(&epoch);
+                }
+            }
+            r.take_deletable()
+        };
+        for id in doomed {
+            self.remove_container_file(id);
+        }
     }
 
     pub(crate) fn take_zombies(&self) -> Vec<u64> {
@@ -303,7 +385,7 @@ impl Store {
     }
 
     pub(crate) fn is_pinned(&self, id: u64) -> bool {
-        self.pins.lock().contains_key(&id)
+        self.pins.lock().pins.contains_key(&id)
     }
 
     /// Arms a failpoint (tests): when the engine reaches `name` it stops as if
@@ -335,247 +417,23 @@ impl Store {
     pub(crate) fn unpin(&self, ids: impl IntoIterator<Item = u64>) {
         let mut p = self.pins.lock();
         for id in ids {
-            if let Some(n) = p.get_mut(&id) {
+            if let Some(n) = p.pins.get_mut(&id) {
                 *n -= 1;
                 if *n == 0 {
-                    p.remove(&id);
+                    p.pins.remove(&id);
                 }
             }
         }
     }
 
-    // ---- commit -------------------------------------------------------------
-
-    /// Applies a transaction atomically: reference-count deltas, new and changed
-    /// units and containers, recipes, versions and series. Units whose counts
-    /// reach zero are freed with their index entries; containers left with no
-    /// units are deleted (their files unlinked after the durable commit).
-    pub(crate) fn commit(&self, txn: Txn) -> Result<CommitOutcome> {
-        self.require_writable()?;
-        self.failpoint("commit.before_write")?;
-        let _g = self.commit_lock.lock();
-        let meta = &self.meta;
-        let mut b = meta.batch();
-        let mut totals = meta.totals()?;
-        let mut containers: HashMap<ContainerId, ContainerRecord> = HashMap::new();
-        let mut load_container =
-            |id: ContainerId, cs: &mut HashMap<ContainerId, ContainerRecord>| -> Result<()> {
-                if let std::collections::hash_map::Entry::Vacant(e) = cs.entry(id) {
-                    let rec = meta.container(id)?.ok_or_else(|| {
-                        corrupt_meta(format!("container {id}"), "no container record")
-                    })?;
-                    e.insert(rec);
-                }
-                Ok(())
-            };
-
-        for (id, rec) in &txn.new_containers {
-            totals.containers += 1;
-            totals.container_bytes += rec.file_bytes;
-            totals.container_vbytes += rec.vbytes;
-            containers.insert(*id, rec.clone());
-        }
-        let new_ids: HashSet<u64> = txn.new_units.iter().map(|(id, _, _)| *id).collect();
-        for (id, unit, refs) in &txn.new_units {
-            b.put_unit(*id, unit);
-            b.put_refs(*id, *refs);
-            totals.units += 1;
-            totals.unit_vbytes += unit.stored_vbytes();
-        }
-
-        // Relocated or trimmed units: the old copy's container loses them.
-        let mut unit_cache: HashMap<u64, UnitRecord> = HashMap::new();
-        for (id, new) in &txn.unit_updates {
-            let old = match meta.unit(*id)? {
-                Some(u) => u,
-                None => {
-                    return Err(corrupt_meta(
-                        format!("unit {id}"),
-                        "updated unit does not exist",
-                    ))
-                }
-            };
-            load_container(old.container, &mut containers)?;
-            let c = containers.get_mut(&old.container).unwrap();
-            c.live_vbytes -= old.stored_vbytes();
-            c.live_units -= 1;
-            // Containers written by this transaction already count what was
-            // packed into them.
-            if !txn.new_containers.iter().any(|(c, _)| *c == new.container) {
-                load_container(new.container, &mut containers)?;
-                let c = containers.get_mut(&new.container).unwrap();
-                c.live_vbytes += new.stored_vbytes();
-                c.live_units += 1;
-            }
-            totals.unit_vbytes = totals.unit_vbytes - old.stored_vbytes() + new.stored_vbytes();
-            if new.trimmed && !old.trimmed && meta.index_lookup(old.kind, &old.fp)? == Some(*id) {
-                b.delete_index(old.kind, &old.fp);
-            }
-            b.put_unit(*id, new);
-            unit_cache.insert(*id, new.clone());
-        }
-
-        // Reference deltas.
-        let mut freed_units = 0u64;
-        let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
-        ids.sort_unstable_by_key(|(id, _)| **id);
-        let pins = self.pins.lock();
-        let mut zombies = self.zombies.lock();
-        for (&id, &(dl, da)) in ids {
-            let cur = if new_ids.contains(&id) {
-                txn.new_units
-                    .iter()
-                    .find(|(i, _, _)| *i == id)
-                    .map(|x| x.2)
-                    .unwrap()
-            } else {
-                meta.refs(id)?
-            };
-            let live = i64::from(cur.live) + dl;
-            let arch = i64::from(cur.arch) + da;
-            if live < 0 || arch < 0 {
-                return Err(corrupt_meta(
-                    format!("unit {id}"),
-                    format!("reference count would go negative ({live} live, {arch} archival)"),
-                ));
-            }
-            let r = Refs {
-                live: live as u32,
-                arch: arch as u32,
-            };
-            b.put_refs(id, r);
-            if r.is_zero() {
-                if pins.contains_key(&id) {
-                    zombies.insert(id);
-                    continue;
-                }
-                let unit = match unit_cache.remove(&id) {
-                    Some(u) => u,
-                    None => match txn.new_units.iter().find(|(i, _, _)| *i == id) {
-                        Some((_, u, _)) => u.clone(),
-                        None => meta.unit(id)?.ok_or_else(|| {
-                            corrupt_meta(format!("unit {id}"), "referenced unit does not exist")
-                        })?,
-                    },
-                };
-                self.free_unit(
-                    &mut b,
-                    id,
-                    &unit,
-                    &mut containers,
-                    &mut totals,
-                    &mut load_container,
-                )?;
-                freed_units += 1;
-            }
-        }
-        for &id in &txn.free_units {
-            if txn.ref_deltas.contains_key(&id)
-                || pins.contains_key(&id)
-                || !meta.refs(id)?.is_zero()
-            {
-                continue;
-            }
-            let Some(unit) = meta.unit(id)? else { continue };
-            self.free_unit(
-                &mut b,
-                id,
-                &unit,
-                &mut containers,
-                &mut totals,
-                &mut load_container,
-            )?;
-            zombies.remove(&id);
-            freed_units += 1;
-        }
-        drop(pins);
-        drop(zombies);
-
-        for (k, v) in &txn.index_puts {
-            b.put_index(k.0, &k.1, *v);
-        }
-
-        // Containers: write changed records, delete empty ones.
-        let mut dead_files = Vec::new();
-        let new_containers: HashSet<ContainerId> = txn.new_containers.iter().map(|c| c.0).collect();
-        for (id, rec) in &containers {
-            // A container that lost units may now hold dead data: gc sweeps it.
-            let sweep_key = crate::gc::sweep_key(*id);
-            if rec.live_units == 0 {
-                b.delete(CF_MARKS, &sweep_key);
-            } else if !new_containers.contains(id) {
-                b.put(CF_MARKS, &sweep_key, b"");
-            }
-            if rec.live_units == 0 {
-                b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
-                totals.containers -= 1;
-                totals.container_bytes -= rec.file_bytes;
-                totals.container_vbytes -= rec.vbytes;
-                dead_files.push(*id);
-            } else {
-                b.put_container(*id, rec);
-            }
-        }
-
-        for (name, update) in txn.series_updates {
-            let cur = meta.series(&name)?;
-            b.put_series(&update(cur));
-        }
-        // Deletions first: a replaced recipe deletes its old parts and puts new
-        // ones under the same keys, and batch operations apply in order.
-        for (cf, from, to) in &txn.delete_ranges {
-            b.delete_prefix_range(cf, from, to);
-        }
-        for (cf, k) in &txn.deletes {
-            b.delete(cf, k);
-        }
-        for (cf, k, v) in &txn.puts {
-            b.put(cf, k, v);
-        }
-        totals.logical_bytes = apply(totals.logical_bytes, txn.totals.logical_bytes);
-        totals.versions = apply(totals.versions, txn.totals.versions);
-        totals.recipe_bytes = apply(totals.recipe_bytes, txn.totals.recipe_bytes);
-        totals.catalog_bytes = apply(totals.catalog_bytes, txn.totals.catalog_bytes);
-        b.put_totals(&totals);
-        b.put_counters(&self.counters().max(meta.counters()?));
-        if let Some(s) = txn.session {
-            b.delete(CF_SESSIONS, &s.to_be_bytes());
-        }
-        meta.write(b, true)?;
-
-        // Durable: now the files can go.
-        self.failpoint("commit.before_unlink")?;
-        for id in &dead_files {
-            self.remove_container_file(*id);
-        }
-        Ok(CommitOutcome {
-            freed_units,
-            freed_containers: dead_files.len() as u64,
-            freed_bytes: dead_files.iter().map(|id| containers[id].file_bytes).sum(),
-        })
-    }
-
-    fn free_unit(
-        &self,
-        b: &mut Batch<'_>,
-        id: u64,
-        unit: &UnitRecord,
-        containers: &mut HashMap<ContainerId, ContainerRecord>,
-        totals: &mut Totals,
-        load: &mut impl FnMut(ContainerId, &mut HashMap<ContainerId, ContainerRecord>) -> Result<()>,
-    ) -> Result<()> {
-        b.delete(CF_UNITS, &id.to_be_bytes());
-        b.delete(CF_REFS, &id.to_be_bytes());
-        if !unit.trimmed && self.meta.index_lookup(unit.kind, &unit.fp)? == Some(id) {
-            b.delete(CF_INDEX, &crate::meta::index_key(unit.kind, &unit.fp));
-        }
-        load(unit.container, containers)?;
-        let c = containers.get_mut(&unit.container).unwrap();
-        c.live_vbytes -= unit.stored_vbytes();
-        c.live_units -= 1;
-        totals.units -= 1;
-        totals.unit_vbytes -= unit.stored_vbytes();
-        Ok(())
+    /// Registers container files freed by a durable commit; returns those no
+    /// active reader can still need (the rest wait for their readers).
+    pub(crate) fn files_freed(&self, ids: &[ContainerId]) -> Vec<ContainerId> {
+        let mut r = self.readers.lock();
+        r.epoch += 1;
+        let e = r.epoch;
+        r.pending.extend(ids.iter().map(|id| (e, *id)));
+        r.take_deletable()
     }
 
     pub(crate) fn remove_container_file(&self, id: ContainerId) {
@@ -594,10 +452,7 @@ impl Store {
     // ---- lookups used by every command --------------------------------------
 
     pub fn series(&self, name: &str) -> Result<SeriesRecord> {
-        check_series_name(name)?;
-        self.meta
-            .series(name)?
-            .ok_or_else(|| Error::UnknownSeries(name.to_string()))
+        series_in(&self.meta, name)
     }
 
     pub fn list_series(&self) -> Result<Vec<SeriesRecord>> {
@@ -614,17 +469,7 @@ impl Store {
         series: &SeriesRecord,
         sel: &VersionSel,
     ) -> Result<VersionRecord> {
-        let versions = self.meta.versions(series)?;
-        let latest = versions.last().map(|v| v.number);
-        let found = match sel {
-            VersionSel::Latest => versions.last().cloned(),
-            VersionSel::Number(n) => versions.into_iter().find(|v| v.number == *n),
-        };
-        found.ok_or_else(|| Error::UnknownVersion {
-            series: series.name.clone(),
-            version: sel.to_string(),
-            latest,
-        })
+        resolve_version_in(&self.meta, series, sel)
     }
 
     pub fn totals(&self) -> Result<Totals> {
@@ -632,8 +477,107 @@ impl Store {
     }
 }
 
-fn apply(v: u64, d: i64) -> u64 {
-    (v as i64 + d).max(0) as u64
+/// A series by name, from any reader.
+pub fn series_in(r: &impl MetaRead, name: &str) -> Result<SeriesRecord> {
+    check_series_name(name)?;
+    r.series(name)?
+        .ok_or_else(|| Error::UnknownSeries(name.to_string()))
+}
+
+/// Resolves `N` or `latest` to a committed version, from any reader.
+pub fn resolve_version_in(
+    r: &impl MetaRead,
+    series: &SeriesRecord,
+    sel: &VersionSel,
+) -> Result<VersionRecord> {
+    let versions = r.versions(series)?;
+    let latest = versions.last().map(|v| v.number);
+    let found = match sel {
+        VersionSel::Latest => versions.last().cloned(),
+        VersionSel::Number(n) => versions.into_iter().find(|v| v.number == *n),
+    };
+    found.ok_or_else(|| Error::UnknownVersion {
+        series: series.name.clone(),
+        version: sel.to_string(),
+        latest,
+    })
+}
+
+#[derive(Default)]
+pub(crate) struct PinState {
+    pub(crate) pins: HashMap<u64, u32>,
+    pub(crate) doomed: HashSet<u64>,
+}
+
+/// Commits are numbered (epochs). A reader registered at epoch `e` may use any
+/// container that existed at `e`; a file freed by the commit that made epoch
+/// `f` is unlinked once no reader with an epoch below `f` is active.
+#[derive(Default)]
+struct ReaderState {
+    epoch: u64,
+    active: std::collections::BTreeMap<u64, usize>,
+    pending: Vec<(u64, ContainerId)>,
+}
+
+impl ReaderState {
+    fn take_deletable(&mut self) -> Vec<ContainerId> {
+        let oldest = self.active.keys().next().copied();
+        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(e, _)| oldest.is_none_or(|o| o >= *e));
+        self.pending = later;
+        now.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
+/// A reader's consistent view of the store (see [`Store::read_view`]).
+pub struct ReadView<'s> {
+    store: &'s Store,
+    snap: rocksdb::Snapshot<'s>,
+    epoch: u64,
+}
+
+impl ReadView<'_> {
+    pub fn store(&self) -> &Store {
+        self.store
+    }
+}
+
+impl MetaRead for ReadView<'_> {
+    fn get_raw(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.snap.get_cf(self.store.meta.cf(cf), key)?)
+    }
+
+    fn multi_get_raw(&self, cf: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        let h = self.store.meta.cf(cf);
+        self.snap
+            .multi_get_cf(keys.iter().map(|k| (h, k.as_slice())))
+            .into_iter()
+            .map(|r| r.map_err(Error::from))
+            .collect()
+    }
+
+    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        let it = self.snap.iterator_cf(
+            self.store.meta.cf(cf),
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ReadView<'_> {
+    fn drop(&mut self) {
+        self.store.end_read(self.epoch);
+    }
 }
 
 /// Which version to read.
@@ -739,60 +683,6 @@ impl ContainerAlloc {
         *s += 1;
         id
     }
-}
-
-/// Everything one commit changes.
-#[derive(Default)]
-pub(crate) struct Txn {
-    pub session: Option<u64>,
-    pub new_units: Vec<(u64, UnitRecord, Refs)>,
-    /// Units moved or trimmed (same id, new location or fewer chunks).
-    pub unit_updates: Vec<(u64, UnitRecord)>,
-    /// (live, archival) reference deltas by unit id.
-    pub ref_deltas: HashMap<u64, (i64, i64)>,
-    pub new_containers: Vec<(ContainerId, ContainerRecord)>,
-    pub index_puts: Vec<((DedupUnit, Fp), u64)>,
-    pub puts: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
-    pub deletes: Vec<(&'static str, Vec<u8>)>,
-    pub delete_ranges: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
-    pub totals: TotalsDelta,
-    /// Applied to series records as they are at commit time.
-    pub series_updates: Vec<(String, SeriesUpdate)>,
-    /// Units to free if they are still unreferenced (gc's sweep).
-    pub free_units: Vec<u64>,
-}
-
-pub(crate) type SeriesUpdate = Box<dyn FnOnce(Option<SeriesRecord>) -> SeriesRecord + Send>;
-
-impl Txn {
-    pub fn ref_delta(&mut self, unit: u64, live: i64, arch: i64) {
-        let e = self.ref_deltas.entry(unit).or_default();
-        e.0 += live;
-        e.1 += arch;
-    }
-
-    pub fn put_json<T: Serialize>(&mut self, cf: &'static str, key: &[u8], v: &T) {
-        self.puts.push((
-            cf,
-            key.to_vec(),
-            serde_json::to_vec(v).expect("records serialise"),
-        ));
-    }
-}
-
-#[derive(Default, Clone, Copy, Debug)]
-pub(crate) struct TotalsDelta {
-    pub logical_bytes: i64,
-    pub versions: i64,
-    pub recipe_bytes: i64,
-    pub catalog_bytes: i64,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CommitOutcome {
-    pub freed_units: u64,
-    pub freed_containers: u64,
-    pub freed_bytes: u64,
 }
 
 fn resolve(root: &Path, p: &Path) -> PathBuf {

@@ -750,7 +750,7 @@ impl<W: Write> EntryHandler for TarHandler<W> {
 
 /// Reads a whole piece-structured source into (catalog, data) — used in tests.
 #[cfg(test)]
-pub(crate) fn read_all(mut s: Box<dyn Source>) -> (Option<Vec<Entry>>, Vec<u8>) {
+pub(crate) fn read_all<'a>(mut s: Box<dyn Source + 'a>) -> (Option<Vec<Entry>>, Vec<u8>) {
     let mut data = Vec::new();
     let mut buf = vec![0u8; 7777];
     while s.next_piece().unwrap() {

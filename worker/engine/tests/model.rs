@@ -20,7 +20,7 @@ use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::config::DedupUnit;
 use revault_engine::expire::{expire, ExpireSel};
 use revault_engine::gc::{gc, GcOptions};
-use revault_engine::meta::{RecipeForm, Retention};
+use revault_engine::meta::{MetaRead, RecipeForm, Retention};
 use revault_engine::slide::slide;
 use revault_engine::source::StreamSource;
 use revault_engine::store::{OpenMode, Store};

@@ -67,24 +67,25 @@ fn touch_all(root: &Path, t: i64) {
     }
 }
 
-/// (path, kind, mode, uid, gid, mtime, size, link target) of every entry.
-fn describe(root: &Path) -> Vec<(String, String, u32, u32, u32, i64, u64, String)> {
-    let mut out = Vec::new();
-    fn walk(
-        root: &Path,
-        p: &Path,
-        out: &mut Vec<(String, String, u32, u32, u32, i64, u64, String)>,
-    ) {
+/// What a user would compare between two trees, per entry.
+#[derive(Debug, PartialEq, Eq)]
+struct Described {
+    path: String,
+    kind: &'static str,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: i64,
+    size: u64,
+    link: String,
+}
+
+fn describe(root: &Path) -> Vec<Described> {
+    fn walk(root: &Path, p: &Path, out: &mut Vec<Described>) {
         let mut es: Vec<_> = fs::read_dir(p).unwrap().map(|e| e.unwrap()).collect();
         es.sort_by_key(|e| e.file_name());
         for e in es {
             let m = fs::symlink_metadata(e.path()).unwrap();
-            let rel = e
-                .path()
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
             let kind = if m.is_dir() {
                 "dir"
             } else if m.file_type().is_symlink() {
@@ -92,31 +93,34 @@ fn describe(root: &Path) -> Vec<(String, String, u32, u32, u32, i64, u64, String
             } else {
                 "file"
             };
-            let link = if kind == "link" {
-                fs::read_link(e.path())
+            out.push(Described {
+                path: e
+                    .path()
+                    .strip_prefix(root)
                     .unwrap()
                     .to_string_lossy()
-                    .into_owned()
-            } else {
-                String::new()
-            };
-            let size = if kind == "file" { m.len() } else { 0 };
-            let mtime = if kind == "link" { 0 } else { m.mtime() };
-            out.push((
-                rel,
-                kind.into(),
-                m.mode() & 0o7777,
-                m.uid(),
-                m.gid(),
-                mtime,
-                size,
-                link,
-            ));
+                    .into_owned(),
+                kind,
+                mode: m.mode() & 0o7777,
+                uid: m.uid(),
+                gid: m.gid(),
+                mtime: if kind == "link" { 0 } else { m.mtime() },
+                size: if kind == "file" { m.len() } else { 0 },
+                link: if kind == "link" {
+                    fs::read_link(e.path())
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned()
+                } else {
+                    String::new()
+                },
+            });
             if m.is_dir() {
                 walk(root, &e.path(), out);
             }
         }
     }
+    let mut out = Vec::new();
     walk(root, root, &mut out);
     out
 }
@@ -160,27 +164,26 @@ fn renamed_top_dir_and_touched_mtimes_add_little_more_than_the_catalog() {
         );
         assert_eq!(r2.new_vbytes, 0, "{unit}: no content changed");
 
-        for (v, src) in [(2u32, &v2)] {
-            let out = work.path().join(format!("restore-{unit}-{v}"));
-            let rep = restore(
-                &store,
-                &series,
-                VersionSel::Number(v),
-                &RestoreOptions::default(),
-                RestoreTarget::Dir(&out),
-            )
-            .unwrap();
-            assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
-            assert_eq!(describe(&out), describe(src));
-            assert_eq!(
-                fs::read(out.join("pkg05/sub/file007.go")).unwrap(),
-                fs::read(src.join("pkg05/sub/file007.go")).unwrap()
-            );
-            assert_eq!(
-                fs::metadata(&out).unwrap().mode() & 0o7777,
-                fs::metadata(src).unwrap().mode() & 0o7777
-            );
-        }
+        let (v, src) = (2u32, &v2);
+        let out = work.path().join(format!("restore-{unit}-{v}"));
+        let rep = restore(
+            &store,
+            &series,
+            VersionSel::Number(v),
+            &RestoreOptions::default(),
+            RestoreTarget::Dir(&out),
+        )
+        .unwrap();
+        assert!(rep.warnings.is_empty(), "{:?}", rep.warnings);
+        assert_eq!(describe(&out), describe(src));
+        assert_eq!(
+            fs::read(out.join("pkg05/sub/file007.go")).unwrap(),
+            fs::read(src.join("pkg05/sub/file007.go")).unwrap()
+        );
+        assert_eq!(
+            fs::metadata(&out).unwrap().mode() & 0o7777,
+            fs::metadata(src).unwrap().mode() & 0o7777
+        );
     }
 }
 

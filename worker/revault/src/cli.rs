@@ -61,8 +61,83 @@ pub struct BackupArgs {
     /// Backup time (RFC 3339), e.g. for importing old backups; default now.
     #[arg(long)]
     pub time: Option<String>,
+    #[command(flatten)]
+    pub rewrite: RewriteArgs,
     /// A file, a directory, or `-` for stdin.
     pub input: String,
+}
+
+/// Rewrite selection flags; a policy given here is stored with the series.
+#[derive(Args, Clone)]
+pub struct RewriteArgs {
+    /// Rewrite policy: none, capping, cbr, fcrc or lbw (default: the series' stored policy).
+    #[arg(long)]
+    pub rewrite: Option<String>,
+    /// capping: segment size in containers.
+    #[arg(long, default_value_t = 5)]
+    pub capping_segment: u32,
+    /// capping: old containers a segment may read (capping level).
+    #[arg(long, default_value_t = 4)]
+    pub capping_level: u32,
+    /// cbr: stream context, MiB.
+    #[arg(long, default_value_t = 5.0)]
+    pub cbr_stream_mib: f64,
+    /// cbr: disk context, MiB.
+    #[arg(long, default_value_t = 2.0)]
+    pub cbr_disk_mib: f64,
+    /// cbr: minimal rewrite utility (0..1).
+    #[arg(long, default_value_t = 0.7)]
+    pub cbr_min_utility: f64,
+    /// cbr: rewrite limit, fraction of chunks seen.
+    #[arg(long, default_value_t = 0.05)]
+    pub cbr_limit: f64,
+    /// fcrc: segment size in containers.
+    #[arg(long, default_value_t = 5)]
+    pub fcrc_segment: u32,
+    /// lbw: window size in containers.
+    #[arg(long, default_value_t = 8)]
+    pub lbw_window: u32,
+    /// fcrc and lbw: dedup-ratio loss budget, percent.
+    #[arg(long, default_value_t = 7.0)]
+    pub loss: f64,
+    /// fcrc and lbw: old-container reads allowed per segment or window.
+    #[arg(long, default_value_t = 4)]
+    pub cap: u32,
+}
+
+impl RewriteArgs {
+    pub fn settings(&self) -> Result<Option<revault_engine::rewrite::RewriteSettings>> {
+        use revault_engine::rewrite::RewriteSettings as R;
+        let Some(p) = self.rewrite.as_deref() else {
+            return Ok(None);
+        };
+        let s = match p {
+            "none" => R::None,
+            "capping" => R::Capping {
+                segment: self.capping_segment,
+                level: self.capping_level,
+            },
+            "cbr" => R::Cbr {
+                stream_context_mib: self.cbr_stream_mib,
+                disk_context_mib: self.cbr_disk_mib,
+                min_utility: self.cbr_min_utility,
+                limit: self.cbr_limit,
+            },
+            "fcrc" => R::Fcrc {
+                segment: self.fcrc_segment,
+                loss: self.loss / 100.0,
+                cap: self.cap,
+            },
+            "lbw" => R::Lbw {
+                window: self.lbw_window,
+                loss: self.loss / 100.0,
+                cap: self.cap,
+            },
+            other => return Err(R::default_for(other).unwrap_err().into()),
+        };
+        s.validate()?;
+        Ok(Some(s))
+    }
 }
 
 #[derive(Args)]
@@ -74,9 +149,12 @@ pub struct RestoreArgs {
     /// A version number or `latest`.
     #[arg(long, default_value = "latest")]
     pub version: String,
-    /// Restore memory (the forward assembly area), MiB.
+    /// Restore memory, MiB: the forward assembly area or the cache.
     #[arg(long, default_value_t = 64)]
     pub cache_mib: u64,
+    /// Restore cache: faa, lru-container, lru-chunk, dasm or opt.
+    #[arg(long, default_value = "faa")]
+    pub cache: String,
     /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
     /// `/`) to extract a directory version into. A directory version written to
     /// a file or stdout is a tar stream.
@@ -288,6 +366,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
     let pb2 = pb.clone();
     let opts = BackupOptions {
         unit,
+        rewrite: a.rewrite.settings()?,
         time_unix,
         progress: Some(Arc::new(move |n| pb2.set_position(n))),
         cancel: None,
@@ -315,6 +394,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
 
 fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
     let sel: VersionSel = a.version.parse()?;
+    let cache: revault_engine::caches::CachePolicy = a.cache.parse()?;
     let store = open(&a.store, OpenMode::ReadOnly, "revault restore")?;
     let s = store.series(&a.series)?;
     let v = store.resolve_version(&s, &sel)?;
@@ -325,6 +405,7 @@ fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
     );
     let pb2 = pb.clone();
     let opts = RestoreOptions {
+        cache,
         cache_bytes: a.cache_mib * MIB,
         progress: Some(Arc::new(move |n| pb2.set_position(n))),
         cancel: None,

@@ -1,0 +1,452 @@
+//! Restore caches other than the forward assembly area (see `restore.rs`).
+//! All of them read real containers and decode real blocks; they differ in
+//! what they keep in memory between container reads, under one budget.
+//!
+//! - `lru-container`: whole decoded containers, least recently used out;
+//! - `lru-chunk`: the chunks of every container read, least recently used out
+//!   (one container's decode buffer is held while it is read);
+//! - `dasm`: Tan et al.'s Dynamic Adaptive Forward Assembly Area: each round,
+//!   Dynamic Orthotics sizes the assembly area and the container cache from
+//!   the fragmentation ahead (|ASM| + C_n·CS ≤ budget), containers reused by the
+//!   next round stay cached, the others are evicted;
+//! - `opt`: Belady's optimal container cache with full look-ahead (evict the
+//!   container used farthest in the future): the yardstick.
+//!
+//! Every engine reports the most memory it held (`peak_bytes`), which never
+//! exceeds its budget.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::io::Write;
+use std::sync::Arc;
+
+use crate::archive::Loc;
+use crate::container::{ContainerFile, ContainerId};
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePolicy {
+    /// Forward assembly area (parallel container reads per window).
+    #[default]
+    Faa,
+    LruContainer,
+    LruChunk,
+    Dasm,
+    Opt,
+}
+
+impl CachePolicy {
+    pub const ALL: [CachePolicy; 5] = [
+        CachePolicy::LruContainer,
+        CachePolicy::LruChunk,
+        CachePolicy::Faa,
+        CachePolicy::Dasm,
+        CachePolicy::Opt,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicy::Faa => "faa",
+            CachePolicy::LruContainer => "lru-container",
+            CachePolicy::LruChunk => "lru-chunk",
+            CachePolicy::Dasm => "dasm",
+            CachePolicy::Opt => "opt",
+        }
+    }
+}
+
+impl std::fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        CachePolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "cache {s:?}: expected faa, lru-container, lru-chunk, dasm or opt"
+                ))
+            })
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CacheStats {
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub decoded: u64,
+    pub peak: u64,
+}
+
+/// Reads and decodes whole containers, counting what it costs.
+struct Loader<'s> {
+    store: &'s Store,
+    files: HashMap<ContainerId, Arc<ContainerFile>>,
+    stats: CacheStats,
+}
+
+impl<'s> Loader<'s> {
+    fn new(store: &'s Store) -> Self {
+        Loader {
+            store,
+            files: HashMap::new(),
+            stats: CacheStats::default(),
+        }
+    }
+
+    fn file(&mut self, id: ContainerId, with_units: bool) -> Result<Arc<ContainerFile>> {
+        if let Some(f) = self.files.get(&id) {
+            if !with_units || !f.footer.units.is_empty() || f.footer.blocks.is_empty() {
+                return Ok(f.clone());
+            }
+        }
+        let f = Arc::new(ContainerFile::open(self.store.data_dir(), id, with_units)?);
+        if self.files.len() > 4096 {
+            self.files.clear();
+        }
+        self.files.insert(id, f.clone());
+        Ok(f)
+    }
+
+    /// Decoded size of a container (what caching it whole costs).
+    fn size(&mut self, id: ContainerId) -> Result<u64> {
+        Ok(self.file(id, false)?.footer.vbytes)
+    }
+
+    /// One container read: the whole data space, decoded.
+    fn load(&mut self, id: ContainerId) -> Result<Vec<u8>> {
+        let f = self.file(id, false)?;
+        let mut data = vec![0u8; f.footer.vbytes as usize];
+        if !data.is_empty() {
+            f.read_range(0, &mut data)?;
+        }
+        self.stats.reads += 1;
+        self.stats.bytes_read += f
+            .footer
+            .blocks
+            .iter()
+            .map(|b| u64::from(b.stored_len))
+            .sum::<u64>();
+        self.stats.decoded += f.footer.vbytes;
+        Ok(data)
+    }
+}
+
+fn out_err(e: std::io::Error) -> Error {
+    match e.downcast::<Error>() {
+        Ok(inner) => inner,
+        Err(e) => Error::Io {
+            context: "writing restored data".into(),
+            source: e,
+        },
+    }
+}
+
+fn slice(data: &[u8], vaddr: u64, len: u32, id: ContainerId) -> Result<&[u8]> {
+    data.get(vaddr as usize..vaddr as usize + len as usize)
+        .ok_or_else(|| Error::CorruptContainer {
+            container: id.to_string(),
+            detail: format!("chunk at {vaddr}+{len} is outside the container"),
+        })
+}
+
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+fn write_zeros(out: &mut dyn Write, mut n: u64) -> Result<()> {
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        out.write_all(&ZEROS[..k]).map_err(out_err)?;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+pub(crate) fn run(
+    store: &Store,
+    policy: CachePolicy,
+    locs: &[Loc],
+    budget: u64,
+    out: &mut dyn Write,
+) -> Result<CacheStats> {
+    match policy {
+        CachePolicy::LruContainer => lru_container(store, locs, budget, out),
+        CachePolicy::LruChunk => lru_chunk(store, locs, budget, out),
+        CachePolicy::Dasm => dasm(store, locs, budget, out),
+        CachePolicy::Opt => opt(store, locs, budget, out),
+        CachePolicy::Faa => Err(Error::Invalid(
+            "the forward assembly area runs in restore.rs".into(),
+        )),
+    }
+}
+
+fn too_small(policy: &str, budget: u64, need: u64) -> Error {
+    Error::Invalid(format!(
+        "a {policy} restore needs at least {} MiB of cache for this version (one container), got {} MiB",
+        need.div_ceil(1 << 20),
+        budget >> 20
+    ))
+}
+
+fn lru_container(
+    store: &Store,
+    locs: &[Loc],
+    budget: u64,
+    out: &mut dyn Write,
+) -> Result<CacheStats> {
+    let mut ld = Loader::new(store);
+    let mut cache: HashMap<ContainerId, Vec<u8>> = HashMap::new();
+    let mut order: VecDeque<ContainerId> = VecDeque::new();
+    let mut held = 0u64;
+    for l in locs {
+        match *l {
+            Loc::Zero { len } => write_zeros(out, u64::from(len))?,
+            Loc::Stored {
+                container,
+                vaddr,
+                len,
+            } => {
+                if !cache.contains_key(&container) {
+                    let need = ld.size(container)?;
+                    if need > budget {
+                        return Err(too_small("lru-container", budget, need));
+                    }
+                    while held + need > budget {
+                        let victim = order.pop_front().expect("something to evict");
+                        held -= cache.remove(&victim).map(|d| d.len() as u64).unwrap_or(0);
+                    }
+                    let data = ld.load(container)?;
+                    held += data.len() as u64;
+                    ld.stats.peak = ld.stats.peak.max(held);
+                    cache.insert(container, data);
+                } else if let Some(p) = order.iter().position(|c| *c == container) {
+                    order.remove(p);
+                }
+                order.push_back(container);
+                out.write_all(slice(&cache[&container], vaddr, len, container)?)
+                    .map_err(out_err)?;
+            }
+        }
+    }
+    Ok(ld.stats)
+}
+
+fn lru_chunk(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+    let mut ld = Loader::new(store);
+    // (container, vaddr) → chunk bytes; recency by a counter.
+    let mut cache: HashMap<(ContainerId, u64), (Vec<u8>, u64)> = HashMap::new();
+    let mut recency: BTreeSet<(u64, ContainerId, u64)> = BTreeSet::new();
+    let mut held = 0u64;
+    let mut clock = 0u64;
+    for l in locs {
+        let Loc::Stored {
+            container,
+            vaddr,
+            len,
+        } = *l
+        else {
+            if let Loc::Zero { len } = *l {
+                write_zeros(out, u64::from(len))?;
+            }
+            continue;
+        };
+        clock += 1;
+        if let Some((data, t)) = cache.get_mut(&(container, vaddr)) {
+            recency.remove(&(*t, container, vaddr));
+            *t = clock;
+            recency.insert((clock, container, vaddr));
+            out.write_all(&data[..len as usize]).map_err(out_err)?;
+            continue;
+        }
+        // Miss: read the container; its decode buffer is held meanwhile.
+        let need = ld.size(container)?;
+        if need > budget {
+            return Err(too_small("lru-chunk", budget, need));
+        }
+        while held + need > budget {
+            let (_, c, v) = recency.pop_first().expect("something to evict");
+            held -= cache
+                .remove(&(c, v))
+                .map(|(d, _)| d.len() as u64)
+                .unwrap_or(0);
+        }
+        let data = ld.load(container)?;
+        ld.stats.peak = ld.stats.peak.max(held + data.len() as u64);
+        out.write_all(slice(&data, vaddr, len, container)?)
+            .map_err(out_err)?;
+        // Cache every chunk of the container (chunk boundaries from its footer).
+        let f = ld.file(container, true)?;
+        let mut chunks = Vec::new();
+        for u in &f.footer.units {
+            let mut off = u.vbase;
+            for c in &u.chunks {
+                let n = c.stored_len();
+                if n > 0 {
+                    chunks.push((off, n as usize));
+                }
+                off += n;
+            }
+        }
+        for (off, n) in chunks {
+            if cache.contains_key(&(container, off)) || off as usize + n > data.len() {
+                continue;
+            }
+            clock += 1;
+            // Keep the decode buffer's worth free for the next miss.
+            while held + n as u64 + need > budget {
+                let Some((_, c, v)) = recency.pop_first() else {
+                    break;
+                };
+                held -= cache
+                    .remove(&(c, v))
+                    .map(|(d, _)| d.len() as u64)
+                    .unwrap_or(0);
+            }
+            if held + n as u64 + need > budget {
+                break;
+            }
+            cache.insert(
+                (container, off),
+                (data[off as usize..off as usize + n].to_vec(), clock),
+            );
+            recency.insert((clock, container, off));
+            held += n as u64;
+        }
+        ld.stats.peak = ld.stats.peak.max(held + data.len() as u64);
+    }
+    Ok(ld.stats)
+}
+
+fn dasm(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+    let mut ld = Loader::new(store);
+    let mut cache: HashMap<ContainerId, Vec<u8>> = HashMap::new();
+    let mut asm: Vec<u8> = Vec::new();
+    let mut i = 0usize;
+    while i < locs.len() {
+        // Dynamic Orthotics: grow the round while |ASM| + containers ≤ budget.
+        let mut asm_size = 0u64;
+        let mut round: Vec<ContainerId> = Vec::new();
+        let mut csize = 0u64;
+        let mut j = i;
+        while j < locs.len() {
+            let (len, c) = match locs[j] {
+                Loc::Zero { len } => (u64::from(len), None),
+                Loc::Stored { container, len, .. } => (u64::from(len), Some(container)),
+            };
+            let extra = match c {
+                Some(c) if !round.contains(&c) => ld.size(c)?,
+                _ => 0,
+            };
+            if asm_size + len + csize + extra > budget {
+                break;
+            }
+            asm_size += len;
+            csize += extra;
+            if let Some(c) = c {
+                if extra > 0 {
+                    round.push(c);
+                }
+            }
+            j += 1;
+        }
+        if j == i {
+            let need = match locs[i] {
+                Loc::Stored { container, len, .. } => ld.size(container)? + u64::from(len),
+                Loc::Zero { len } => u64::from(len),
+            };
+            return Err(too_small("dasm", budget, need));
+        }
+        // Near-optimal eviction: keep what this round reuses, drop the rest.
+        cache.retain(|c, _| round.contains(c));
+        for c in &round {
+            if !cache.contains_key(c) {
+                let d = ld.load(*c)?;
+                cache.insert(*c, d);
+            }
+        }
+        let held: u64 = cache.values().map(|d| d.len() as u64).sum();
+        asm.clear();
+        for l in &locs[i..j] {
+            match *l {
+                Loc::Zero { len } => asm.resize(asm.len() + len as usize, 0),
+                Loc::Stored {
+                    container,
+                    vaddr,
+                    len,
+                } => asm.extend_from_slice(slice(&cache[&container], vaddr, len, container)?),
+            }
+        }
+        ld.stats.peak = ld.stats.peak.max(held + asm.len() as u64);
+        out.write_all(&asm).map_err(out_err)?;
+        i = j;
+    }
+    Ok(ld.stats)
+}
+
+fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+    let mut ld = Loader::new(store);
+    // next[i]: the next position after i using the same container.
+    let mut next = vec![usize::MAX; locs.len()];
+    let mut last: HashMap<ContainerId, usize> = HashMap::new();
+    for (i, l) in locs.iter().enumerate().rev() {
+        if let Loc::Stored { container, .. } = *l {
+            if let Some(&n) = last.get(&container) {
+                next[i] = n;
+            }
+            last.insert(container, i);
+        }
+    }
+    let mut cache: HashMap<ContainerId, (Vec<u8>, usize)> = HashMap::new();
+    let mut by_next: BTreeSet<(usize, ContainerId)> = BTreeSet::new();
+    let mut held = 0u64;
+    for (i, l) in locs.iter().enumerate() {
+        let Loc::Stored {
+            container,
+            vaddr,
+            len,
+        } = *l
+        else {
+            if let Loc::Zero { len } = *l {
+                write_zeros(out, u64::from(len))?;
+            }
+            continue;
+        };
+        if let Some((_, nu)) = cache.get(&container) {
+            by_next.remove(&(*nu, container));
+        } else {
+            let need = ld.size(container)?;
+            if need > budget {
+                return Err(too_small("opt", budget, need));
+            }
+            while held + need > budget {
+                // Belady: evict the container needed farthest in the future.
+                let (_, victim) = by_next.pop_last().expect("something to evict");
+                held -= cache
+                    .remove(&victim)
+                    .map(|(d, _)| d.len() as u64)
+                    .unwrap_or(0);
+            }
+            let d = ld.load(container)?;
+            held += d.len() as u64;
+            ld.stats.peak = ld.stats.peak.max(held);
+            cache.insert(container, (d, usize::MAX));
+        }
+        out.write_all(slice(&cache[&container].0, vaddr, len, container)?)
+            .map_err(out_err)?;
+        let e = cache.get_mut(&container).expect("cached");
+        e.1 = next[i];
+        if next[i] == usize::MAX {
+            // Never used again: free it now.
+            held -= e.0.len() as u64;
+            cache.remove(&container);
+        } else {
+            by_next.insert((next[i], container));
+        }
+    }
+    Ok(ld.stats)
+}

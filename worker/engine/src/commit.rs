@@ -1,0 +1,312 @@
+//! The one place metadata changes: a [`Txn`] describes everything an
+//! operation changes, and [`Store::commit`] applies it atomically under the
+//! commit lock — reference-count deltas, new and moved units, containers,
+//! index copies, recipes, versions, series and store totals — in one synced
+//! RocksDB batch. Units whose counts reach zero are freed with their index
+//! entries; containers left with no units are deleted, and their files are
+//! unlinked only after the batch is durable and no reader still needs them.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::config::DedupUnit;
+use crate::container::ContainerId;
+use crate::error::{corrupt_meta, Result};
+use crate::fp::Fp;
+use crate::meta::{
+    Batch, ContainerRecord, Meta, MetaRead, Refs, SeriesRecord, Totals, UnitRecord, CF_CONTAINERS,
+    CF_MARKS, CF_REFS, CF_SESSIONS, CF_UNITS,
+};
+use crate::store::Store;
+
+/// Everything one commit changes.
+#[derive(Default)]
+pub(crate) struct Txn {
+    pub session: Option<u64>,
+    pub new_units: Vec<(u64, UnitRecord, Refs)>,
+    /// Units moved or trimmed (same id, new location or fewer chunks).
+    pub unit_updates: Vec<(u64, UnitRecord)>,
+    /// (live, archival) reference deltas by unit id.
+    pub ref_deltas: HashMap<u64, (i64, i64)>,
+    pub new_containers: Vec<(ContainerId, ContainerRecord)>,
+    pub index_puts: Vec<((DedupUnit, Fp), u64)>,
+    pub puts: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
+    pub deletes: Vec<(&'static str, Vec<u8>)>,
+    pub delete_ranges: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
+    pub totals: TotalsDelta,
+    /// Applied to series records as they are at commit time.
+    pub series_updates: Vec<(String, SeriesUpdate)>,
+    /// Units to free if they are still unreferenced (gc's sweep).
+    pub free_units: Vec<u64>,
+}
+
+pub(crate) type SeriesUpdate = Box<dyn FnOnce(Option<SeriesRecord>) -> SeriesRecord + Send>;
+
+impl Txn {
+    pub fn ref_delta(&mut self, unit: u64, live: i64, arch: i64) {
+        let e = self.ref_deltas.entry(unit).or_default();
+        e.0 += live;
+        e.1 += arch;
+    }
+
+    pub fn put_json<T: Serialize>(&mut self, cf: &'static str, key: &[u8], v: &T) {
+        self.puts.push((
+            cf,
+            key.to_vec(),
+            serde_json::to_vec(v).expect("records serialise"),
+        ));
+    }
+}
+
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct TotalsDelta {
+    pub logical_bytes: i64,
+    pub versions: i64,
+    pub recipe_bytes: i64,
+    pub catalog_bytes: i64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CommitOutcome {
+    pub freed_units: u64,
+    pub freed_containers: u64,
+    pub freed_bytes: u64,
+}
+
+/// Working state of a commit: container records, store totals and index
+/// copy lists touched so far, loaded on first use.
+struct Ledger<'m> {
+    meta: &'m Meta,
+    containers: HashMap<ContainerId, ContainerRecord>,
+    new_containers: HashSet<ContainerId>,
+    totals: Totals,
+    index: HashMap<(DedupUnit, Fp), Vec<u64>>,
+}
+
+impl<'m> Ledger<'m> {
+    fn container(&mut self, id: ContainerId) -> Result<&mut ContainerRecord> {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.containers.entry(id) {
+            let rec = self
+                .meta
+                .container(id)?
+                .ok_or_else(|| corrupt_meta(format!("container {id}"), "no container record"))?;
+            e.insert(rec);
+        }
+        Ok(self.containers.get_mut(&id).expect("just loaded"))
+    }
+
+    /// The copies of a fingerprint, newest first.
+    fn copies(&mut self, kind: DedupUnit, fp: &Fp) -> Result<&mut Vec<u64>> {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.index.entry((kind, *fp)) {
+            e.insert(self.meta.index_copies(kind, fp)?);
+        }
+        Ok(self.index.get_mut(&(kind, *fp)).expect("just loaded"))
+    }
+
+    /// Deletes a unit: its records, its index copy, its bytes in its container.
+    fn free_unit(&mut self, b: &mut Batch<'_>, id: u64, unit: &UnitRecord) -> Result<()> {
+        b.delete(CF_UNITS, &id.to_be_bytes());
+        b.delete(CF_REFS, &id.to_be_bytes());
+        self.copies(unit.kind, &unit.fp)?.retain(|c| *c != id);
+        let c = self.container(unit.container)?;
+        c.live_vbytes -= unit.stored_vbytes();
+        c.live_units -= 1;
+        self.totals.units -= 1;
+        self.totals.unit_vbytes -= unit.stored_vbytes();
+        Ok(())
+    }
+}
+
+fn apply(v: u64, d: i64) -> u64 {
+    (v as i64 + d).max(0) as u64
+}
+
+impl Store {
+    pub(crate) fn commit(&self, txn: Txn) -> Result<CommitOutcome> {
+        self.require_writable()?;
+        self.failpoint("commit.before_write")?;
+        let _g = self.commit_lock.lock();
+        let meta = &self.meta;
+        let mut b = meta.batch();
+        let mut l = Ledger {
+            meta,
+            containers: HashMap::new(),
+            new_containers: txn.new_containers.iter().map(|c| c.0).collect(),
+            totals: meta.totals()?,
+            index: HashMap::new(),
+        };
+
+        for (id, rec) in &txn.new_containers {
+            l.totals.containers += 1;
+            l.totals.container_bytes += rec.file_bytes;
+            l.totals.container_vbytes += rec.vbytes;
+            l.containers.insert(*id, rec.clone());
+        }
+        let new_units: HashMap<u64, (&UnitRecord, Refs)> = txn
+            .new_units
+            .iter()
+            .map(|(id, u, r)| (*id, (u, *r)))
+            .collect();
+        for (id, unit, refs) in &txn.new_units {
+            b.put_unit(*id, unit);
+            b.put_refs(*id, *refs);
+            l.totals.units += 1;
+            l.totals.unit_vbytes += unit.stored_vbytes();
+        }
+
+        // Moved or trimmed units: the old copy's container loses them. New
+        // containers already count what was packed into them.
+        let mut updated: HashMap<u64, UnitRecord> = HashMap::new();
+        for (id, new) in &txn.unit_updates {
+            let old = meta
+                .unit(*id)?
+                .ok_or_else(|| corrupt_meta(format!("unit {id}"), "updated unit does not exist"))?;
+            let c = l.container(old.container)?;
+            c.live_vbytes -= old.stored_vbytes();
+            c.live_units -= 1;
+            if !l.new_containers.contains(&new.container) {
+                let c = l.container(new.container)?;
+                c.live_vbytes += new.stored_vbytes();
+                c.live_units += 1;
+            }
+            l.totals.unit_vbytes = l.totals.unit_vbytes - old.stored_vbytes() + new.stored_vbytes();
+            if new.trimmed && !old.trimmed {
+                // An incomplete unit is no longer a copy new data can use.
+                l.copies(old.kind, &old.fp)?.retain(|c| c != id);
+            }
+            b.put_unit(*id, new);
+            updated.insert(*id, new.clone());
+        }
+
+        // Reference deltas; units left unreferenced are freed unless a backup
+        // in flight pinned them (then gc frees them later).
+        let mut freed_units = 0u64;
+        let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
+        ids.sort_unstable_by_key(|(id, _)| **id);
+        let pin_state = self.pins.lock();
+        let mut zombies = self.zombies.lock();
+        for (&id, &(dl, da)) in ids {
+            let cur = match new_units.get(&id) {
+                Some((_, r)) => *r,
+                None => meta.refs(id)?,
+            };
+            let live = i64::from(cur.live) + dl;
+            let arch = i64::from(cur.arch) + da;
+            if live < 0 || arch < 0 {
+                return Err(corrupt_meta(
+                    format!("unit {id}"),
+                    format!("reference count would go negative ({live} live, {arch} archival)"),
+                ));
+            }
+            let r = Refs {
+                live: live as u32,
+                arch: arch as u32,
+            };
+            b.put_refs(id, r);
+            if !r.is_zero() {
+                continue;
+            }
+            if pin_state.pins.contains_key(&id) {
+                zombies.insert(id);
+                continue;
+            }
+            let unit = match (updated.remove(&id), new_units.get(&id)) {
+                (Some(u), _) => u,
+                (None, Some((u, _))) => (*u).clone(),
+                (None, None) => meta.unit(id)?.ok_or_else(|| {
+                    corrupt_meta(format!("unit {id}"), "referenced unit does not exist")
+                })?,
+            };
+            l.free_unit(&mut b, id, &unit)?;
+            freed_units += 1;
+        }
+        for &id in &txn.free_units {
+            if txn.ref_deltas.contains_key(&id)
+                || pin_state.pins.contains_key(&id)
+                || !meta.refs(id)?.is_zero()
+            {
+                continue;
+            }
+            let Some(unit) = meta.unit(id)? else { continue };
+            l.free_unit(&mut b, id, &unit)?;
+            zombies.remove(&id);
+            freed_units += 1;
+        }
+        drop(pin_state);
+        drop(zombies);
+
+        // New copies go first in their fingerprint's list.
+        for ((kind, fp), v) in &txn.index_puts {
+            let list = l.copies(*kind, fp)?;
+            list.retain(|c| c != v);
+            list.insert(0, *v);
+            list.truncate(crate::meta::MAX_COPIES);
+        }
+        for ((kind, fp), list) in &l.index {
+            b.put_index(*kind, fp, list);
+        }
+
+        // Containers: write changed records, delete empty ones. A container
+        // that lost units may hold dead data: flag it for gc's sweep.
+        let mut dead_files = Vec::new();
+        for (id, rec) in &l.containers {
+            let sweep_key = crate::gc::sweep_key(*id);
+            if rec.live_units == 0 {
+                b.delete(CF_MARKS, &sweep_key);
+                b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
+                l.totals.containers -= 1;
+                l.totals.container_bytes -= rec.file_bytes;
+                l.totals.container_vbytes -= rec.vbytes;
+                dead_files.push(*id);
+            } else {
+                if !l.new_containers.contains(id) {
+                    b.put(CF_MARKS, &sweep_key, b"");
+                }
+                b.put_container(*id, rec);
+            }
+        }
+
+        for (name, update) in txn.series_updates {
+            let cur = meta.series(&name)?;
+            b.put_series(&update(cur));
+        }
+        // Deletions first: a replaced recipe deletes its old parts and puts new
+        // ones under the same keys, and batch operations apply in order.
+        for (cf, from, to) in &txn.delete_ranges {
+            b.delete_prefix_range(cf, from, to);
+        }
+        for (cf, k) in &txn.deletes {
+            b.delete(cf, k);
+        }
+        for (cf, k, v) in &txn.puts {
+            b.put(cf, k, v);
+        }
+        let t = &mut l.totals;
+        t.logical_bytes = apply(t.logical_bytes, txn.totals.logical_bytes);
+        t.versions = apply(t.versions, txn.totals.versions);
+        t.recipe_bytes = apply(t.recipe_bytes, txn.totals.recipe_bytes);
+        t.catalog_bytes = apply(t.catalog_bytes, txn.totals.catalog_bytes);
+        b.put_totals(t);
+        b.put_counters(&self.counters().max(meta.counters()?));
+        if let Some(s) = txn.session {
+            b.delete(CF_SESSIONS, &s.to_be_bytes());
+        }
+        meta.write(b, true)?;
+
+        // Durable: now the files can go, once no reader that started before
+        // this commit can still need them.
+        self.failpoint("commit.before_unlink")?;
+        for id in self.files_freed(&dead_files) {
+            self.remove_container_file(id);
+        }
+        Ok(CommitOutcome {
+            freed_units,
+            freed_containers: dead_files.len() as u64,
+            freed_bytes: dead_files
+                .iter()
+                .map(|id| l.containers[id].file_bytes)
+                .sum(),
+        })
+    }
+}
