@@ -39,13 +39,13 @@ def sha256(path):
 
 def dataset(name):
     if name == "synthetic":
-        out = CACHE / "datasets" / "synthetic-demo-v1"
+        out = CACHE / "datasets" / "synthetic-demo-v2"
         stamp = out / ".complete"
         if not stamp.exists():
             shutil.rmtree(out, ignore_errors=True)
             print(f"generating a 10-version synthetic series in {out} ...", flush=True)
             run("gen-series", "--out", out, "--versions", 10, "--initial-mib", 40,
-                "--alpha", 5, "--beta", 10, "--gamma-mib", 1, "--seed", 1, capture=False)
+                "--alpha", 2, "--beta", 10, "--gamma-mib", 1, "--binary", 3, "--seed", 1, capture=False)
             stamp.touch()
         return sorted(out.glob("v*.tar"))
     if name == "kube":
@@ -63,11 +63,22 @@ def table(head, rows):
     return "\n".join([fmt(head), *(fmt(r) for r in rows)])
 
 
-def demo_mode(unit, versions, work):
-    store = work / f"store-{unit}"
+MODES = {
+    # name: (dedup unit, slide versions out of a one-version live window)
+    "segment": ("segment", False),
+    "chunk": ("chunk", False),
+    "segment + reverse dedup": ("segment", True),
+}
+
+
+def demo_mode(mode, versions, work):
+    unit, reverse = MODES[mode]
+    store = work / f"store-{unit}-{'rev' if reverse else 'inline'}"
     shutil.rmtree(store, ignore_errors=True)
     run("init", "--store", store, "--json")
-    series = f"demo/{unit}"
+    series = f"demo/{unit}{'-rev' if reverse else ''}"
+    if reverse:
+        run("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
     rows = []
     for i, tar in enumerate(versions, 1):
         b = run("backup", "--store", store, "--series", series, "--unit", unit, tar, "--json")
@@ -105,14 +116,14 @@ def main():
     logical = sum(v.stat().st_size for v in versions)
     print(f"\nRevault demo: {len(versions)} versions of `{args.data}`, {logical / MIB:.0f} MiB logical, "
           f"4 MiB containers, zstd-3, 32 MiB restore cache\n")
-    for unit in ("segment", "chunk"):
-        rows, t = demo_mode(unit, versions, work)
+    for mode in MODES:
+        rows, t = demo_mode(mode, versions, work)
         head = ["version", "logical MiB", "new MiB", "cum. dedup", "backup MiB/s",
                 "restore MiB/s", "container reads", "speed factor", "sha256"]
         body = [[r["version"], f"{r['logical'] / MIB:.1f}", f"{r['new'] / MIB:.1f}", f"{r['ratio']:.2f}x",
                  f"{r['backup']:.0f}", f"{r['restore']:.0f}", r["reads"], f"{r['sf']:.2f}", r["verified"]]
                 for r in rows]
-        print(f"== unit: {unit} ==")
+        print(f"== {mode} ==")
         print(table(head, body))
         print(f"stored: {t['unit_vbytes'] / MIB:.1f} MiB unique ({t['logical_bytes'] / max(t['unit_vbytes'], 1):.2f}x dedup), "
               f"{t['container_bytes'] / MIB:.1f} MiB on disk with compression "

@@ -300,7 +300,17 @@ impl ContainerWriter {
 
     /// Writes the footer and trailer and fsyncs the file. The directory entry is
     /// synced by the caller once per session, before the commit.
-    pub fn finish(mut self) -> Result<SealedContainer> {
+    pub fn finish(self) -> Result<SealedContainer> {
+        let (sealed, file) = self.finish_unsynced()?;
+        file.sync_data()
+            .ctx(|| format!("syncing container {}", sealed.id))?;
+        Ok(sealed)
+    }
+
+    /// Writes the footer and trailer and starts writeback without waiting for
+    /// it; the caller must `sync_data` the returned file before the commit.
+    /// Sealing the next container then overlaps with this one reaching disk.
+    pub fn finish_unsynced(mut self) -> Result<(SealedContainer, File)> {
         let footer = encode_footer(&self.footer);
         let mut trailer = Vec::with_capacity(TRAILER_LEN as usize);
         trailer.extend_from_slice(&self.offset.to_le_bytes());
@@ -317,13 +327,17 @@ impl ContainerWriter {
             .into_inner()
             .map_err(|e| e.into_error())
             .ctx(ctx)?;
-        file.sync_data()
-            .ctx(|| format!("syncing container {}", path.display()))?;
-        Ok(SealedContainer {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advisory writeback request on a valid fd.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        let sealed = SealedContainer {
             id: self.id,
             file_bytes: self.offset + footer.len() as u64 + TRAILER_LEN,
             vbytes: self.vbytes,
-        })
+        };
+        Ok((sealed, file))
     }
 
     /// Removes a container that will not be finished (an aborted backup).

@@ -47,10 +47,10 @@ impl Default for GenOptions {
         GenOptions {
             versions: 10,
             initial_mib: 40.0,
-            alpha_pct: 5.0,
+            alpha_pct: 2.0,
             beta_pct: 10.0,
             gamma_mib: 1.0,
-            binary_pct: 15.0,
+            binary_pct: 3.0,
             seed: 1,
             format: GenFormat::Tar,
         }

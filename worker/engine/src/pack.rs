@@ -51,7 +51,7 @@ pub struct PackWriter {
     block: Vec<u8>,
     placed: HashMap<ContainerId, Placed>,
     tx: Option<Sender<Msg>>,
-    handle: Option<JoinHandle<Result<Vec<SealedContainer>>>>,
+    handle: Option<JoinHandle<Result<Vec<(SealedContainer, std::fs::File)>>>>,
 }
 
 impl PackWriter {
@@ -117,8 +117,13 @@ impl PackWriter {
     /// Stores a unit's chunks; returns where its data starts.
     pub fn add_unit(&mut self, unit: u64, chunks: &[PackChunk<'_>]) -> Result<(ContainerId, u64)> {
         let stored: u64 = chunks.iter().map(|c| c.entry.stored_len()).sum();
+        // A unit joins the current container if at least half of it fits:
+        // with MiB-sized segments, sealing whenever the next one does not fit
+        // whole would leave containers a quarter empty on average; this way
+        // they hold about the configured size, overshooting by at most half a
+        // unit.
         if let Some((_, used)) = self.cur {
-            if used > 0 && used + stored > self.container_bytes {
+            if used > 0 && used + stored / 2 > self.container_bytes {
                 self.seal()?;
             }
         }
@@ -167,9 +172,17 @@ impl PackWriter {
             Some(Ok(r)) => r?,
             _ => return Err(Error::Invalid("the container writer panicked".into())),
         };
+        // Writeback started when each container was sealed; wait for all of
+        // it now, before anything can commit (one fdatasync per container).
+        for (s, file) in &sealed {
+            file.sync_data().map_err(|e| Error::Io {
+                context: format!("syncing container {}", s.id),
+                source: e,
+            })?;
+        }
         Ok(sealed
             .into_iter()
-            .map(|s| {
+            .map(|(s, _)| {
                 let p = self.placed.get(&s.id).copied().unwrap_or_default();
                 (
                     s.id,
@@ -200,7 +213,7 @@ fn writer_thread(
     rx: Receiver<Msg>,
     data_dir: PathBuf,
     compression: Compression,
-) -> Result<Vec<SealedContainer>> {
+) -> Result<Vec<(SealedContainer, std::fs::File)>> {
     let mut sealed = Vec::new();
     let mut cur: Option<ContainerWriter> = None;
     let mut pending: Vec<Vec<u8>> = Vec::new();
@@ -248,7 +261,7 @@ fn writer_thread(
                 Msg::Seal => {
                     write_pending(&mut cur, &mut pending, compression)?;
                     let w = cur.take().expect("a container is open when sealed");
-                    sealed.push(w.finish()?);
+                    sealed.push(w.finish_unsynced()?);
                 }
             }
         }
