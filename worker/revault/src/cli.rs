@@ -244,7 +244,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 40.0)]
     pub initial_mib: f64,
     /// Percent of files modified per version.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 2.0)]
     pub alpha: f64,
     /// Percent of a modified file that changes.
     #[arg(long, default_value_t = 10.0)]
@@ -253,7 +253,7 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 1.0)]
     pub gamma_mib: f64,
     /// Percent of files that are incompressible binary data.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 3.0)]
     pub binary: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
