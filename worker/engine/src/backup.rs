@@ -81,6 +81,7 @@ pub struct BackupReport {
     /// Rewrite policy used, and the duplicates it stored again.
     pub rewrite: String,
     pub rewritten_units: u64,
+    pub rewritten_chunks: u64,
     pub rewritten_bytes: u64,
     /// What the series' automatic retention did after the backup committed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -224,6 +225,7 @@ pub fn backup(
         },
         container_bytes: HashMap::new(),
         rewritten_units: 0,
+        rewritten_chunks: 0,
         rewritten_bytes: 0,
     };
     let result = (|| -> Result<()> {
@@ -380,6 +382,7 @@ pub fn backup(
             seconds: started.elapsed().as_secs_f64(),
             rewrite: rewrite.name().to_string(),
             rewritten_units: d.rewritten_units,
+            rewritten_chunks: d.rewritten_chunks,
             rewritten_bytes: d.rewritten_bytes,
             slide: None,
             expire: None,
@@ -531,6 +534,7 @@ struct Dedup<'s> {
     window: RefWindow,
     container_bytes: HashMap<ContainerId, u64>,
     rewritten_units: u64,
+    rewritten_chunks: u64,
     rewritten_bytes: u64,
 }
 
@@ -729,6 +733,7 @@ impl Dedup<'_> {
             (None, found) => {
                 if found.is_some() {
                     self.rewritten_units += 1;
+                    self.rewritten_chunks += p.chunks.len() as u64;
                     self.rewritten_bytes += bytes;
                 }
                 self.store_new(p.fp, &p.chunks, found.is_none(), pack)?

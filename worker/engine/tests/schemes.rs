@@ -1,0 +1,126 @@
+//! Every (rewrite policy, restore cache) pair: versions restore byte-exact,
+//! the cache never holds more than its budget, and CBR never rewrites more
+//! than its limit.
+
+mod common;
+
+use std::io::Cursor;
+
+use common::*;
+use proptest::prelude::*;
+use revault_engine::backup::{backup, BackupOptions};
+use revault_engine::caches::CachePolicy;
+use revault_engine::config::{DedupUnit, MIB};
+use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
+use revault_engine::rewrite::RewriteSettings;
+use revault_engine::source::StreamSource;
+use revault_engine::store::VersionSel;
+
+fn policy() -> impl Strategy<Value = RewriteSettings> {
+    prop_oneof![
+        Just(RewriteSettings::None),
+        (1u32..4, 1u32..4).prop_map(|(segment, level)| RewriteSettings::Capping { segment, level }),
+        (0.05f64..0.5, 0.05f64..0.5, 0.3f64..0.9, 0.01f64..0.2).prop_map(|(s, d, u, l)| {
+            RewriteSettings::Cbr {
+                stream_context_mib: s,
+                disk_context_mib: d,
+                min_utility: u,
+                limit: l,
+            }
+        }),
+        (1u32..4, 0.01f64..0.3, 1u32..6).prop_map(|(segment, loss, cap)| RewriteSettings::Fcrc {
+            segment,
+            loss,
+            cap
+        }),
+        (1u32..6, 0.01f64..0.3, 1u32..6).prop_map(|(window, loss, cap)| RewriteSettings::Lbw {
+            window,
+            loss,
+            cap
+        }),
+    ]
+}
+
+/// Versions that share most data, with duplicates scattered so rewriting has
+/// something to decide.
+fn history(seed: u64, n: usize) -> Vec<Vec<u8>> {
+    let mut cur = random(600_000, seed);
+    let mut out = vec![cur.clone()];
+    for i in 1..n {
+        for j in 0..5u64 {
+            let at = (cur.len() / 6) * (j as usize + 1);
+            cur.splice(at..at + 200, random(300, seed ^ (i as u64 * 31 + j)));
+        }
+        // Old data re-appears: duplicates far from their copies.
+        let src = cur.len() / 3;
+        let piece = cur[src..src + 40_000].to_vec();
+        cur.extend_from_slice(&piece);
+        out.push(cur.clone());
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_policy_and_cache_restores_exactly_within_budget(
+        seed in any::<u64>(),
+        versions in 2usize..5,
+        unit in prop_oneof![Just(DedupUnit::Segment), Just(DedupUnit::Chunk)],
+        rewrite in policy(),
+        budget_mib in 2u64..9,
+    ) {
+        let (_d, store) = new_store(small_config());
+        let h = history(seed, versions);
+        for v in &h {
+            let src = StreamSource::new("t", Cursor::new(v.clone()));
+            let opts = BackupOptions { unit: Some(unit), rewrite: Some(rewrite.clone()), ..Default::default() };
+            let rep = backup(&store, "default/s", Box::new(src), &opts).unwrap();
+            if let RewriteSettings::Cbr { limit, .. } = rewrite {
+                prop_assert!(rep.rewritten_chunks as f64 <= limit * rep.chunks as f64 + 1e-9,
+                    "CBR rewrote {} of {} chunks at a limit of {limit}", rep.rewritten_chunks, rep.chunks);
+            }
+        }
+        for cache in CachePolicy::ALL {
+            for (i, want) in h.iter().enumerate() {
+                let mut out = Vec::new();
+                let opts = RestoreOptions { cache, cache_bytes: budget_mib * MIB, ..Default::default() };
+                let rep = restore(&store, "default/s", VersionSel::Number(i as u32 + 1), &opts, RestoreTarget::Writer(&mut out)).unwrap();
+                prop_assert!(out == *want, "{cache} restored version {} wrong", i + 1);
+                prop_assert!(rep.peak_cache_bytes <= rep.cache_bytes,
+                    "{cache} held {} bytes with a budget of {}", rep.peak_cache_bytes, rep.cache_bytes);
+            }
+        }
+        let c = revault_engine::check::check(&store).unwrap();
+        prop_assert!(c.ok, "{:?}", c.errors);
+    }
+}
+
+#[test]
+fn opt_never_reads_more_containers_than_lru() {
+    // Belady's cache is the floor for container caches of the same size.
+    let (_d, store) = new_store(small_config());
+    for v in history(11, 6) {
+        backup_bytes(&store, "default/s", &v, DedupUnit::Chunk);
+    }
+    let reads = |cache| {
+        let mut out = Vec::new();
+        let opts = RestoreOptions {
+            cache,
+            cache_bytes: 3 * MIB,
+            ..Default::default()
+        };
+        restore(
+            &store,
+            "default/s",
+            VersionSel::Latest,
+            &opts,
+            RestoreTarget::Writer(&mut out),
+        )
+        .unwrap()
+        .container_reads
+    };
+    let (opt, lru) = (reads(CachePolicy::Opt), reads(CachePolicy::LruContainer));
+    assert!(opt <= lru, "opt {opt} reads, lru-container {lru}");
+}
