@@ -295,18 +295,17 @@ impl Store {
     /// Finds the copies new data with fingerprint `fp` may dedup to, lets
     /// `choose` pick one, and pins it. Only complete units that no slide or gc
     /// is about to trim or free are offered.
+    ///
+    /// No lock is held while reading: the chosen unit is pinned first (a commit
+    /// never frees a pinned unit) and then checked to still exist, which also
+    /// covers a commit that freed it between the read and the pin.
     pub(crate) fn lookup_pin(
         &self,
         kind: DedupUnit,
         fp: &Fp,
-        choose: impl FnOnce(&[(u64, UnitRecord)]) -> usize,
+        choose: impl Fn(&[(u64, UnitRecord)]) -> usize,
     ) -> Result<Option<(u64, UnitRecord)>> {
         let ids = self.meta.index_copies(kind, fp)?;
-        if ids.is_empty() {
-            return Ok(None);
-        }
-        // The commit lock orders this against concurrent frees.
-        let _g = self.commit_lock.lock();
         let mut cands = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(u) = self.meta.unit(id)? {
@@ -315,15 +314,26 @@ impl Store {
                 }
             }
         }
-        let mut p = self.pins.lock();
-        cands.retain(|(id, _)| !p.doomed.contains(id));
-        if cands.is_empty() {
-            return Ok(None);
+        while !cands.is_empty() {
+            let i = choose(&cands).min(cands.len() - 1);
+            let id = cands[i].0;
+            {
+                let mut p = self.pins.lock();
+                if p.doomed.contains(&id) {
+                    cands.swap_remove(i);
+                    continue;
+                }
+                *p.pins.entry(id).or_default() += 1;
+            }
+            match self.meta.unit(id)? {
+                Some(u) if !u.trimmed => return Ok(Some((id, u))),
+                _ => {
+                    self.unpin([id]);
+                    cands.swap_remove(i);
+                }
+            }
         }
-        let i = choose(&cands).min(cands.len() - 1);
-        let chosen = cands.swap_remove(i);
-        *p.pins.entry(chosen.0).or_default() += 1;
-        Ok(Some(chosen))
+        Ok(None)
     }
 
     /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
