@@ -4,11 +4,11 @@
 //! recipes level by level — newest first — into one location per chunk
 //! position, instead of chasing pointers chunk by chunk.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::container::{ContainerId, CHUNK_ZERO};
 use crate::error::{corrupt_meta, Result};
-use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
+use crate::meta::{MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionRecord};
 use crate::recipe::Entry;
 use crate::restore::{load_units, push_extent, recipe_entries, Extent};
 
@@ -26,7 +26,7 @@ pub(crate) enum Loc {
 }
 
 impl Loc {
-    fn extent(self) -> Extent {
+    pub(crate) fn extent(self) -> Extent {
         match self {
             Loc::Stored {
                 container,
@@ -44,28 +44,69 @@ impl Loc {
     }
 }
 
-/// Locations of every chunk of `unit`'s chunks `first..first+count`.
-fn unit_locs(
-    u: &crate::meta::UnitRecord,
+/// Unit records for `ids` and for every unit their links point into.
+pub(crate) fn load_with_links(r: &impl MetaRead, ids: &[u64]) -> Result<HashMap<u64, UnitRecord>> {
+    let mut units: HashMap<u64, UnitRecord> =
+        ids.iter().copied().zip(load_units(r, ids)?).collect();
+    let mut targets: Vec<u64> = units
+        .values()
+        .flat_map(|u| u.chunks.iter().filter_map(|c| c.link_target().map(|l| l.0)))
+        .filter(|t| !units.contains_key(t))
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    units.extend(targets.iter().copied().zip(load_units(r, &targets)?));
+    Ok(units)
+}
+
+/// Where chunk `idx` of a unit starts in its container's data space.
+fn chunk_vaddr(u: &UnitRecord, idx: usize) -> u64 {
+    u.vbase + u.chunks[..idx].iter().map(|c| c.stored_len()).sum::<u64>()
+}
+
+/// Locations of a unit's chunks `first..first+count`, following links.
+pub(crate) fn unit_locs(
+    units: &HashMap<u64, UnitRecord>,
     uid: u64,
     first: usize,
     count: usize,
     out: &mut Vec<Loc>,
 ) -> Result<()> {
+    let u = units
+        .get(&uid)
+        .ok_or_else(|| corrupt_meta(format!("unit {uid}"), "referenced but missing"))?;
     if first + count > u.chunks.len() {
         return Err(corrupt_meta(
             format!("unit {uid}"),
             "a recipe references chunks beyond the unit",
         ));
     }
-    let mut vaddr = u.vbase
-        + u.chunks[..first]
-            .iter()
-            .map(|c| c.stored_len())
-            .sum::<u64>();
+    let mut vaddr = chunk_vaddr(u, first);
     for c in &u.chunks[first..first + count] {
         if c.flags & CHUNK_ZERO != 0 {
             out.push(Loc::Zero { len: c.len });
+        } else if let Some((t, j)) = c.link_target() {
+            let tu = units.get(&t).ok_or_else(|| {
+                corrupt_meta(
+                    format!("unit {uid}"),
+                    format!("links to unit {t}, which is missing"),
+                )
+            })?;
+            let tc = tu
+                .chunks
+                .get(j as usize)
+                .filter(|tc| tc.stored_len() > 0 && tc.fp == c.fp);
+            if tc.is_none() {
+                return Err(corrupt_meta(
+                    format!("unit {uid}"),
+                    format!("links to chunk {j} of unit {t}, which does not hold it"),
+                ));
+            }
+            out.push(Loc::Stored {
+                container: tu.container,
+                vaddr: chunk_vaddr(tu, j as usize),
+                len: c.len,
+            });
         } else if c.stored_len() == 0 {
             return Err(corrupt_meta(
                 format!("unit {uid}"),
@@ -103,18 +144,17 @@ fn resolve_entries(
         }
         ids.sort_unstable();
         ids.dedup();
-        let units = load_units(r, &ids)?;
-        let get = |id: u64| &units[ids.binary_search(&id).expect("loaded every id")];
+        let units = load_with_links(r, &ids)?;
         for e in entries {
             match *e {
                 Entry::Units { first, count } => {
                     for id in first..first + count {
-                        let u = get(id);
-                        unit_locs(u, id, 0, u.chunks.len(), &mut out)?;
+                        let n = units.get(&id).map(|u| u.chunks.len()).unwrap_or(0);
+                        unit_locs(&units, id, 0, n, &mut out)?;
                     }
                 }
                 Entry::Direct { unit, first, count } => {
-                    unit_locs(get(unit), unit, first as usize, count as usize, &mut out)?
+                    unit_locs(&units, unit, first as usize, count as usize, &mut out)?
                 }
                 Entry::Zero { len, count } => (0..count).for_each(|_| out.push(Loc::Zero { len })),
                 Entry::Indirect {

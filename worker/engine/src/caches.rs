@@ -10,7 +10,8 @@
 //!   the fragmentation ahead (|ASM| + C_n·CS ≤ budget), containers reused by the
 //!   next round stay cached, the others are evicted;
 //! - `opt`: Belady's optimal container cache with full look-ahead (evict the
-//!   container used farthest in the future): the yardstick.
+//!   container used farthest in the future): the papers' yardstick, and the
+//!   default here, since the recipe is known before the restore starts.
 //!
 //! Every engine reports the most memory it held (`peak_bytes`), which never
 //! exceeds its budget.
@@ -28,11 +29,14 @@ use crate::store::Store;
 #[serde(rename_all = "kebab-case")]
 pub enum CachePolicy {
     /// Forward assembly area (parallel container reads per window).
-    #[default]
     Faa,
     LruContainer,
     LruChunk,
     Dasm,
+    /// The default: a restore knows its whole recipe before it reads
+    /// anything, so Belady's eviction is not hypothetical here; it reads the
+    /// fewest containers of all (docs/benchmarks.md).
+    #[default]
     Opt,
 }
 
@@ -135,6 +139,28 @@ impl<'s> Loader<'s> {
             .sum::<u64>();
         self.stats.decoded += f.footer.vbytes;
         Ok(data)
+    }
+
+    /// Reads and decodes the blocks holding `len` bytes at `vaddr`, without
+    /// caching anything: (where the returned bytes start, the bytes). Counts
+    /// the bytes, not a container read (the caller knows when a run starts).
+    fn read_blocks(&mut self, id: ContainerId, vaddr: u64, len: u32) -> Result<(u64, Vec<u8>)> {
+        let f = self.file(id, false)?;
+        let blocks = &f.footer.blocks[f.footer.blocks_for(vaddr, u64::from(len))];
+        let (Some(first), Some(last)) = (blocks.first(), blocks.last()) else {
+            return Err(Error::CorruptContainer {
+                container: id.to_string(),
+                detail: format!("chunk at {vaddr}+{len} is outside the container"),
+            });
+        };
+        let start = first.vbase;
+        let mut data = vec![0u8; (last.vbase + u64::from(last.vlen) - start) as usize];
+        f.read_range(start, &mut data)?;
+        for b in blocks {
+            self.stats.bytes_read += u64::from(b.stored_len);
+            self.stats.decoded += u64::from(b.vlen);
+        }
+        Ok((start, data))
     }
 }
 
@@ -404,6 +430,9 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
     let mut cache: HashMap<ContainerId, (Vec<u8>, usize)> = HashMap::new();
     let mut by_next: BTreeSet<(usize, ContainerId)> = BTreeSet::new();
     let mut held = 0u64;
+    // Blocks of a container too large to cache, read for the chunks of the
+    // current run (see below).
+    let mut direct: Option<(ContainerId, u64, Vec<u8>)> = None;
     for (i, l) in locs.iter().enumerate() {
         let Loc::Stored {
             container,
@@ -414,6 +443,7 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
             if let Loc::Zero { len } = *l {
                 write_zeros(out, u64::from(len))?;
             }
+            direct = None;
             continue;
         };
         if let Some((_, nu)) = cache.get(&container) {
@@ -421,8 +451,42 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
         } else {
             let need = ld.size(container)?;
             if need > budget {
-                return Err(too_small("opt", budget, need));
+                // Larger than the whole budget (the default restore must
+                // work for any container size): serve its chunks from their
+                // blocks; a run of chunks from it is one container read.
+                let run = direct.as_ref().is_some_and(|d| d.0 == container);
+                let held_here = direct.as_ref().and_then(|(c, start, d)| {
+                    let off = vaddr.checked_sub(*start)? as usize;
+                    (*c == container && off + len as usize <= d.len()).then_some(off)
+                });
+                let off = match held_here {
+                    Some(off) => off,
+                    None => {
+                        direct.take(); // free the old blocks first
+                        let (start, data) = ld.read_blocks(container, vaddr, len)?;
+                        while held + data.len() as u64 > budget {
+                            let Some((_, victim)) = by_next.pop_last() else {
+                                break;
+                            };
+                            held -= cache
+                                .remove(&victim)
+                                .map(|(d, _)| d.len() as u64)
+                                .unwrap_or(0);
+                        }
+                        if !run {
+                            ld.stats.reads += 1;
+                        }
+                        ld.stats.peak = ld.stats.peak.max(held + data.len() as u64);
+                        direct = Some((container, start, data));
+                        (vaddr - start) as usize
+                    }
+                };
+                let d = &direct.as_ref().expect("just read").2;
+                out.write_all(&d[off..off + len as usize])
+                    .map_err(out_err)?;
+                continue;
             }
+            direct.take(); // free its blocks before loading
             while held + need > budget {
                 // Belady: evict the container needed farthest in the future.
                 let (_, victim) = by_next.pop_last().expect("something to evict");
@@ -436,6 +500,7 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
             ld.stats.peak = ld.stats.peak.max(held);
             cache.insert(container, (d, usize::MAX));
         }
+        direct = None;
         out.write_all(slice(&cache[&container].0, vaddr, len, container)?)
             .map_err(out_err)?;
         let e = cache.get_mut(&container).expect("cached");

@@ -179,6 +179,27 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             }
         }
     }
+    // Links: each points at a stored chunk with the same fingerprint, and
+    // counts once per linking unit.
+    for (id, u) in &units {
+        for t in crate::commit::link_targets(u) {
+            want.entry(t).or_default().links += 1;
+        }
+        for (i, c) in u.chunks.iter().enumerate() {
+            let Some((t, j)) = c.link_target() else {
+                continue;
+            };
+            let ok = units
+                .get(&t)
+                .and_then(|tu| tu.chunks.get(j as usize))
+                .is_some_and(|tc| tc.stored_len() > 0 && tc.fp == c.fp);
+            if !ok || t == *id {
+                rep.errors.push(format!(
+                    "unit {id}: chunk {i} links to chunk {j} of unit {t}, which does not hold it"
+                ));
+            }
+        }
+    }
     let mut have: HashMap<u64, Refs> = HashMap::new();
     for (k, v) in meta.scan(CF_REFS, b"")? {
         let id = u64::from_be_bytes(k[..].try_into().unwrap_or_default());
@@ -194,8 +215,8 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         let h = have.get(id).copied().unwrap_or_default();
         if w != h {
             rep.errors.push(format!(
-                "unit {id}: reference counts say {} live / {} archival, recipes say {} / {}",
-                h.live, h.arch, w.live, w.arch
+                "unit {id}: reference counts say {} live / {} archival / {} links, recipes say {} / {} / {}",
+                h.live, h.arch, h.links, w.live, w.arch, w.links
             ));
         }
         if w.is_zero() {

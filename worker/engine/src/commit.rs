@@ -27,8 +27,8 @@ pub(crate) struct Txn {
     pub new_units: Vec<(u64, UnitRecord, Refs)>,
     /// Units moved or trimmed (same id, new location or fewer chunks).
     pub unit_updates: Vec<(u64, UnitRecord)>,
-    /// (live, archival) reference deltas by unit id.
-    pub ref_deltas: HashMap<u64, (i64, i64)>,
+    /// (live, archival, links) reference deltas by unit id.
+    pub ref_deltas: HashMap<u64, [i64; 3]>,
     pub new_containers: Vec<(ContainerId, ContainerRecord)>,
     pub index_puts: Vec<((DedupUnit, Fp), u64)>,
     pub puts: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
@@ -46,8 +46,13 @@ pub(crate) type SeriesUpdate = Box<dyn FnOnce(Option<SeriesRecord>) -> SeriesRec
 impl Txn {
     pub fn ref_delta(&mut self, unit: u64, live: i64, arch: i64) {
         let e = self.ref_deltas.entry(unit).or_default();
-        e.0 += live;
-        e.1 += arch;
+        e[0] += live;
+        e[1] += arch;
+    }
+
+    /// A unit of this commit links to (or stops linking to) `unit`'s chunks.
+    pub fn link_delta(&mut self, unit: u64, d: i64) {
+        self.ref_deltas.entry(unit).or_default()[2] += d;
     }
 
     pub fn put_json<T: Serialize>(&mut self, cf: &'static str, key: &[u8], v: &T) {
@@ -118,6 +123,14 @@ impl<'m> Ledger<'m> {
     }
 }
 
+/// The distinct units a unit's live links point into.
+pub(crate) fn link_targets(u: &UnitRecord) -> HashSet<u64> {
+    u.chunks
+        .iter()
+        .filter_map(|c| c.link_target().map(|l| l.0))
+        .collect()
+}
+
 fn apply(v: u64, d: i64) -> u64 {
     (v as i64 + d).max(0) as u64
 }
@@ -158,6 +171,7 @@ impl Store {
         // Moved or trimmed units: the old copy's container loses them. New
         // containers already count what was packed into them.
         let mut updated: HashMap<u64, UnitRecord> = HashMap::new();
+        let mut link_changes: Vec<(u64, i64)> = Vec::new();
         for (id, new) in &txn.unit_updates {
             let old = meta
                 .unit(*id)?
@@ -175,66 +189,121 @@ impl Store {
                 // An incomplete unit is no longer a copy new data can use.
                 l.copies(old.kind, &old.fp)?.retain(|c| c != id);
             }
+            // Links a move keeps cost nothing; links a trim drops release their targets.
+            let (before, after) = (link_targets(&old), link_targets(new));
+            for t in before.difference(&after) {
+                link_changes.push((*t, -1));
+            }
+            for t in after.difference(&before) {
+                link_changes.push((*t, 1));
+            }
             b.put_unit(*id, new);
             updated.insert(*id, new.clone());
         }
 
         // Reference deltas; units left unreferenced are freed unless a backup
-        // in flight pinned them (then gc frees them later).
-        let mut freed_units = 0u64;
-        let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
+        // in flight pinned them (then gc frees them later). Freeing a unit
+        // releases the units its links point into, which may free them too.
+        let mut deltas = txn.ref_deltas.clone();
+        for (t, d) in link_changes {
+            deltas.entry(t).or_default()[2] += d;
+        }
+        let mut now: HashMap<u64, Refs> = HashMap::new();
+        let mut ids: Vec<_> = deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
-        let pin_state = self.pins.lock();
-        let mut zombies = self.zombies.lock();
-        for (&id, &(dl, da)) in ids {
+        for (&id, d) in ids {
             let cur = match new_units.get(&id) {
                 Some((_, r)) => *r,
                 None => meta.refs(id)?,
             };
-            let live = i64::from(cur.live) + dl;
-            let arch = i64::from(cur.arch) + da;
-            if live < 0 || arch < 0 {
+            let v = [
+                i64::from(cur.live) + d[0],
+                i64::from(cur.arch) + d[1],
+                i64::from(cur.links) + d[2],
+            ];
+            if v.iter().any(|x| *x < 0) {
                 return Err(corrupt_meta(
                     format!("unit {id}"),
-                    format!("reference count would go negative ({live} live, {arch} archival)"),
+                    format!(
+                        "reference counts would go negative ({} live, {} archival, {} links)",
+                        v[0], v[1], v[2]
+                    ),
                 ));
             }
-            let r = Refs {
-                live: live as u32,
-                arch: arch as u32,
-            };
-            b.put_refs(id, r);
-            if !r.is_zero() {
+            now.insert(
+                id,
+                Refs {
+                    live: v[0] as u32,
+                    arch: v[1] as u32,
+                    links: v[2] as u32,
+                },
+            );
+        }
+        let mut work: Vec<u64> = now
+            .iter()
+            .filter(|(_, r)| r.is_zero())
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &txn.free_units {
+            if !now.contains_key(&id) && meta.refs(id)?.is_zero() {
+                work.push(id);
+            }
+        }
+        work.sort_unstable();
+        let pin_state = self.pins.lock();
+        let mut zombies = self.zombies.lock();
+        let mut freed: HashSet<u64> = HashSet::new();
+        let mut freed_units = 0u64;
+        while let Some(id) = work.pop() {
+            if freed.contains(&id) {
                 continue;
             }
             if pin_state.pins.contains_key(&id) {
                 zombies.insert(id);
                 continue;
             }
-            let unit = match (updated.remove(&id), new_units.get(&id)) {
-                (Some(u), _) => u,
+            let unit = match (updated.get(&id), new_units.get(&id)) {
+                (Some(u), _) => u.clone(),
                 (None, Some((u, _))) => (*u).clone(),
-                (None, None) => meta.unit(id)?.ok_or_else(|| {
-                    corrupt_meta(format!("unit {id}"), "referenced unit does not exist")
-                })?,
+                (None, None) => match meta.unit(id)? {
+                    Some(u) => u,
+                    // A gc candidate already gone: nothing to free.
+                    None if txn.free_units.contains(&id) => continue,
+                    None => {
+                        return Err(corrupt_meta(
+                            format!("unit {id}"),
+                            "referenced unit does not exist",
+                        ))
+                    }
+                },
             };
             l.free_unit(&mut b, id, &unit)?;
-            freed_units += 1;
-        }
-        for &id in &txn.free_units {
-            if txn.ref_deltas.contains_key(&id)
-                || pin_state.pins.contains_key(&id)
-                || !meta.refs(id)?.is_zero()
-            {
-                continue;
-            }
-            let Some(unit) = meta.unit(id)? else { continue };
-            l.free_unit(&mut b, id, &unit)?;
             zombies.remove(&id);
+            freed.insert(id);
             freed_units += 1;
+            for t in link_targets(&unit) {
+                let r = match now.get_mut(&t) {
+                    Some(r) => r,
+                    None => {
+                        let r = meta.refs(t)?;
+                        now.entry(t).or_insert(r)
+                    }
+                };
+                r.links = r.links.checked_sub(1).ok_or_else(|| {
+                    corrupt_meta(format!("unit {t}"), "a link was released twice")
+                })?;
+                if r.is_zero() {
+                    work.push(t);
+                }
+            }
         }
         drop(pin_state);
         drop(zombies);
+        for (id, r) in &now {
+            if !freed.contains(id) {
+                b.put_refs(*id, *r);
+            }
+        }
 
         // New copies go first in their fingerprint's list.
         for ((kind, fp), v) in &txn.index_puts {

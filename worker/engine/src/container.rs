@@ -36,6 +36,9 @@ pub const BLOCK_ZSTD: u8 = 1;
 
 pub const CHUNK_ZERO: u8 = 1;
 pub const CHUNK_ABSENT: u8 = 2;
+/// The chunk's bytes are another unit's chunk, stored earlier by the same
+/// backup (a duplicate inside one version); `link` names it.
+pub const CHUNK_LINK: u8 = 4;
 
 /// A container id: the session that wrote it and a sequence number within the
 /// session. A crashed session's containers are exactly its directory.
@@ -95,12 +98,63 @@ pub struct ChunkEntry {
     pub flags: u8,
     pub len: u32,
     pub fp: Fp,
+    /// For `CHUNK_LINK`: (unit, chunk index) holding the bytes.
+    pub link: Option<(u64, u32)>,
 }
 
 impl ChunkEntry {
+    pub fn new(flags: u8, len: u32, fp: Fp) -> Self {
+        ChunkEntry {
+            flags,
+            len,
+            fp,
+            link: None,
+        }
+    }
+
+    /// The chunk this one's bytes come from, if it is a live link.
+    pub fn link_target(&self) -> Option<(u64, u32)> {
+        if self.flags & CHUNK_LINK != 0 && self.flags & CHUNK_ABSENT == 0 {
+            self.link
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        out.push(self.flags);
+        put_uvarint(out, u64::from(self.len));
+        out.extend_from_slice(&self.fp.0);
+        if self.flags & CHUNK_LINK != 0 {
+            let (u, i) = self.link.unwrap_or_default();
+            put_uvarint(out, u);
+            put_uvarint(out, u64::from(i));
+        }
+    }
+
+    pub(crate) fn decode_from(r: &mut Reader<'_>) -> Option<Self> {
+        let flags = r.u8()?;
+        if flags & !(CHUNK_ZERO | CHUNK_ABSENT | CHUNK_LINK) != 0 {
+            return None;
+        }
+        let len = u32::try_from(r.uvarint()?).ok()?;
+        let fp = Fp(r.array()?);
+        let link = if flags & CHUNK_LINK != 0 {
+            Some((r.uvarint()?, u32::try_from(r.uvarint()?).ok()?))
+        } else {
+            None
+        };
+        Some(ChunkEntry {
+            flags,
+            len,
+            fp,
+            link,
+        })
+    }
+
     /// Bytes this chunk occupies in the data space.
     pub fn stored_len(&self) -> u64 {
-        if self.flags & (CHUNK_ZERO | CHUNK_ABSENT) != 0 {
+        if self.flags & (CHUNK_ZERO | CHUNK_ABSENT | CHUNK_LINK) != 0 {
             0
         } else {
             u64::from(self.len)
@@ -364,9 +418,7 @@ fn encode_footer(f: &Footer) -> Vec<u8> {
         put_uvarint(&mut out, u.vbase);
         put_uvarint(&mut out, u.chunks.len() as u64);
         for c in &u.chunks {
-            out.push(c.flags);
-            put_uvarint(&mut out, u64::from(c.len));
-            out.extend_from_slice(&c.fp.0);
+            c.encode_into(&mut out);
         }
     }
     out
@@ -408,10 +460,7 @@ fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer
             let nc = r.uvarint().ok_or_else(bad)? as usize;
             let mut chunks = Vec::with_capacity(nc.min(1 << 16));
             for _ in 0..nc {
-                let flags = r.u8().ok_or_else(bad)?;
-                let len = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
-                let fp = Fp(r.array().ok_or_else(bad)?);
-                chunks.push(ChunkEntry { flags, len, fp });
+                chunks.push(ChunkEntry::decode_from(&mut r).ok_or_else(bad)?);
             }
             f.units.push(UnitEntry {
                 unit,
@@ -586,11 +635,7 @@ mod tests {
         w.add_unit(UnitEntry {
             unit: 42,
             vbase: 0,
-            chunks: vec![ChunkEntry {
-                flags: 0,
-                len: all.len() as u32,
-                fp: Fp::of(&all),
-            }],
+            chunks: vec![ChunkEntry::new(0, all.len() as u32, Fp::of(&all))],
         });
         let sealed = w.finish().unwrap();
         assert_eq!(sealed.vbytes, all.len() as u64);

@@ -205,7 +205,8 @@ impl Mark {
     }
 }
 
-/// What a group's versions reference, per unit.
+/// What a group's versions reference, per unit — and, through links, the
+/// chunks of other units that those chunks' bytes are stored in.
 fn mark_group(store: &Store, s: &SeriesRecord) -> Result<HashMap<u64, Mark>> {
     let mut marks: HashMap<u64, Mark> = HashMap::new();
     for v in store.versions(s)? {
@@ -225,6 +226,24 @@ fn mark_group(store: &Store, s: &SeriesRecord) -> Result<HashMap<u64, Mark>> {
                 _ => {}
             }
         }
+    }
+    let ids: Vec<u64> = marks.keys().copied().collect();
+    let mut linked: Vec<(u64, u32)> = Vec::new();
+    for (id, u) in ids.iter().zip(load_units_opt(store, &ids)?) {
+        let Some(u) = u else { continue };
+        for (i, c) in u.chunks.iter().enumerate() {
+            if let Some(t) = c.link_target() {
+                if marks[id].contains(i as u32) {
+                    linked.push(t);
+                }
+            }
+        }
+    }
+    for (t, j) in linked {
+        marks
+            .entry(t)
+            .or_insert_with(|| Mark::Chunks(BTreeSet::new()))
+            .merge(&Mark::Chunks(BTreeSet::from([j])));
     }
     Ok(marks)
 }
@@ -450,7 +469,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
                 }
                 Mark::Chunks(_) => None,
             };
-            let new = repack(*id, u, chunks.as_ref(), &data, &mut pack)?;
+            let new = repack(*id, u, chunks.as_ref(), &data, &HashMap::new(), &mut pack)?;
             if new.trimmed && !u.trimmed {
                 rep.units_trimmed += 1;
             }

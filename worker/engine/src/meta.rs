@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::config::{DedupUnit, StoreConfig};
-use crate::container::{ChunkEntry, ContainerId, CHUNK_ABSENT, CHUNK_ZERO};
+use crate::container::{ChunkEntry, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::fp::Fp;
 
@@ -613,9 +613,7 @@ impl UnitRecord {
         put_uvarint(&mut v, self.vbase);
         put_uvarint(&mut v, self.chunks.len() as u64);
         for c in &self.chunks {
-            v.push(c.flags);
-            put_uvarint(&mut v, u64::from(c.len));
-            v.extend_from_slice(&c.fp.0);
+            c.encode_into(&mut v);
         }
         seal_crc(&mut v);
         v
@@ -640,13 +638,7 @@ impl UnitRecord {
         let n = r.uvarint().ok_or_else(bad)? as usize;
         let mut chunks = Vec::with_capacity(n.min(1 << 16));
         for _ in 0..n {
-            let flags = r.u8().ok_or_else(bad)?;
-            if flags & !(CHUNK_ZERO | CHUNK_ABSENT) != 0 {
-                return Err(bad());
-            }
-            let len = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
-            let fp = Fp(r.array().ok_or_else(bad)?);
-            chunks.push(ChunkEntry { flags, len, fp });
+            chunks.push(ChunkEntry::decode_from(&mut r).ok_or_else(bad)?);
         }
         if !r.is_empty() {
             return Err(bad());
@@ -662,37 +654,42 @@ impl UnitRecord {
     }
 }
 
-/// Two-level reference counts of a unit: live recipes that reference it whole,
-/// and archival recipes that reference some of its chunks directly. A unit with
-/// both at zero is unreachable and is deleted.
+/// Reference counts of a unit: live recipes that reference it whole,
+/// archival recipes that reference some of its chunks directly, and units of
+/// the same backup whose duplicate chunks link to its chunks. A unit with all
+/// three at zero is unreachable and is deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refs {
     pub live: u32,
     pub arch: u32,
+    pub links: u32,
 }
 
 impl Refs {
     pub fn is_zero(&self) -> bool {
-        self.live == 0 && self.arch == 0
+        self.live == 0 && self.arch == 0 && self.links == 0
     }
 
-    fn encode(&self) -> [u8; 8] {
-        let mut b = [0u8; 8];
+    fn encode(&self) -> [u8; 12] {
+        let mut b = [0u8; 12];
         b[..4].copy_from_slice(&self.live.to_le_bytes());
-        b[4..].copy_from_slice(&self.arch.to_le_bytes());
+        b[4..8].copy_from_slice(&self.arch.to_le_bytes());
+        b[8..].copy_from_slice(&self.links.to_le_bytes());
         b
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
-        if b.len() != 8 {
+        if b.len() != 12 {
             return Err(corrupt_meta(
                 format!("reference counts of unit {id}"),
                 "bad length",
             ));
         }
+        let n = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         Ok(Refs {
-            live: u32::from_le_bytes(b[..4].try_into().unwrap()),
-            arch: u32::from_le_bytes(b[4..].try_into().unwrap()),
+            live: n(0),
+            arch: n(4),
+            links: n(8),
         })
     }
 }
@@ -784,15 +781,13 @@ mod tests {
             vbase: 123_456,
             trimmed: false,
             chunks: vec![
+                ChunkEntry::new(0, 8000, Fp::of(b"a")),
+                ChunkEntry::new(crate::container::CHUNK_ZERO, 65536, Fp::of(&[0; 65536])),
                 ChunkEntry {
-                    flags: 0,
-                    len: 8000,
-                    fp: Fp::of(b"a"),
-                },
-                ChunkEntry {
-                    flags: CHUNK_ZERO,
-                    len: 65536,
-                    fp: Fp::of(&[0; 65536]),
+                    flags: crate::container::CHUNK_LINK,
+                    len: 100,
+                    fp: Fp::of(b"l"),
+                    link: Some((7, 3)),
                 },
             ],
         };

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use crate::config::Compression;
 use crate::container::{
     encode_block, ChunkEntry, ContainerId, ContainerWriter, SealedContainer, UnitEntry,
-    CHUNK_ABSENT,
+    CHUNK_ABSENT, CHUNK_LINK,
 };
 use crate::error::{Error, Result};
 use crate::meta::{ContainerRecord, UnitRecord};
@@ -51,8 +51,12 @@ pub struct PackWriter {
     block: Vec<u8>,
     placed: HashMap<ContainerId, Placed>,
     tx: Option<Sender<Msg>>,
-    handle: Option<JoinHandle<Result<Vec<(SealedContainer, std::fs::File)>>>>,
+    handle: Option<JoinHandle<Result<Vec<Written>>>>,
 }
+
+/// A container the writer thread sealed, with its still-open file (synced
+/// with the session before the commit).
+type Written = (SealedContainer, std::fs::File);
 
 impl PackWriter {
     pub(crate) fn new(
@@ -213,7 +217,7 @@ fn writer_thread(
     rx: Receiver<Msg>,
     data_dir: PathBuf,
     compression: Compression,
-) -> Result<Vec<(SealedContainer, std::fs::File)>> {
+) -> Result<Vec<Written>> {
     let mut sealed = Vec::new();
     let mut cur: Option<ContainerWriter> = None;
     let mut pending: Vec<Vec<u8>> = Vec::new();
@@ -283,6 +287,7 @@ pub(crate) fn repack(
     old: &UnitRecord,
     keep: Option<&BTreeSet<u32>>,
     data: &[u8],
+    fills: &HashMap<u32, Vec<u8>>,
     pack: &mut PackWriter,
 ) -> Result<UnitRecord> {
     // Every chunk entry goes to the footer (absent ones flagged); only kept,
@@ -300,11 +305,30 @@ pub(crate) fn repack(
             })?;
         off += len;
         let mut entry = c.clone();
-        if len > 0 && keep.is_some_and(|k| !k.contains(&(i as u32))) {
+        // Chunks not kept become absent: stored ones free their bytes, links
+        // release their targets (the commit counts the difference).
+        let holds = len > 0 || entry.link_target().is_some();
+        if holds && keep.is_some_and(|k| !k.contains(&(i as u32))) {
             entry.flags |= CHUNK_ABSENT;
             trimmed = true;
         }
-        let data = if entry.stored_len() > 0 { src } else { &[][..] };
+        // A link resolved to its bytes (`fills`) becomes a stored chunk.
+        let mut data = if entry.stored_len() > 0 { src } else { &[][..] };
+        if let (Some(_), Some(bytes)) = (entry.link_target(), fills.get(&(i as u32))) {
+            if bytes.len() != entry.len as usize {
+                return Err(Error::CorruptContainer {
+                    container: old.container.to_string(),
+                    detail: format!(
+                        "unit {id} chunk {i}: link resolved to {} bytes, expected {}",
+                        bytes.len(),
+                        entry.len
+                    ),
+                });
+            }
+            entry.flags &= !CHUNK_LINK;
+            entry.link = None;
+            data = bytes;
+        }
         chunks.push(PackChunk { data, entry });
     }
     let (container, vbase) = pack.add_unit(id, &chunks)?;

@@ -50,7 +50,7 @@ impl Default for RestoreOptions {
     fn default() -> Self {
         RestoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
-            cache: CachePolicy::Faa,
+            cache: CachePolicy::default(),
             progress: None,
             cancel: None,
         }
@@ -140,32 +140,6 @@ impl Extent {
     }
 }
 
-/// Appends a unit's chunks as extents.
-pub(crate) fn unit_extents(u: &UnitRecord, chunks: std::ops::Range<usize>, out: &mut Vec<Extent>) {
-    let mut vaddr = u.vbase
-        + u.chunks[..chunks.start]
-            .iter()
-            .map(|c| c.stored_len())
-            .sum::<u64>();
-    for c in &u.chunks[chunks] {
-        let e = if c.flags & crate::container::CHUNK_ZERO != 0 {
-            Extent::Zero {
-                len: u64::from(c.len),
-            }
-        } else {
-            debug_assert!(c.stored_len() > 0, "absent chunks are never referenced");
-            let e = Extent::Stored {
-                container: u.container,
-                vaddr,
-                len: u64::from(c.len),
-            };
-            vaddr += u64::from(c.len);
-            e
-        };
-        push_extent(out, e);
-    }
-}
-
 pub(crate) fn push_extent(out: &mut Vec<Extent>, e: Extent) {
     if e.is_empty() {
         return;
@@ -219,14 +193,18 @@ fn live_part_extents(r: &impl MetaRead, entries: &[Entry], out: &mut Vec<Extent>
             ids.extend(first..first + count);
         }
     }
-    let units = load_units(r, &ids)?;
-    let mut it = units.iter();
+    let units = crate::archive::load_with_links(r, &ids)?;
+    let mut locs = Vec::new();
     for e in entries {
         match *e {
-            Entry::Units { count, .. } => {
-                for _ in 0..count {
-                    let u = it.next().expect("one record per id");
-                    unit_extents(u, 0..u.chunks.len(), out);
+            Entry::Units { first, count } => {
+                for id in first..first + count {
+                    locs.clear();
+                    let n = units.get(&id).map(|u| u.chunks.len()).unwrap_or(0);
+                    crate::archive::unit_locs(&units, id, 0, n, &mut locs)?;
+                    for l in &locs {
+                        push_extent(out, l.extent());
+                    }
                 }
             }
             Entry::Zero { len, count } => push_extent(

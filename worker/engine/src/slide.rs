@@ -11,7 +11,9 @@
 //!    reference on each unit it still references directly;
 //! 3. a unit that only V referenced is either freed (V needs none of its
 //!    chunks) or *trimmed* to the chunks V needs and repacked into a container
-//!    owned by V, so expiring V later frees that container whole;
+//!    owned by V, so expiring V later frees that container whole (a unit that
+//!    surviving units link into also keeps the linked chunks, and goes to a
+//!    shared container instead);
 //! 4. the containers those units came from are *split*: their remaining (shared)
 //!    units are moved to fresh containers and the old container is freed.
 //!
@@ -20,7 +22,7 @@
 //! becomes dead inside them later. Memory holds one version's chunk
 //! fingerprints; I/O touches that version's containers only.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -51,6 +53,8 @@ pub struct SlideReport {
     pub units_freed: u64,
     /// Shared units moved out of split containers.
     pub units_moved: u64,
+    /// Links from surviving units into trimmed ones, replaced by the bytes.
+    pub links_resolved: u64,
     /// Data written (uncompressed) and containers freed.
     pub bytes_written: u64,
     pub containers_freed: u64,
@@ -119,6 +123,7 @@ fn slide_one(
     let mut needed: HashMap<u64, BTreeSet<u32>> = HashMap::new();
     let mut order: HashMap<u64, usize> = HashMap::new(); // first use in recipe order
     let mut new_refs = Vec::with_capacity(v_refs.len());
+    let mut first_copy: HashMap<Fp, (u64, u32)> = HashMap::new();
     for r in &v_refs {
         new_refs.push(match *r {
             Ref::Direct { unit, idx } => {
@@ -133,6 +138,10 @@ fn slide_one(
                         }
                     }
                     None => {
+                        // A chunk V holds more than once is kept once: later
+                        // copies refer to the first.
+                        let fp = v_units[&unit].chunks[idx as usize].fp;
+                        let (unit, idx) = *first_copy.entry(fp).or_insert((unit, idx));
                         rep.direct_chunks += 1;
                         needed.entry(unit).or_default().insert(idx);
                         Ref::Direct { unit, idx }
@@ -152,16 +161,58 @@ fn slide_one(
 
     // 2. Reference changes, and which units only this version holds.
     let mut txn = Txn::default();
-    let mut exclusive: Vec<u64> = Vec::new();
+    // A unit is exclusive to V when only V's live recipe references it and
+    // every unit linking into it is one of V's units (a link is made by the
+    // backup that stored its target, so a linker outside V's recipe is an
+    // older version's archival leftover: such a unit stays whole).
+    let mut linkers_in_v: HashMap<u64, u32> = HashMap::new();
+    for u in v_units.values() {
+        for t in crate::commit::link_targets(u) {
+            *linkers_in_v.entry(t).or_default() += 1;
+        }
+    }
+    let mut candidates: Vec<u64> = Vec::new();
     for &u in v_units.keys() {
         let r = store.meta.refs(u)?;
         txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
-        // Only V references it, and no backup in flight has deduplicated
-        // against it: from here until the commit, none can.
-        if r.live == 1 && r.arch == 0 && store.try_doom(u) {
-            exclusive.push(u);
+        if r.live == 1 && r.arch == 0 && r.links == linkers_in_v.get(&u).copied().unwrap_or(0) {
+            candidates.push(u);
         }
     }
+    // No backup in flight has deduplicated against them; from here until the
+    // commit, none can. A unit a backup pinned stays whole.
+    let mut exclusive: Vec<u64> = candidates
+        .into_iter()
+        .filter(|u| store.try_doom(*u))
+        .collect();
+    let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
+    // Units that outlive V must not link into V's exclusive units, which are
+    // trimmed into containers V owns: the linked bytes are copied into the
+    // linking unit when it moves (it usually does, its container being split).
+    // Later versions then find those chunks inside their own unit.
+    let mut fills: HashMap<u64, HashMap<u32, (u64, u32)>> = HashMap::new();
+    for (id, u) in &v_units {
+        if exclusive_set.contains(id) {
+            continue;
+        }
+        for (k, c) in u.chunks.iter().enumerate() {
+            if let Some((t, j)) = c.link_target().filter(|(t, _)| exclusive_set.contains(t)) {
+                fills.entry(*id).or_default().insert(k as u32, (t, j));
+            }
+        }
+    }
+    rep.links_resolved += fills.values().map(|m| m.len() as u64).sum::<u64>();
+    let fill_bytes = read_linked_chunks(store, &v_units, &fills)?;
+    let fills_of = |id: u64| -> HashMap<u32, Vec<u8>> {
+        fills
+            .get(&id)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, at)| (*k, fill_bytes[at].clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let _undoom = Undoom(store, exclusive.clone());
     exclusive.sort_unstable_by_key(|u| order.get(u).copied().unwrap_or(usize::MAX));
 
@@ -179,7 +230,7 @@ fn slide_one(
     };
     let mut owned = new_pack();
     let mut shared = new_pack();
-    let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
+    let mut moved: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // Containers to split, in the order V first uses them.
     let mut touched: Vec<ContainerId> = Vec::new();
     for u in &exclusive {
@@ -188,13 +239,9 @@ fn slide_one(
             touched.push(c);
         }
     }
-    let mut owned_units: Vec<u64> = Vec::new();
     for cid in &touched {
         let cf = ContainerFile::open(store.data_dir(), *cid, true)?;
-        let mut data = vec![0u8; cf.footer.vbytes as usize];
-        if !data.is_empty() {
-            cf.read_range(0, &mut data)?;
-        }
+        let data = read_all(&cf)?;
         // Exclusive units of V in this container: keep what V needs.
         for u in exclusive.iter().filter(|u| v_units[u].container == *cid) {
             let old = &v_units[u];
@@ -202,13 +249,12 @@ fn slide_one(
                 rep.units_freed += 1;
                 continue;
             };
-            let new = repack(*u, old, Some(keep), &data, &mut owned)?;
+            let new = repack(*u, old, Some(keep), &data, &fills_of(*u), &mut owned)?;
             if new.trimmed && !old.trimmed {
                 rep.units_trimmed += 1;
             }
             rep.bytes_written += new.stored_vbytes();
             txn.unit_updates.push((*u, new));
-            owned_units.push(*u);
         }
         // Everything else still in it moves out, so the container can go.
         let ids: Vec<u64> = cf
@@ -231,11 +277,31 @@ fn slide_one(
             if old.container != *cid {
                 continue; // moved elsewhere earlier
             }
-            let new = repack(*id, &old, None, &data, &mut shared)?;
+            let new = repack(*id, &old, None, &data, &fills_of(*id), &mut shared)?;
             rep.bytes_written += new.stored_vbytes();
             rep.units_moved += 1;
             txn.unit_updates.push((*id, new));
+            moved.insert(*id);
         }
+    }
+    // Linking units whose containers were not split move on their own.
+    let mut rest: Vec<u64> = fills
+        .keys()
+        .copied()
+        .filter(|u| !moved.contains(u))
+        .collect();
+    rest.sort_unstable_by_key(|u| (v_units[u].container, *u));
+    let mut open: Option<(ContainerId, Vec<u8>)> = None;
+    for id in rest {
+        let old = &v_units[&id];
+        if open.as_ref().map(|o| o.0) != Some(old.container) {
+            open = Some((old.container, read_container(store, old.container)?));
+        }
+        let data = &open.as_ref().expect("just opened").1;
+        let new = repack(id, old, None, data, &fills_of(id), &mut shared)?;
+        rep.bytes_written += new.stored_vbytes();
+        rep.units_moved += 1;
+        txn.unit_updates.push((id, new));
     }
     let mut containers = owned.finish()?;
     for c in containers.iter_mut() {
@@ -281,6 +347,56 @@ fn slide_one(
     rep.containers_freed += out.freed_containers;
     rep.bytes_freed += out.freed_bytes;
     Ok(())
+}
+
+fn read_all(cf: &ContainerFile) -> Result<Vec<u8>> {
+    let mut data = vec![0u8; cf.footer.vbytes as usize];
+    if !data.is_empty() {
+        cf.read_range(0, &mut data)?;
+    }
+    Ok(data)
+}
+
+fn read_container(store: &Store, cid: ContainerId) -> Result<Vec<u8>> {
+    read_all(&ContainerFile::open(store.data_dir(), cid, true)?)
+}
+
+/// The bytes of every chunk `fills` links to, read container by container.
+fn read_linked_chunks(
+    store: &Store,
+    units: &HashMap<u64, UnitRecord>,
+    fills: &HashMap<u64, HashMap<u32, (u64, u32)>>,
+) -> Result<HashMap<(u64, u32), Vec<u8>>> {
+    let mut wanted: BTreeMap<ContainerId, BTreeSet<(u64, u32)>> = BTreeMap::new();
+    for at in fills.values().flat_map(|m| m.values()) {
+        wanted
+            .entry(units[&at.0].container)
+            .or_default()
+            .insert(*at);
+    }
+    let mut out = HashMap::new();
+    for (cid, ats) in wanted {
+        let cf = ContainerFile::open(store.data_dir(), cid, true)?;
+        for (t, j) in ats {
+            let u = &units[&t];
+            let c = &u.chunks[j as usize];
+            if c.stored_len() == 0 {
+                return Err(corrupt_meta(
+                    format!("unit {t}"),
+                    format!("chunk {j} is linked to but holds no bytes"),
+                ));
+            }
+            let off = u.vbase
+                + u.chunks[..j as usize]
+                    .iter()
+                    .map(|c| c.stored_len())
+                    .sum::<u64>();
+            let mut buf = vec![0u8; c.stored_len() as usize];
+            cf.read_range(off, &mut buf)?;
+            out.insert((t, j), buf);
+        }
+    }
+    Ok(out)
 }
 
 /// Releases doomed units when a slide or gc ends, committed or not.

@@ -95,7 +95,7 @@ enum Op {
     },
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Version {
     number: u32,
     time: i64,
@@ -103,11 +103,35 @@ struct Version {
     content: Arc<Vec<u8>>,
 }
 
-#[derive(Clone, Debug)]
+impl std::fmt::Debug for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "v{}({} bytes, {})",
+            self.number,
+            self.content.len(),
+            if self.live { "live" } else { "archival" }
+        )
+    }
+}
+
+#[derive(Clone)]
 struct SeriesModel {
     current: Vec<u8>,
     versions: Vec<Version>,
     next: u32,
+}
+
+/// Shrunk failures print sizes, not megabytes of content.
+impl std::fmt::Debug for SeriesModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{{current: {} bytes, versions: {:?}}}",
+            self.current.len(),
+            self.versions
+        )
+    }
 }
 
 #[derive(Clone, Debug)]

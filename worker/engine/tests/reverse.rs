@@ -261,3 +261,128 @@ fn deleting_everything_and_gc_leaves_an_empty_store() {
     );
     assert_eq!(std::fs::read_dir(st.data_dir()).unwrap().count(), 0);
 }
+
+#[test]
+fn duplicates_inside_a_version_are_stored_once_in_segment_mode() {
+    // Each version repeats regions of itself close by (within a container's
+    // worth of new data): chunk dedup stores them once, and so must segment
+    // dedup (through links), before and after slides.
+    let mut h = history(4, 8);
+    for v in h.iter_mut() {
+        let piece = v[100_000..400_000].to_vec();
+        v.splice(400_000..400_000, piece);
+        let piece = v[1_200_000..1_300_000].to_vec();
+        v.splice(1_500_000..1_500_000, piece);
+    }
+    let (_d1, seg) = new_store(small_config());
+    let (_d2, chunk) = new_store(small_config());
+    // One version: its repeats are linked, so segment dedup stores what chunk
+    // dedup stores.
+    backup_bytes(&seg, "default/db", &h[0], DedupUnit::Segment);
+    backup_bytes(&chunk, "default/db", &h[0], DedupUnit::Chunk);
+    let (one_seg, one_chunk) = (unit_bytes(&seg) as f64, unit_bytes(&chunk) as f64);
+    assert!(
+        one_seg <= one_chunk * 1.01,
+        "one version: segment {one_seg} bytes, chunk {one_chunk}"
+    );
+    for v in &h[1..] {
+        backup_bytes(&seg, "default/db", v, DedupUnit::Segment);
+        backup_bytes(&chunk, "default/db", v, DedupUnit::Chunk);
+    }
+    let fine = unit_bytes(&chunk) as f64;
+    let inline = unit_bytes(&seg) as f64;
+    slide(&seg, "default/db").unwrap();
+    let slid = unit_bytes(&seg) as f64;
+    // What remains is data that skips a version (in V and V+2, not V+1):
+    // reverse dedup compares consecutive versions only, as RevDedup does.
+    assert!(
+        slid <= fine * 1.05,
+        "after slides {slid} bytes against chunk dedup's {fine}"
+    );
+    assert!(inline > slid);
+    let vs: Vec<(u32, &Vec<u8>)> = h
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as u32 + 1, v))
+        .collect();
+    assert_all_restore(&seg, "default/db", &vs);
+    // Links keep their targets alive through expiry and gc.
+    expire(&seg, "default/db", &ExpireSel::Version(4)).unwrap();
+    gc(
+        &seg,
+        &GcOptions {
+            compact_below: 1.0,
+            full: true,
+        },
+    )
+    .unwrap();
+    assert_all_restore(&seg, "default/db", &vs[..3]);
+    for v in 1..=3 {
+        expire(&seg, "default/db", &ExpireSel::Version(v)).unwrap();
+    }
+    gc(&seg, &GcOptions::default()).unwrap();
+    let t = seg.totals().unwrap();
+    assert_eq!((t.units, t.containers), (0, 0), "{t:?}");
+}
+
+#[test]
+fn a_unit_linking_into_a_slid_version_keeps_its_bytes_after_that_version_expires() {
+    // Version 1 repeats a region right after itself with a small change
+    // every few KiB, so the copy's segments are new but most of their chunks
+    // link into the first copy's. Version 2 edits the first copy only: the
+    // edited segment is version 1's alone and is trimmed into a container
+    // version 1 owns, while segments linking into it live on in version 2.
+    let mut v1 = random(2 << 20, 21);
+    let mut copy = Vec::new();
+    for (i, part) in v1[100_000..400_000].chunks(6_000).enumerate() {
+        copy.extend_from_slice(part);
+        copy.extend_from_slice(&random(40, 100 + i as u64));
+    }
+    v1.splice(400_000..400_000, copy);
+    let mut v2 = v1.clone();
+    v2.splice(250_000..250_100, random(300, 22));
+    let (_d, st) = new_store(small_config());
+    backup_bytes(&st, "default/db", &v1, DedupUnit::Segment);
+    backup_bytes(&st, "default/db", &v2, DedupUnit::Segment);
+    let rep = slide(&st, "default/db").unwrap();
+    assert_eq!(rep.slid, vec![1]);
+    assert!(rep.links_resolved > 0 && rep.units_trimmed > 0, "{rep:?}");
+    assert_all_restore(&st, "default/db", &[(1, &v1), (2, &v2)]);
+    expire(&st, "default/db", &ExpireSel::Version(1)).unwrap();
+    gc(&st, &GcOptions::default()).unwrap();
+    assert_all_restore(&st, "default/db", &[(2, &v2)]);
+    // Version 2 alone is left, stored about as compactly as chunk dedup
+    // stores it (its own repeat is linked).
+    let only = unit_bytes(&st) as f64;
+    let (_d2, fine) = new_store(small_config());
+    backup_bytes(&fine, "default/db", &v2, DedupUnit::Chunk);
+    let fine = unit_bytes(&fine) as f64;
+    assert!(
+        only <= fine * 1.03,
+        "{only} bytes stored, chunk dedup stores {fine}"
+    );
+}
+
+#[test]
+fn a_chunk_repeated_far_apart_in_a_slid_version_is_kept_once() {
+    // Version 1 repeats 200 KB about 1.5 MB later (too far to link); version
+    // 2 shares nothing with it. Once version 1 is archival it keeps one copy.
+    let mut v1 = random(2 << 20, 31);
+    let piece = v1[100_000..300_000].to_vec();
+    v1.splice(1_800_000..1_800_000, piece);
+    let v2 = random(1 << 20, 32);
+    let (_d1, seg) = new_store(small_config());
+    let (_d2, chunk) = new_store(small_config());
+    for v in [&v1, &v2] {
+        backup_bytes(&seg, "default/db", v, DedupUnit::Segment);
+        backup_bytes(&chunk, "default/db", v, DedupUnit::Chunk);
+    }
+    let inline = unit_bytes(&seg) as f64;
+    slide(&seg, "default/db").unwrap();
+    let (slid, fine) = (unit_bytes(&seg) as f64, unit_bytes(&chunk) as f64);
+    assert!(
+        slid <= fine * 1.02 && slid < inline,
+        "inline {inline}, slid {slid}, chunk dedup {fine}"
+    );
+    assert_all_restore(&seg, "default/db", &[(1, &v1), (2, &v2)]);
+}

@@ -124,3 +124,57 @@ fn opt_never_reads_more_containers_than_lru() {
     let (opt, lru) = (reads(CachePolicy::Opt), reads(CachePolicy::LruContainer));
     assert!(opt <= lru, "opt {opt} reads, lru-container {lru}");
 }
+
+#[test]
+fn the_default_cache_restores_with_less_memory_than_one_container() {
+    // 4 MiB containers, 1-3 MiB of restore memory: containers that do not fit
+    // are read chunk by chunk, exact and within the budget.
+    let (_d, store) = new_store(revault_engine::config::StoreConfig::default());
+    let mut h = vec![random(9 << 20, 7)];
+    for i in 0..3u64 {
+        let mut v = h.last().unwrap().clone();
+        let at = (v.len() / 4) * (i as usize + 1);
+        v.splice(at..at + 5_000, random(7_000, 70 + i));
+        h.push(v);
+    }
+    for v in &h {
+        let src = StreamSource::new("t", Cursor::new(v.clone()));
+        backup(
+            &store,
+            "default/s",
+            Box::new(src),
+            &BackupOptions::default(),
+        )
+        .unwrap();
+    }
+    for budget_mib in 1..=3 {
+        for (i, want) in h.iter().enumerate() {
+            let mut out = Vec::new();
+            let opts = RestoreOptions {
+                cache_bytes: budget_mib * MIB,
+                ..Default::default()
+            };
+            let rep = restore(
+                &store,
+                "default/s",
+                VersionSel::Number(i as u32 + 1),
+                &opts,
+                RestoreTarget::Writer(&mut out),
+            )
+            .unwrap();
+            assert!(
+                out == *want,
+                "version {} restored wrong with {budget_mib} MiB",
+                i + 1
+            );
+            assert!(
+                rep.peak_cache_bytes <= rep.cache_bytes,
+                "held {} bytes with a budget of {}",
+                rep.peak_cache_bytes,
+                rep.cache_bytes
+            );
+            // Each block is read about once, not once per chunk.
+            assert!(rep.read_amplification < 1.5, "{rep:?}");
+        }
+    }
+}
