@@ -152,8 +152,8 @@ pub struct RestoreArgs {
     /// Restore memory, MiB: the forward assembly area or the cache.
     #[arg(long, default_value_t = 64)]
     pub cache_mib: u64,
-    /// Restore cache: faa, lru-container, lru-chunk, dasm or opt.
-    #[arg(long, default_value = "faa")]
+    /// Restore cache: opt (default), faa, lru-container, lru-chunk or dasm.
+    #[arg(long, default_value = "opt")]
     pub cache: String,
     /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
     /// `/`) to extract a directory version into. A directory version written to
@@ -277,6 +277,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Expire(a) => expire(a, json),
         Cmd::Gc(a) => gc(a, json),
         Cmd::GenSeries(a) => gen_series(a, json),
+        Cmd::Bench(c) => crate::bench::run(c, json),
     }
 }
 
@@ -412,9 +413,18 @@ fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
     };
     let sel = VersionSel::Number(v.number);
     let is_dir = a.output.ends_with('/') || Path::new(&a.output).is_dir();
+    // A device or FIFO (e.g. /dev/null) is written in place, never replaced.
+    let special = std::fs::metadata(&a.output).is_ok_and(|m| !m.is_file() && !m.is_dir());
     let rep = if a.output == "-" {
         let stdout = std::io::stdout();
         let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+        restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
+    } else if special {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&a.output)
+            .with_context(|| format!("cannot open {}", a.output))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
     } else if is_dir {
         restore(

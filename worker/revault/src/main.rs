@@ -1,21 +1,43 @@
 //! `revault`: the offline CLI on a local store, the worker server, and the
 //! clients backup and restore jobs run.
 
+mod bench;
 mod cli;
+mod client;
 mod output;
+mod server;
 
 use clap::{Parser, Subcommand};
 
+/// The command line: the offline commands plus the service and its clients.
 #[derive(Parser)]
 #[command(name = "revault", version, about = "Revault: a deduplicating backup store", long_about = None)]
-pub struct Cli {
+struct Top {
     /// Print results as JSON.
     #[arg(long, global = true)]
-    pub json: bool,
+    json: bool,
     /// No progress bars.
     #[arg(long, short, global = true)]
-    pub quiet: bool,
+    quiet: bool,
     #[command(subcommand)]
+    cmd: TopCmd,
+}
+
+#[derive(Subcommand)]
+enum TopCmd {
+    #[command(flatten)]
+    Offline(Cmd),
+    /// Run the worker: the HTTP API over a local store (see docs/service.md).
+    Serve(server::ServeArgs),
+    /// Back up a file, a directory or stdin to a worker (`revault serve`).
+    Push(client::push::PushArgs),
+    /// Restore a version from a worker to a file, a directory or stdout.
+    Pull(client::pull::PullArgs),
+}
+
+pub struct Cli {
+    pub json: bool,
+    pub quiet: bool,
     pub cmd: Cmd,
 }
 
@@ -44,10 +66,37 @@ pub enum Cmd {
     Gc(cli::GcArgs),
     /// Write a synthetic backup series (one tar or directory per version).
     GenSeries(cli::GenArgs),
+    /// Benchmarks on a series of your own: rewrite schemes, caches, expiry cost.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let top = Top::parse();
+    let (json, quiet) = (top.json, top.quiet);
+    let cli = match top.cmd {
+        TopCmd::Offline(cmd) => Cli { json, quiet, cmd },
+        TopCmd::Serve(a) => {
+            server::init_logging(a.log_format);
+            exit_on_error(server::run(a), false);
+            return;
+        }
+        TopCmd::Push(a) => {
+            init_cli_logging();
+            exit_on_error(client::push::push(a, json, quiet || json), json);
+            return;
+        }
+        TopCmd::Pull(a) => {
+            init_cli_logging();
+            exit_on_error(client::pull::pull(a, json, quiet || json), json);
+            return;
+        }
+    };
+    init_cli_logging();
+    exit_on_error(cli::run(cli), json);
+}
+
+fn init_cli_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("REVAULT_LOG")
@@ -55,11 +104,16 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let json = cli.json;
-    if let Err(e) = cli::run(cli) {
-        let (code, msg) = match e.downcast_ref::<revault_engine::Error>() {
-            Some(err) => (err.code(), err.to_string()),
-            None => ("error", format!("{e:#}")),
+}
+
+fn exit_on_error(r: anyhow::Result<()>, json: bool) {
+    if let Err(e) = r {
+        let (code, msg) = if let Some(err) = e.downcast_ref::<revault_engine::Error>() {
+            (err.code().to_string(), err.to_string())
+        } else if let Some(err) = e.downcast_ref::<client::RemoteError>() {
+            (err.code.clone(), err.message.clone())
+        } else {
+            ("error".to_string(), format!("{e:#}"))
         };
         if json {
             output::json(&serde_json::json!({ "error": { "code": code, "message": msg } }));

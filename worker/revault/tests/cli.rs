@@ -361,3 +361,45 @@ fn directory_versions_restore_as_trees_and_as_tar() {
         "{names}"
     );
 }
+
+#[test]
+fn restoring_to_a_device_writes_it_in_place() {
+    // `-o /dev/null` must not replace the device with a regular file.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let input = dir.path().join("in");
+    std::fs::write(&input, random(100_000, 3)).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        input.to_str().unwrap(),
+    ]);
+    let fifo = dir.path().join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    ok_json(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "-o",
+        fifo.to_str().unwrap(),
+    ]);
+    assert_eq!(reader.join().unwrap(), std::fs::read(&input).unwrap());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),
+        "the FIFO is still a FIFO"
+    );
+}

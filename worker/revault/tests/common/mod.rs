@@ -54,3 +54,4 @@ pub fn sha256_file(p: &Path) -> String {
 pub fn init(store: &Path) {
     ok_json(&["init", "--store", store.to_str().unwrap()]);
 }
+pub mod server;

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Service figures: push/pull over loopback vs the offline CLI, and a load run.
+
+1. Throughput: the same version files are backed up and restored with the
+   offline CLI (`revault backup` / `revault restore`, local store) and with
+   the service (`revault push` / `revault pull` against `revault serve` on
+   127.0.0.1), each restore written to /dev/null through stdout. Reported:
+   MiB/s of each and the service's share of the offline figure.
+2. Load: 8 concurrent pushes and 8 concurrent pulls of different series for
+   several rounds, while one thread polls GET /v1/series/{ns}/{name}/versions;
+   reported: the p50/p99 listing latency and the server's peak RSS (VmHWM).
+
+Data: the kube tars in $REVAULT_CACHE/datasets/kube if present (make demo
+DATA=kube fetches them), else a synthetic series from `revault gen-series`.
+Nothing is asserted; the numbers go to docs/service.md. Loopback only.
+
+    python3 hack/bench-service.py [--versions 5] [--rounds 3] [--reps 3] [--json]
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+CACHE = os.environ.get("REVAULT_CACHE", os.path.expanduser("~/.cache/revault"))
+BIN = os.environ.get(
+    "REVAULT_BIN", os.path.join(CACHE, "target/x86_64-unknown-linux-gnu/release/revault")
+)
+MIB = 1 << 20
+
+
+def run(args, **kw):
+    return subprocess.run([BIN] + args, check=True, **kw)
+
+
+def timed(args, **kw):
+    t = time.perf_counter()
+    run(args, **kw)
+    return time.perf_counter() - t
+
+
+def dataset(work, versions):
+    kube = sorted(glob.glob(os.path.join(CACHE, "datasets/kube/*.tar")))
+    if len(kube) >= versions:
+        return "kube", kube[:versions]
+    out = os.path.join(work, "gen")
+    run(["gen-series", "--out", out, "--versions", str(versions), "--initial-mib", "100"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return "synthetic", sorted(glob.glob(os.path.join(out, "*.tar")))
+
+
+class Server:
+    def __init__(self, work, store):
+        addr_file = os.path.join(work, "addr")
+        self.log = open(os.path.join(work, "serve.log"), "w")
+        self.p = subprocess.Popen(
+            [BIN, "serve", "--store", store, "--init", "--listen", "127.0.0.1:0",
+             "--addr-file", addr_file, "--maintenance-interval", "0"],
+            stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, "REVAULT_LOG": "warn"})
+        for _ in range(300):
+            if os.path.exists(addr_file):
+                self.addr = open(addr_file).read().strip()
+                try:
+                    if urllib.request.urlopen(f"http://{self.addr}/readyz", timeout=2).status == 200:
+                        break
+                except Exception:
+                    pass
+            time.sleep(0.05)
+        else:
+            raise SystemExit("revault serve did not start")
+        self.url = f"http://{self.addr}"
+
+    def hwm_mib(self):
+        with open(f"/proc/{self.p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(timeout=60)
+
+
+def throughput(work, files, reps):
+    """Offline and service runs alternate version by version, and each figure
+    is the best of `reps` repetitions (fresh stores for backups), so a busy
+    machine (other builds, other tests) biases neither side."""
+    total = sum(os.path.getsize(f) for f in files)
+    b_off, b_srv, r_off, r_srv = [], [], [], []
+    for rep in range(reps):
+        off = os.path.join(work, f"offline-{rep}")
+        run(["init", "--store", off], stdout=subprocess.DEVNULL)
+        srv = Server(work, os.path.join(work, f"served-{rep}"))
+        try:
+            tb_off = tb_srv = 0.0
+            for f in files:
+                tb_off += timed(["backup", "--store", off, "--series", "bench/s", f, "-q"],
+                                stdout=subprocess.DEVNULL)
+                tb_srv += timed(["push", "--server", srv.url, "--series", "bench/s", f, "-q"],
+                                stdout=subprocess.DEVNULL)
+            b_off.append(tb_off)
+            b_srv.append(tb_srv)
+            tr_off = tr_srv = 0.0
+            for i in range(len(files)):
+                tr_off += timed(["restore", "--store", off, "--series", "bench/s", "--version",
+                                 str(i + 1), "-o", "-", "-q"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                tr_srv += timed(["pull", "--server", srv.url, "--series", "bench/s", "--version",
+                                 str(i + 1), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            r_off.append(tr_off)
+            r_srv.append(tr_srv)
+        finally:
+            srv.stop()
+        shutil.rmtree(off, ignore_errors=True)
+        shutil.rmtree(os.path.join(work, f"served-{rep}"), ignore_errors=True)
+    mb = total / MIB
+    b_off, b_srv, r_off, r_srv = min(b_off), min(b_srv), min(r_off), min(r_srv)
+    return {
+        "logical_mib": round(mb, 1),
+        "repetitions": reps,
+        "backup_offline_mibs": round(mb / b_off, 1),
+        "push_mibs": round(mb / b_srv, 1),
+        "push_vs_offline": round(b_off / b_srv, 3),
+        "restore_offline_mibs": round(mb / r_off, 1),
+        "pull_mibs": round(mb / r_srv, 1),
+        "pull_vs_offline": round(r_off / r_srv, 3),
+    }
+
+
+def load(work, files, rounds, width=8):
+    srv = Server(work, os.path.join(work, "load"))
+    stop = threading.Event()
+    lat = []
+    errors = []
+
+    def lister():
+        i = 0
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                urllib.request.urlopen(f"{srv.url}/v1/series/load/s{i % width}/versions", timeout=30).read()
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    errors.append(f"listing: {e}")
+            lat.append(time.perf_counter() - t)
+            i += 1
+            time.sleep(0.01)
+
+    def job(args):
+        try:
+            run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError as e:
+            errors.append(str(e))
+
+    th = threading.Thread(target=lister)
+    th.start()
+    started = time.perf_counter()
+    moved = 0
+    try:
+        for r in range(rounds):
+            jobs = []
+            for s in range(width):
+                f = files[(r + s) % len(files)]
+                moved += os.path.getsize(f)
+                jobs.append(threading.Thread(target=job, args=(
+                    ["push", "--server", srv.url, "--series", f"load/s{s}", f, "-q"],)))
+                if r > 0:
+                    jobs.append(threading.Thread(target=job, args=(
+                        ["pull", "--server", srv.url, "--series", f"load/s{(s + 3) % width}",
+                         "--version", str(r), "-q"],)))
+                    moved += os.path.getsize(files[(r - 1 + (s + 3) % width) % len(files)])
+            for j in jobs:
+                j.start()
+            for j in jobs:
+                j.join()
+    finally:
+        stop.set()
+        th.join()
+        secs = time.perf_counter() - started
+        hwm = srv.hwm_mib()
+        srv.stop()
+    lat.sort()
+    pick = lambda q: lat[min(len(lat) - 1, int(len(lat) * q))] * 1e3
+    return {
+        "rounds": rounds,
+        "concurrent_pushes": width,
+        "concurrent_pulls": width,
+        "moved_mib": round(moved / MIB, 1),
+        "seconds": round(secs, 1),
+        "aggregate_mibs": round(moved / MIB / secs, 1),
+        "server_peak_rss_mib": round(hwm, 1),
+        "listing_requests": len(lat),
+        "listing_p50_ms": round(pick(0.50), 2),
+        "listing_p99_ms": round(pick(0.99), 2),
+        "errors": errors,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the throughput runs (best is kept)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if not os.path.exists(BIN):
+        raise SystemExit(f"{BIN} not found: run `make build` first")
+    work = tempfile.mkdtemp(prefix="revault-bench-service-")
+    try:
+        name, files = dataset(work, a.versions)
+        t = throughput(work, files, a.reps)
+        l = load(work, files, a.rounds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {"dataset": name, "versions": len(files), "throughput": t, "load": l}
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"dataset {name}: {len(files)} versions, {t['logical_mib']} MiB")
+    print(f"backup   offline {t['backup_offline_mibs']:8.1f} MiB/s   push {t['push_mibs']:8.1f} MiB/s   "
+          f"({100 * t['push_vs_offline']:.0f}% of offline)")
+    print(f"restore  offline {t['restore_offline_mibs']:8.1f} MiB/s   pull {t['pull_mibs']:8.1f} MiB/s   "
+          f"({100 * t['pull_vs_offline']:.0f}% of offline)")
+    print(f"load: {l['rounds']} rounds of {l['concurrent_pushes']} pushes + {l['concurrent_pulls']} pulls, "
+          f"{l['moved_mib']} MiB in {l['seconds']}s ({l['aggregate_mibs']} MiB/s); server peak RSS "
+          f"{l['server_peak_rss_mib']} MiB; GET versions p50 {l['listing_p50_ms']} ms, "
+          f"p99 {l['listing_p99_ms']} ms over {l['listing_requests']} requests")
+    if l["errors"]:
+        print("errors:", *l["errors"], sep="\n  ", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""`make bench`: every figure in docs/performance.md and docs/benchmarks.md.
+
+1. criterion: chunking + BLAKE3 per core beside memory-read and BLAKE3
+   baselines measured in the same run;
+2. wall-clock throughput of the real CLI on the kube series (or the synthetic
+   one when kube is absent): `revault backup` of the tenth version into copies
+   of a store holding the first nine (a ~99%-duplicate version), and warm
+   `revault restore` of the latest version, medians of several runs;
+3. `revault bench schemes` (units x rewrite policies x restore caches, knob
+   sweeps, cache memory) on the kube series and on a 20-version synthetic one;
+4. `revault bench expire` (expiry cost at 10, 20, 40 versions beside a full
+   mark-and-sweep).
+
+Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
+Options: --quick (fewer runs, no sweeps) for a smoke test.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("REVAULT_CACHE", Path.home() / ".cache" / "revault"))
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+BIN = os.environ.get("REVAULT_BIN", str(TARGET / "x86_64-unknown-linux-gnu" / "release" / "revault"))
+OUT = ROOT / "docs" / "bench"
+WORK = CACHE / "bench-work"
+MIB = 1024 * 1024
+
+
+def log(*a):
+    print("bench:", *a, file=sys.stderr, flush=True)
+
+
+def rv(*args, capture=True):
+    p = subprocess.run([BIN, *map(str, args)], capture_output=capture, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench: revault {' '.join(map(str, args))} failed:\n{p.stderr}")
+    return json.loads(p.stdout) if capture and "--json" in args else None
+
+
+def timed(*args):
+    t = time.perf_counter()
+    rv(*args)
+    return time.perf_counter() - t
+
+
+def criterion():
+    log("criterion: chunking and fingerprinting")
+    subprocess.run(["cargo", "bench", "--locked", "-p", "revault-engine", "--bench", "pipeline", "--", "--noplot"],
+                   cwd=ROOT / "worker", check=True, stdout=subprocess.DEVNULL)
+    out = {}
+    base = TARGET / "criterion" / "hot-loop"
+    for d in sorted(base.glob("*/*")):
+        est = d / "new" / "estimates.json"
+        bm = d / "new" / "benchmark.json"
+        if not est.exists():
+            continue
+        mean_ns = json.loads(est.read_text())["mean"]["point_estimate"]
+        tp = json.loads(bm.read_text()).get("throughput", {}).get("Bytes", 64 * MIB)
+        out[f"{d.parent.name}/{d.name}"] = tp / (mean_ns / 1e9) / 1e9  # GB/s
+    return out
+
+
+def dataset():
+    kube = CACHE / "datasets" / "kube"
+    tars = sorted(kube.glob("v1.30.*.tar"))
+    if len(tars) == 10:
+        return "kube", tars
+    log("kube series not present (make demo DATA=kube fetches it); using the synthetic series")
+    syn = CACHE / "datasets" / "synthetic-demo-v2"
+    if not (syn / ".complete").exists():
+        rv("gen-series", "--out", syn, "--versions", 10, capture=False)
+        (syn / ".complete").touch()
+    return "synthetic", sorted(syn.glob("v*.tar"))
+
+
+def throughput(name, tars, runs):
+    """Backup of the last version into copies of a store holding the others,
+    and warm restores of the latest version, per mode."""
+    res = {}
+    logical = tars[-1].stat().st_size
+    for mode, extra in (("segment", []), ("chunk", []), ("segment-rev", [])):
+        unit = "chunk" if mode == "chunk" else "segment"
+        base = WORK / f"tp-{mode}"
+        shutil.rmtree(base, ignore_errors=True)
+        rv("init", "--store", base, "--json")
+        series = "bench/tp"
+        if mode == "segment-rev":
+            rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
+        for t in tars[:-1]:
+            rv("backup", "--store", base, "--series", series, "--unit", unit, t, "--json")
+        backup_s = []
+        for i in range(runs):
+            trial = WORK / f"tp-{mode}-trial"
+            shutil.rmtree(trial, ignore_errors=True)
+            shutil.copytree(base, trial)
+            subprocess.run(["sync"])
+            backup_s.append(timed("backup", "--store", trial, "--series", series, tars[-1], "--json"))
+        last = WORK / f"tp-{mode}-trial"
+        restore_s = []
+        reports = []
+        for i in range(runs + 1):  # the first run warms the page cache
+            t0 = time.perf_counter()
+            r = rv("restore", "--store", last, "--series", series, "--version", "latest", "-o", "/dev/null", "--json")
+            if i > 0:
+                restore_s.append(time.perf_counter() - t0)
+                reports.append(r)
+        stats = rv("stats", "--store", last, "--json")
+        res[mode] = {
+            "backup_mb_s": logical / 1e6 / statistics.median(backup_s),
+            "backup_runs_s": backup_s,
+            "restore_mb_s": logical / 1e6 / statistics.median(restore_s),
+            "restore_runs_s": restore_s,
+            "restore_engine_mb_s": statistics.median(r["logical_bytes"] / 1e6 / r["seconds"] for r in reports),
+            "speed_factor": reports[-1]["speed_factor"],
+            "dedup_ratio": stats["dedup_ratio"],
+            "total_ratio": stats["total_ratio"],
+        }
+        log(f"{name} {mode}: backup {res[mode]['backup_mb_s']:.0f} MB/s, restore {res[mode]['restore_mb_s']:.0f} MB/s")
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(last, ignore_errors=True)
+    return res
+
+
+def schemes(name, series_dir, quick):
+    out = OUT / f"schemes-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    args = ["bench", "schemes", "--series-dir", series_dir, "--out", out]
+    if quick:
+        args += ["--no-sweep", "--memory", "32"]
+    log(f"schemes on {name} (this takes a while)")
+    rv(*args, capture=False)
+    return str(out.relative_to(ROOT))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = {"machine": os.uname().nodename, "cores": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}
+    results["criterion_gb_s"] = criterion()
+    name, tars = dataset()
+    results["dataset"] = name
+    results["throughput"] = throughput(name, tars, 2 if args.quick else 5)
+    results["schemes"] = {name: schemes(name, tars[0].parent, args.quick)}
+    # A 20-version synthetic series in the style of RevDedup's SG1.
+    syn20 = CACHE / "datasets" / "synthetic-20"
+    if not (syn20 / ".complete").exists():
+        shutil.rmtree(syn20, ignore_errors=True)
+        rv("gen-series", "--out", syn20, "--versions", 20, "--initial-mib", 64, capture=False)
+        (syn20 / ".complete").touch()
+    if not args.quick:
+        results["schemes"]["synthetic-20"] = schemes("synthetic-20", syn20, False)
+    log("expiry cost as the store grows")
+    exp = OUT / "expire"
+    shutil.rmtree(exp, ignore_errors=True)
+    rv("bench", "expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
+    results["expire"] = str(exp.relative_to(ROOT))
+    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    shutil.rmtree(WORK, ignore_errors=True)
+    log(f"wrote {OUT}/results.json")
+    print(json.dumps({k: results[k] for k in ("criterion_gb_s", "throughput")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

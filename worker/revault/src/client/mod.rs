@@ -1,0 +1,228 @@
+//! `revault push` and `revault pull`: what backup and restore jobs run
+//! against a `revault serve`. Bodies stream in both directions (bounded
+//! memory); a directory travels as a tar built or extracted on the fly.
+
+pub mod pull;
+pub mod push;
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use tokio::sync::mpsc;
+
+/// An error the server answered with (`{code, message}`).
+#[derive(Debug)]
+pub struct RemoteError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (server said {} {})",
+            self.message, self.status, self.code
+        )
+    }
+}
+
+impl std::error::Error for RemoteError {}
+
+#[derive(Args, Clone, Debug)]
+pub struct ServerArgs {
+    /// Worker URL, e.g. http://revault-0.revault:8420 or https://...
+    #[arg(long, env = "REVAULT_SERVER")]
+    pub server: String,
+    /// File holding the bearer token (its first non-comment line's first
+    /// word). Default: the REVAULT_TOKEN environment variable.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Trust this CA certificate (PEM) for an https server.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+}
+
+pub fn read_token(file: Option<&Path>) -> Result<Option<String>> {
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read token file {}", f.display()))?;
+        let tok = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .and_then(|l| l.split_whitespace().next())
+            .map(str::to_string);
+        return match tok {
+            Some(t) => Ok(Some(t)),
+            None => bail!("token file {} holds no token", f.display()),
+        };
+    }
+    Ok(std::env::var("REVAULT_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty()))
+}
+
+pub struct Conn {
+    pub client: reqwest::Client,
+    pub base: String,
+    pub token: Option<String>,
+}
+
+impl Conn {
+    pub fn new(a: &ServerArgs) -> Result<Conn> {
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .user_agent(concat!("revault/", env!("CARGO_PKG_VERSION")));
+        if let Some(ca) = &a.ca_cert {
+            let pem = std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
+            for c in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("{}: not a PEM certificate", ca.display()))?
+            {
+                b = b.add_root_certificate(c);
+            }
+        }
+        let base = a.server.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            bail!("--server {base:?}: expected http://HOST:PORT or https://HOST:PORT");
+        }
+        Ok(Conn {
+            client: b.build().context("setting up the HTTP client")?,
+            base,
+            token: read_token(a.token_file.as_deref())?,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, self.url(path));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+}
+
+/// Turns a non-success response into a [`RemoteError`].
+pub async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let body = resp.bytes().await.unwrap_or_default();
+    let (code, message) = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(v) => (
+            v["code"].as_str().unwrap_or("error").to_string(),
+            v["message"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned()),
+        ),
+        Err(_) => (
+            "error".to_string(),
+            format!("{status}: {}", String::from_utf8_lossy(&body).trim()),
+        ),
+    };
+    Err(RemoteError {
+        status: status.as_u16(),
+        code,
+        message,
+    }
+    .into())
+}
+
+pub fn series_path(series: &str) -> Result<String> {
+    revault_engine::store::check_series_name(series)?;
+    Ok(format!("/v1/series/{series}"))
+}
+
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+pub const CHUNK: usize = 1 << 20;
+pub const QUEUE: usize = 8;
+
+/// A `Write` whose bytes become a request body (bounded queue).
+pub struct ChannelWrite {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl ChannelWrite {
+    pub fn new(tx: mpsc::Sender<io::Result<Bytes>>) -> Self {
+        ChannelWrite {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    fn ship(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let b = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx
+            .blocking_send(Ok(b))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload stopped"))
+    }
+}
+
+impl Write for ChannelWrite {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = (CHUNK - self.buf.len()).min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= CHUNK {
+            self.ship()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.ship()
+    }
+}
+
+/// A `Read` fed from a response body (bounded queue).
+pub struct ChannelRead {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    cur: Bytes,
+}
+
+impl ChannelRead {
+    pub fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
+        ChannelRead {
+            rx,
+            cur: Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChannelRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = self.cur.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        Ok(n)
+    }
+}

@@ -1,0 +1,243 @@
+//! `revault pull`: restore a version from the worker to a file, a directory
+//! (the tar stream extracted on the fly) or stdout.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{check, runtime, series_path, ChannelRead, Conn, ServerArgs, QUEUE};
+use crate::output::{self, mib, rate};
+
+#[derive(Args, Clone, Debug)]
+pub struct PullArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[arg(long)]
+    pub series: String,
+    /// A version number or `latest`.
+    #[arg(long, default_value = "latest")]
+    pub version: String,
+    /// Restore cache on the server: opt (default), faa, lru-container, lru-chunk or dasm.
+    #[arg(long)]
+    pub cache: Option<String>,
+    /// Restore memory on the server, MiB.
+    #[arg(long)]
+    pub cache_mib: Option<u64>,
+    /// Output: `-` (stdout, default), a FILE (written under a temporary name,
+    /// renamed when complete), or a DIR (existing, or ending in `/`) to
+    /// extract a directory version into.
+    #[arg(short = 'o', long = "output", default_value = "-")]
+    pub output: String,
+}
+
+enum Target {
+    Stdout,
+    File(PathBuf),
+    /// A device or FIFO (e.g. /dev/null): written in place, never replaced.
+    Special(PathBuf),
+    Dir(PathBuf),
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Extracts a tar stream into `dir`: permissions and mtimes always,
+/// ownership when running as root.
+pub fn extract_tar(r: impl Read, dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut a = tar::Archive::new(r);
+    a.set_preserve_permissions(true);
+    a.set_preserve_mtime(true);
+    a.set_preserve_ownerships(is_root());
+    a.set_overwrite(true);
+    a.unpack(dir)?;
+    // Drain the end-of-archive padding so the whole body is read.
+    io::copy(&mut a.into_inner(), &mut io::sink())?;
+    Ok(())
+}
+
+fn partial_name(p: &Path) -> PathBuf {
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pull".into());
+    p.with_file_name(format!(".{name}.revault-partial"))
+}
+
+/// Writes the body: chunks straight to a file or stdout, or through tar
+/// extraction for a directory.
+fn consume(target: &Target, mut rx: mpsc::Receiver<io::Result<Bytes>>) -> io::Result<()> {
+    let mut copy = |out: &mut dyn Write| -> io::Result<()> {
+        while let Some(chunk) = rx.blocking_recv() {
+            out.write_all(&chunk?)?;
+        }
+        out.flush()
+    };
+    match target {
+        Target::Stdout => copy(&mut io::stdout().lock()),
+        Target::File(p) => {
+            let tmp = partial_name(p);
+            let res = (|| {
+                let mut f = File::create(&tmp)?;
+                copy(&mut f)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, p)
+            })();
+            if res.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            res
+        }
+        Target::Special(p) => copy(&mut std::fs::OpenOptions::new().write(true).open(p)?),
+        Target::Dir(d) => extract_tar(ChannelRead::new(rx), d),
+    }
+}
+
+pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
+    let path = series_path(&a.series)?;
+    let version = a.version.clone();
+    if version != "latest" && version.parse::<u32>().map(|n| n == 0).unwrap_or(true) {
+        bail!("--version {version:?}: expected a version number (1, 2, ...) or `latest`");
+    }
+    let target = if a.output == "-" {
+        Target::Stdout
+    } else if a.output.ends_with('/') || Path::new(&a.output).is_dir() {
+        Target::Dir(PathBuf::from(&a.output))
+    } else if std::fs::metadata(&a.output).is_ok_and(|m| !m.is_file()) {
+        Target::Special(PathBuf::from(&a.output))
+    } else {
+        Target::File(PathBuf::from(&a.output))
+    };
+    let conn = Conn::new(&a.server)?;
+    let started = Instant::now();
+    let rt = runtime()?;
+    let (kind, number, received, report) = rt.block_on(async {
+        let mut q: Vec<(&str, String)> = Vec::new();
+        if let Some(c) = &a.cache {
+            q.push(("cache", c.clone()));
+        }
+        if let Some(m) = a.cache_mib {
+            q.push(("cache_mib", m.to_string()));
+        }
+        let resp = conn
+            .req(reqwest::Method::GET, &format!("{path}/versions/{version}"))
+            .query(&q)
+            .send()
+            .await
+            .with_context(|| format!("connecting to {}", conn.base))?;
+        let resp = check(resp).await?;
+        let header = |n: &str| {
+            resp.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        let kind = header("x-revault-kind");
+        let number = header("x-revault-version");
+        let restore_id = header("x-revault-restore-id");
+        let total = resp.content_length();
+        if kind == "stream" && matches!(target, Target::Dir(_)) {
+            bail!(
+                "{} version {number} is a single stream, not a directory; pull it to a file (-o FILE)",
+                a.series
+            );
+        }
+        let pb = output::progress(total, quiet, &format!("pull {} v{number}", a.series));
+        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
+        let writer = tokio::task::spawn_blocking(move || consume(&target, rx));
+        let mut body = resp.bytes_stream();
+        let mut received = 0u64;
+        let mut failed = None;
+        while let Some(item) = body.next().await {
+            match item {
+                Ok(b) => {
+                    received += b.len() as u64;
+                    pb.set_position(received);
+                    if tx.send(Ok(b)).await.is_err() {
+                        break; // the writer failed; it reports why
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("the download broke off after {received} bytes: {e}");
+                    let _ = tx.send(Err(io::Error::other(msg.clone()))).await;
+                    failed = Some(msg);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let w = writer.await.context("the writer task failed")?;
+        pb.finish_and_clear();
+        if let Some(msg) = failed {
+            bail!("{msg}; nothing was written under the output name");
+        }
+        w.with_context(|| format!("writing {}", a.output))?;
+        if let Some(t) = total {
+            if received != t {
+                bail!("the download ended after {received} of {t} bytes");
+            }
+        }
+        // The server's report: container reads, speed factor, ...
+        let report = match conn
+            .req(reqwest::Method::GET, &format!("/v1/restores/{restore_id}"))
+            .send()
+            .await
+        {
+            Ok(r) => match check(r).await {
+                Ok(r) => r.json::<serde_json::Value>().await.ok(),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        Ok::<_, anyhow::Error>((kind, number, received, report))
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    let report = report.unwrap_or(serde_json::Value::Null);
+    if report["state"] == "failed" {
+        bail!(
+            "the server reported the restore as failed: {}",
+            report["error"]["message"]
+        );
+    }
+    if json {
+        let out = serde_json::json!({
+            "series": a.series,
+            "version": number.parse::<u64>().ok(),
+            "kind": kind,
+            "bytes": received,
+            "seconds": secs,
+            "output": a.output,
+            "server": report,
+        });
+        if a.output == "-" {
+            eprintln!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            output::json(&out);
+        }
+    } else {
+        eprintln!(
+            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}",
+            a.series,
+            number,
+            mib(received),
+            secs,
+            rate(received, secs),
+            report["container_reads"],
+            report["speed_factor"]
+                .as_f64()
+                .map(|s| format!("{s:.2}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    Ok(())
+}

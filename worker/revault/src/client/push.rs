@@ -1,0 +1,187 @@
+//! `revault push`: stream a file, stdin or a directory (as a tar built on the
+//! fly) to the worker as the next version of a series.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use indicatif::ProgressBar;
+use tokio::sync::mpsc;
+
+use super::{check, runtime, series_path, ChannelWrite, Conn, ServerArgs, CHUNK, QUEUE};
+use crate::output::{self, mib, rate};
+
+#[derive(Args, Clone, Debug)]
+pub struct PushArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Series name, NAMESPACE/NAME.
+    #[arg(long)]
+    pub series: String,
+    /// Dedup unit of a new series: `segment` (default) or `chunk`.
+    #[arg(long)]
+    pub unit: Option<String>,
+    /// Backup time (RFC 3339); default now.
+    #[arg(long)]
+    pub time: Option<String>,
+    /// A file, a directory (sent as a tar stream), or `-` for stdin.
+    pub input: String,
+}
+
+enum Input {
+    Stdin,
+    File(PathBuf, u64),
+    Dir(PathBuf),
+}
+
+/// Copies `r` into the body queue, counting bytes for the progress bar.
+fn pump(mut r: impl Read, w: &mut ChannelWrite, pb: &ProgressBar) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        w.write_all(&buf[..n])?;
+        pb.inc(n as u64);
+    }
+    w.flush()
+}
+
+/// Counts bytes written through it (the tar stream's progress).
+struct Counting<'a, W: Write> {
+    w: W,
+    pb: &'a ProgressBar,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = self.w.write(b)?;
+        self.pb.inc(n as u64);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// Writes `dir` as a tar stream: modes, owners, mtimes, symlinks kept.
+pub fn write_tar(dir: &Path, out: impl Write) -> io::Result<()> {
+    let mut b = tar::Builder::new(out);
+    b.mode(tar::HeaderMode::Complete);
+    b.follow_symlinks(false);
+    b.append_dir_all(".", dir)?;
+    b.into_inner()?.flush()
+}
+
+fn produce(input: Input, tx: mpsc::Sender<io::Result<Bytes>>, pb: ProgressBar) {
+    let mut w = ChannelWrite::new(tx.clone());
+    let r = match input {
+        Input::Stdin => pump(io::stdin().lock(), &mut w, &pb),
+        Input::File(p, _) => File::open(&p).and_then(|f| pump(f, &mut w, &pb)),
+        Input::Dir(p) => write_tar(&p, Counting { w: &mut w, pb: &pb }),
+    };
+    if let Err(e) = r {
+        // The body ends with an error: the server sees it cut short and
+        // creates no version.
+        let _ = tx.blocking_send(Err(e));
+    }
+}
+
+pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
+    let path = series_path(&a.series)?;
+    let input = if a.input == "-" {
+        Input::Stdin
+    } else {
+        let m = std::fs::metadata(&a.input).with_context(|| format!("cannot read {}", a.input))?;
+        if m.is_dir() {
+            Input::Dir(PathBuf::from(&a.input))
+        } else {
+            Input::File(PathBuf::from(&a.input), m.len())
+        }
+    };
+    if let Some(t) = &a.time {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .with_context(|| {
+                format!("--time {t:?}: expected RFC 3339, e.g. 2026-01-31T02:00:00Z")
+            })?;
+    }
+    if let Some(u) = &a.unit {
+        u.parse::<revault_engine::config::DedupUnit>()?;
+    }
+    let conn = Conn::new(&a.server)?;
+    let (ct, size) = match &input {
+        Input::Dir(_) => ("application/x-tar", None),
+        Input::File(_, n) => ("application/octet-stream", Some(*n)),
+        Input::Stdin => ("application/octet-stream", None),
+    };
+    let pb = output::progress(size, quiet, &format!("push {}", a.series));
+    let started = Instant::now();
+    let rt = runtime()?;
+    let rep: serde_json::Value = rt.block_on(async {
+        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
+        let pb2 = pb.clone();
+        let producer = std::thread::Builder::new()
+            .name("revault-push".into())
+            .spawn(move || produce(input, tx, pb2))
+            .context("starting the reader thread")?;
+        let body =
+            reqwest::Body::wrap_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            }));
+        let mut q: Vec<(&str, String)> = Vec::new();
+        if let Some(u) = &a.unit {
+            q.push(("unit", u.clone()));
+        }
+        if let Some(t) = &a.time {
+            q.push(("time", t.clone()));
+        }
+        let mut req = conn
+            .req(reqwest::Method::PUT, &format!("{path}/versions"))
+            .query(&q)
+            .header(reqwest::header::CONTENT_TYPE, ct);
+        if let Some(n) = size {
+            req = req.header(reqwest::header::CONTENT_LENGTH, n);
+        }
+        let sent = req.body(body).send().await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("uploading to {}", conn.base)))
+            }
+        };
+        let resp = check(resp).await?;
+        let v: serde_json::Value = resp.json().await.context("reading the server's report")?;
+        let _ = tokio::task::spawn_blocking(move || producer.join()).await;
+        Ok::<_, anyhow::Error>(v)
+    })?;
+    pb.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        let mut out = rep.clone();
+        out["client_seconds"] = secs.into();
+        output::json(&out);
+    } else {
+        let bytes = rep["logical_bytes"].as_u64().unwrap_or(0);
+        println!(
+            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} MiB new data ({} MiB on disk)",
+            rep["series"].as_str().unwrap_or(&a.series),
+            rep["version"],
+            mib(bytes),
+            secs,
+            rate(bytes, secs),
+            mib(rep["new_vbytes"].as_u64().unwrap_or(0)),
+            mib(rep["new_container_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+    if rep["version"].as_u64().is_none() {
+        bail!("the server's report has no version: {rep}");
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! Bearer tokens from a file, scoped to namespaces, reloaded when the file
+//! changes (a Kubernetes Secret mounted as a volume is updated in place).
+//!
+//! Format: one token per line, `TOKEN NAMESPACES`, where NAMESPACES is `*`
+//! (every namespace, plus `/v1/stats` and `/v1/gc`) or a comma-separated list
+//! of namespaces. Blank lines and lines starting with `#` are ignored.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use super::App;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Namespaces(BTreeSet<String>),
+}
+
+impl Scope {
+    pub fn allows(&self, ns: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Namespaces(set) => set.contains(ns),
+        }
+    }
+}
+
+struct TokenEntry {
+    digest: [u8; 32],
+    scope: Scope,
+}
+
+/// Who made a request: the digest of their token (restore reports are
+/// scoped to it) and what they may see.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    pub owner: String,
+    pub scope: Scope,
+}
+
+impl Principal {
+    pub fn check_ns(&self, ns: &str) -> Result<(), ApiError> {
+        if self.scope.allows(ns) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "this token may not access namespace {ns}"
+            )))
+        }
+    }
+
+    pub fn check_all(&self, what: &str) -> Result<(), ApiError> {
+        if self.scope == Scope::All {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "{what} needs a token for all namespaces (`*`)"
+            )))
+        }
+    }
+}
+
+pub struct Auth {
+    file: Option<PathBuf>,
+    tokens: RwLock<Vec<TokenEntry>>,
+    stamp: RwLock<Option<Stamp>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    mtime: Option<SystemTime>,
+    len: u64,
+    ino: u64,
+}
+
+fn stamp(p: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some(Stamp {
+        mtime: m.modified().ok(),
+        len: m.len(),
+        ino: m.ino(),
+    })
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+pub fn parse_token_file(text: &str) -> Result<Vec<(String, Scope)>> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let token = words.next().unwrap_or_default();
+        let Some(ns) = words.next() else {
+            bail!(
+                "line {}: expected `TOKEN NAMESPACES` (NAMESPACES is `*` or a comma-separated list)",
+                i + 1
+            );
+        };
+        if words.next().is_some() {
+            bail!("line {}: unexpected text after the namespaces", i + 1);
+        }
+        if token.len() < 8 {
+            bail!("line {}: tokens must be at least 8 characters", i + 1);
+        }
+        let scope = if ns == "*" {
+            Scope::All
+        } else {
+            let mut set = BTreeSet::new();
+            for n in ns.split(',') {
+                if revault_engine::store::check_series_name(&format!("{n}/x")).is_err() {
+                    bail!("line {}: {n:?} is not a namespace name", i + 1);
+                }
+                set.insert(n.to_string());
+            }
+            Scope::Namespaces(set)
+        };
+        out.push((token.to_string(), scope));
+    }
+    Ok(out)
+}
+
+impl Auth {
+    /// Loads the token file; without one, auth is disabled.
+    pub fn load(file: Option<PathBuf>) -> Result<Auth> {
+        let auth = Auth {
+            file,
+            tokens: RwLock::new(Vec::new()),
+            stamp: RwLock::new(None),
+        };
+        if let Some(f) = &auth.file {
+            let st = stamp(f);
+            let n = auth.reload_from(f)?;
+            *auth.stamp.write().unwrap() = st;
+            tracing::info!(file = %f.display(), tokens = n, "loaded bearer tokens");
+        } else {
+            tracing::warn!("no --token-file: authentication is disabled, every request may access every namespace");
+        }
+        Ok(auth)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    pub fn count(&self) -> usize {
+        self.tokens.read().unwrap().len()
+    }
+
+    fn reload_from(&self, f: &Path) -> Result<usize> {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read token file {}", f.display()))?;
+        let parsed =
+            parse_token_file(&text).with_context(|| format!("token file {}", f.display()))?;
+        let entries: Vec<TokenEntry> = parsed
+            .into_iter()
+            .map(|(t, scope)| TokenEntry {
+                digest: digest(t.as_bytes()),
+                scope,
+            })
+            .collect();
+        let n = entries.len();
+        *self.tokens.write().unwrap() = entries;
+        Ok(n)
+    }
+
+    /// Reloads the file if it changed since the last look. A file that does
+    /// not parse keeps the tokens in force (and logs why).
+    pub fn poll(&self) -> bool {
+        let Some(f) = &self.file else { return false };
+        let st = stamp(f);
+        if st.is_none() || *self.stamp.read().unwrap() == st {
+            return false;
+        }
+        *self.stamp.write().unwrap() = st;
+        match self.reload_from(f) {
+            Ok(n) => {
+                tracing::info!(file = %f.display(), tokens = n, "token file changed: reloaded");
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "token file changed but does not parse; keeping the tokens in force");
+                false
+            }
+        }
+    }
+
+    /// Checks a presented token against every known one in constant time.
+    pub fn authenticate(&self, presented: Option<&str>) -> Result<Principal, ApiError> {
+        if !self.enabled() {
+            return Ok(Principal {
+                owner: "anonymous".into(),
+                scope: Scope::All,
+            });
+        }
+        let Some(tok) = presented else {
+            return Err(ApiError::unauthorized(
+                "missing bearer token (Authorization: Bearer TOKEN)",
+            ));
+        };
+        let d = digest(tok.as_bytes());
+        let tokens = self.tokens.read().unwrap();
+        let mut found: Option<&Scope> = None;
+        for t in tokens.iter() {
+            // No early exit: every entry is compared.
+            if bool::from(t.digest.ct_eq(&d)) {
+                found = Some(&t.scope);
+            }
+        }
+        match found {
+            Some(scope) => Ok(Principal {
+                owner: hex::encode(&d[..16]),
+                scope: scope.clone(),
+            }),
+            None => Err(ApiError::unauthorized("invalid bearer token")),
+        }
+    }
+}
+
+/// Polls the token file every `every` until the process stops.
+pub fn spawn_reloader(app: Arc<App>, every: Duration) {
+    if !app.auth.enabled() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            t.tick().await;
+            let a = app.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if a.auth.poll() {
+                    a.metrics.tokens.set(a.auth.count() as i64);
+                }
+            })
+            .await;
+        }
+    });
+}
+
+impl FromRequestParts<Arc<App>> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or(""));
+        let token = match header {
+            None => None,
+            Some(h) => {
+                let (scheme, rest) = h.trim().split_once(' ').unwrap_or((h, ""));
+                if !scheme.eq_ignore_ascii_case("bearer") || rest.trim().is_empty() {
+                    if app.auth.enabled() {
+                        return Err(ApiError::unauthorized(
+                            "the Authorization header must be `Bearer TOKEN`",
+                        ));
+                    }
+                    None
+                } else {
+                    Some(rest.trim())
+                }
+            }
+        };
+        app.auth.authenticate(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_file_format() {
+        let t =
+            parse_token_file("# comment\n\nadmin-token-123 *\n  team-a-token-1 team-a,team-c \n")
+                .unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0], ("admin-token-123".to_string(), Scope::All));
+        match &t[1].1 {
+            Scope::Namespaces(s) => {
+                assert!(s.contains("team-a") && s.contains("team-c") && s.len() == 2)
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            "lonely-token-without-scope",
+            "short a",
+            "tok-12345678 Team_A",
+            "tok-12345678 a b",
+        ] {
+            assert!(parse_token_file(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn authentication_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tokens");
+        std::fs::write(&f, "first-token-1 team-a\n").unwrap();
+        let a = Auth::load(Some(f.clone())).unwrap();
+        assert!(a.authenticate(None).is_err());
+        assert!(a.authenticate(Some("nope-nope-nope")).is_err());
+        let p = a.authenticate(Some("first-token-1")).unwrap();
+        assert!(p.scope.allows("team-a") && !p.scope.allows("team-b"));
+        assert!(!a.poll(), "unchanged file is not reloaded");
+        std::fs::write(&f, "second-token-22 *\n").unwrap();
+        // Different length, so the change is seen even within one mtime tick.
+        assert!(a.poll());
+        assert!(a.authenticate(Some("first-token-1")).is_err());
+        assert_eq!(
+            a.authenticate(Some("second-token-22")).unwrap().scope,
+            Scope::All
+        );
+        std::fs::write(&f, "broken\n").unwrap();
+        assert!(!a.poll());
+        assert!(a.authenticate(Some("second-token-22")).is_ok());
+    }
+}

@@ -1,0 +1,95 @@
+//! API errors: every failure is JSON `{"code": ..., "message": ...}` with the
+//! status that says whose fault it is (4xx: the request; 5xx: storage).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// Set on error responses so the request middleware can count errors by code.
+#[derive(Clone, Debug)]
+pub struct ErrorCode(pub String);
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code: code.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn not_found(code: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+/// The status for an engine error: the caller's mistakes are 4xx, storage
+/// faults 5xx.
+pub fn engine_status(e: &revault_engine::Error) -> StatusCode {
+    match e.code() {
+        "unknown_series" | "unknown_version" => StatusCode::NOT_FOUND,
+        "bad_series_name" | "invalid_argument" | "unit_mismatch" | "cancelled" => {
+            StatusCode::BAD_REQUEST
+        }
+        "series_busy" | "locked" => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<revault_engine::Error> for ApiError {
+    fn from(e: revault_engine::Error) -> Self {
+        let status = engine_status(&e);
+        let message = match &e {
+            revault_engine::Error::Cancelled => {
+                "the request body ended before it was complete (or the backup was cancelled); no version was created".to_string()
+            }
+            other => other.to_string(),
+        };
+        ApiError {
+            status,
+            code: e.code().to_string(),
+            message,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(serde_json::json!({ "code": self.code, "message": self.message })),
+        )
+            .into_response();
+        r.extensions_mut().insert(ErrorCode(self.code));
+        r
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

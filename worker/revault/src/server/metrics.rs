@@ -1,0 +1,289 @@
+//! Prometheus metrics (text format at `/metrics`).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeriesLabel {
+    pub series: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub method: String,
+    pub route: String,
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    // 1 ms .. ~65 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn maintenance_histogram() -> Histogram {
+    // 10 ms .. ~10 min
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub bytes_in: Counter,
+    pub bytes_out: Counter,
+    pub backups: Family<ResultLabel, Counter>,
+    pub restores: Family<ResultLabel, Counter>,
+    pub backup_logical_bytes: Counter,
+    pub backup_new_bytes: Counter,
+    pub container_reads: Counter,
+    pub restore_bytes_read: Counter,
+    pub speed_factor: Histogram,
+    pub maintenance_seconds: HistFamily<OpLabel>,
+    pub maintenance_runs: Family<ResultLabel, Counter>,
+    pub errors: Family<CodeLabel, Counter>,
+    pub requests: Family<RequestLabel, Counter>,
+    pub request_seconds: HistFamily<RouteLabel>,
+    pub inflight_backups: Gauge,
+    pub inflight_restores: Gauge,
+    pub stored_bytes: Gauge,
+    pub logical_bytes: Gauge,
+    pub unique_bytes: Gauge,
+    pub versions: Gauge,
+    pub containers: Gauge,
+    pub dedup_ratio: Gauge<f64, AtomicU64>,
+    pub series_dedup_ratio: Family<SeriesLabel, Gauge<f64, AtomicU64>>,
+    pub series_logical_bytes: Family<SeriesLabel, Gauge>,
+    pub tokens: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("revault");
+        let m = Metrics {
+            bytes_in: Counter::default(),
+            bytes_out: Counter::default(),
+            backups: Family::default(),
+            restores: Family::default(),
+            backup_logical_bytes: Counter::default(),
+            backup_new_bytes: Counter::default(),
+            container_reads: Counter::default(),
+            restore_bytes_read: Counter::default(),
+            // Speed factor: MiB restored per container read; 4 MiB containers
+            // give at most ~4, dedup and fragmentation less.
+            speed_factor: Histogram::new([
+                0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 6.0, 8.0,
+            ]),
+            maintenance_seconds: Family::new_with_constructor(maintenance_histogram),
+            maintenance_runs: Family::default(),
+            errors: Family::default(),
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(duration_histogram),
+            inflight_backups: Gauge::default(),
+            inflight_restores: Gauge::default(),
+            stored_bytes: Gauge::default(),
+            logical_bytes: Gauge::default(),
+            unique_bytes: Gauge::default(),
+            versions: Gauge::default(),
+            containers: Gauge::default(),
+            dedup_ratio: Gauge::default(),
+            series_dedup_ratio: Family::default(),
+            series_logical_bytes: Family::default(),
+            tokens: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register_with_unit(
+            "received",
+            "Request body bytes received (backups)",
+            Unit::Bytes,
+            m.bytes_in.clone(),
+        );
+        r.register_with_unit(
+            "sent",
+            "Response body bytes sent (restores)",
+            Unit::Bytes,
+            m.bytes_out.clone(),
+        );
+        r.register("backups", "Backups finished, by result", m.backups.clone());
+        r.register(
+            "restores",
+            "Restores finished, by result",
+            m.restores.clone(),
+        );
+        r.register_with_unit(
+            "backup_logical",
+            "Logical bytes of committed backups",
+            Unit::Bytes,
+            m.backup_logical_bytes.clone(),
+        );
+        r.register_with_unit(
+            "backup_new",
+            "New unique bytes (uncompressed) committed backups added",
+            Unit::Bytes,
+            m.backup_new_bytes.clone(),
+        );
+        r.register(
+            "container_reads",
+            "Container reads made by restores",
+            m.container_reads.clone(),
+        );
+        r.register_with_unit(
+            "restore_read",
+            "Container bytes read by restores",
+            Unit::Bytes,
+            m.restore_bytes_read.clone(),
+        );
+        r.register(
+            "restore_speed_factor",
+            "Speed factor of restores (MiB restored per container read)",
+            m.speed_factor.clone(),
+        );
+        r.register_with_unit(
+            "maintenance_duration",
+            "Duration of slides, expiries and gc runs",
+            Unit::Seconds,
+            m.maintenance_seconds.clone(),
+        );
+        r.register(
+            "maintenance_runs",
+            "Scheduled maintenance runs, by result",
+            m.maintenance_runs.clone(),
+        );
+        r.register("errors", "Error responses, by code", m.errors.clone());
+        r.register(
+            "http_requests",
+            "HTTP requests, by method, route and status",
+            m.requests.clone(),
+        );
+        r.register_with_unit(
+            "http_request_duration",
+            "Time to the response head (bodies stream after)",
+            Unit::Seconds,
+            m.request_seconds.clone(),
+        );
+        r.register(
+            "inflight_backups",
+            "Backups in progress",
+            m.inflight_backups.clone(),
+        );
+        r.register(
+            "inflight_restores",
+            "Restores in progress",
+            m.inflight_restores.clone(),
+        );
+        r.register_with_unit(
+            "stored",
+            "Container bytes on disk (compressed)",
+            Unit::Bytes,
+            m.stored_bytes.clone(),
+        );
+        r.register_with_unit(
+            "logical",
+            "Logical bytes of every stored version",
+            Unit::Bytes,
+            m.logical_bytes.clone(),
+        );
+        r.register_with_unit(
+            "unique",
+            "Unique bytes held by live units (uncompressed)",
+            Unit::Bytes,
+            m.unique_bytes.clone(),
+        );
+        r.register("versions", "Stored versions", m.versions.clone());
+        r.register("containers", "Container files", m.containers.clone());
+        r.register(
+            "dedup_ratio",
+            "Store dedup ratio: logical bytes / unique bytes",
+            m.dedup_ratio.clone(),
+        );
+        r.register(
+            "series_dedup_ratio",
+            "Per series: logical bytes of its versions / new bytes they added",
+            m.series_dedup_ratio.clone(),
+        );
+        r.register_with_unit(
+            "series_logical",
+            "Per series: logical bytes of its versions",
+            Unit::Bytes,
+            m.series_logical_bytes.clone(),
+        );
+        r.register("tokens", "Bearer tokens loaded", m.tokens.clone());
+        Metrics { registry, ..m }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding metrics into a String cannot fail");
+        out
+    }
+
+    pub fn error(&self, code: &str) {
+        self.errors
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn maintenance(&self, op: &str, secs: f64) {
+        self.maintenance_seconds
+            .get_or_create(&OpLabel { op: op.to_string() })
+            .observe(secs);
+    }
+
+    pub fn result(f: &Family<ResultLabel, Counter>, ok: bool) {
+        f.get_or_create(&ResultLabel {
+            result: if ok { "ok" } else { "error" }.to_string(),
+        })
+        .inc();
+    }
+
+    /// Per-series figures from the series' stored versions.
+    pub fn set_series(&self, series: &str, logical: u64, new: u64, present: bool) {
+        let l = SeriesLabel {
+            series: series.to_string(),
+        };
+        if !present {
+            self.series_dedup_ratio.remove(&l);
+            self.series_logical_bytes.remove(&l);
+            return;
+        }
+        let ratio = if new > 0 {
+            logical as f64 / new as f64
+        } else {
+            0.0
+        };
+        self.series_dedup_ratio.get_or_create(&l).set(ratio);
+        self.series_logical_bytes
+            .get_or_create(&l)
+            .set(logical as i64);
+    }
+}

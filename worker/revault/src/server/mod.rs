@@ -1,0 +1,443 @@
+//! `revault serve`: the worker as an HTTP service.
+//!
+//! One process opens its store once, read-write, and serves the routes of
+//! `worker/api/openapi.yaml` (see [`routes`]). The engine is synchronous:
+//! backups and restores run on tokio's blocking pool, bridged to the HTTP
+//! bodies by bounded channels ([`stream`]), so memory is bounded whatever the
+//! stream sizes. See `docs/service.md`.
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod metrics;
+pub mod routes;
+pub mod scheduler;
+pub mod stream;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use revault_engine::store::{InitOptions, OpenMode, Store};
+use tokio::sync::{watch, Notify};
+
+use auth::Auth;
+use metrics::Metrics;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Store directory.
+    #[arg(long, env = "REVAULT_STORE")]
+    pub store: PathBuf,
+    /// Create the store (default settings) if the directory is not one yet.
+    #[arg(long)]
+    pub init: bool,
+    /// Address to listen on, e.g. 0.0.0.0:8420 or 127.0.0.1:0 (port 0: any free
+    /// port; the address is logged and written to --addr-file).
+    #[arg(long, default_value = "127.0.0.1:8420")]
+    pub listen: SocketAddr,
+    /// Write the address actually bound to this file once listening.
+    #[arg(long)]
+    pub addr_file: Option<PathBuf>,
+    /// Bearer tokens, one per line: `TOKEN NAMESPACES` (`*` or a,b,c).
+    /// Reloaded when the file changes. Without it, auth is disabled.
+    #[arg(long, env = "REVAULT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// How often the scheduler slides and applies retention to series whose
+    /// retention is automatic (e.g. 5m, 30s; 0 disables).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub maintenance_interval: Duration,
+    /// How often the scheduler runs gc (0 disables).
+    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    pub gc_interval: Duration,
+    /// On SIGTERM/SIGINT: keep serving (readiness failing) this long first,
+    /// so load balancers stop sending new requests.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// Then let in-flight requests finish for at most this long; backups
+    /// still running after it are discarded (never half-visible).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub grace_period: Duration,
+    /// Restore memory per request is capped at this many MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub max_cache_mib: u64,
+    /// How often the token file is checked for changes.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub token_reload: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. 30s, 5m, 1h)"))
+}
+
+/// Sets up `tracing` for the server: info by default (REVAULT_LOG overrides),
+/// text or JSON lines on stderr.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REVAULT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
+/// Restore reports kept for `/v1/restores/{id}`.
+const MAX_REPORTS: usize = 1024;
+
+pub struct RestoreEntry {
+    pub owner: String,
+    pub report: watch::Receiver<Option<serde_json::Value>>,
+}
+
+#[derive(Default)]
+pub struct Reports {
+    map: HashMap<String, RestoreEntry>,
+    order: VecDeque<String>,
+}
+
+impl Reports {
+    pub fn insert(&mut self, id: String, e: RestoreEntry) {
+        while self.order.len() >= MAX_REPORTS {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+        self.order.push_back(id.clone());
+        self.map.insert(id, e);
+    }
+
+    pub fn get(&self, id: &str, owner: &str) -> Option<watch::Receiver<Option<serde_json::Value>>> {
+        self.map
+            .get(id)
+            .filter(|e| e.owner == owner)
+            .map(|e| e.report.clone())
+    }
+}
+
+/// Engine work in flight (backups, restores, maintenance): drained on shutdown.
+#[derive(Default)]
+pub struct Inflight {
+    count: AtomicUsize,
+    idle: Notify,
+    next: AtomicU64,
+    cancels: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+}
+
+pub struct InflightGuard {
+    app: Arc<App>,
+    id: u64,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.app.inflight.cancels.lock().unwrap().remove(&self.id);
+        if self.app.inflight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.app.inflight.idle.notify_waiters();
+        }
+    }
+}
+
+pub struct App {
+    store: OnceLock<Arc<Store>>,
+    pub auth: Auth,
+    pub metrics: Arc<Metrics>,
+    pub ready: AtomicBool,
+    pub draining: AtomicBool,
+    pub reports: Mutex<Reports>,
+    /// Series with a backup in progress through this server.
+    pub writers: Mutex<HashSet<String>>,
+    pub inflight: Inflight,
+    pub max_cache_mib: u64,
+    /// Turns true when shutdown gives up on in-flight requests.
+    pub abort: watch::Sender<bool>,
+}
+
+impl App {
+    pub fn new(auth: Auth, max_cache_mib: u64) -> Arc<App> {
+        Arc::new(App {
+            store: OnceLock::new(),
+            auth,
+            metrics: Arc::new(Metrics::new()),
+            ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            reports: Mutex::new(Reports::default()),
+            writers: Mutex::new(HashSet::new()),
+            inflight: Inflight::default(),
+            max_cache_mib,
+            abort: watch::Sender::new(false),
+        })
+    }
+
+    /// The store, once open and while not draining.
+    pub fn store(&self) -> Result<Arc<Store>, error::ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(error::ApiError::unavailable("the server is shutting down"));
+        }
+        self.store
+            .get()
+            .cloned()
+            .ok_or_else(|| error::ApiError::unavailable("the store is still opening"))
+    }
+
+    /// Registers engine work; `cancel` is set if shutdown's grace runs out.
+    pub fn begin(self: &Arc<Self>, cancel: Option<Arc<AtomicBool>>) -> InflightGuard {
+        self.inflight.count.fetch_add(1, Ordering::SeqCst);
+        let id = self.inflight.next.fetch_add(1, Ordering::SeqCst);
+        if let Some(c) = cancel {
+            self.inflight.cancels.lock().unwrap().insert(id, c);
+        }
+        InflightGuard {
+            app: self.clone(),
+            id,
+        }
+    }
+
+    fn cancel_all(&self) -> usize {
+        let c = self.inflight.cancels.lock().unwrap();
+        for f in c.values() {
+            f.store(true, Ordering::SeqCst);
+        }
+        c.len()
+    }
+
+    async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.inflight.idle.notified();
+            if self.inflight.count.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.inflight.count.load(Ordering::SeqCst) == 0;
+            }
+        }
+    }
+
+    /// Refreshes the store-wide gauges (cheap: one metadata read).
+    pub fn refresh_totals(&self, store: &Store) {
+        if let Ok(t) = store.totals() {
+            let m = &self.metrics;
+            m.stored_bytes.set(t.container_bytes as i64);
+            m.logical_bytes.set(t.logical_bytes as i64);
+            m.unique_bytes.set(t.unit_vbytes as i64);
+            m.versions.set(t.versions as i64);
+            m.containers.set(t.containers as i64);
+            m.dedup_ratio.set(if t.unit_vbytes > 0 {
+                t.logical_bytes as f64 / t.unit_vbytes as f64
+            } else {
+                0.0
+            });
+        }
+    }
+
+    /// Refreshes one series' gauges from its versions.
+    pub fn refresh_series(&self, store: &Store, name: &str) {
+        match store.series(name).and_then(|s| store.versions(&s)) {
+            Ok(vs) => {
+                let logical = vs.iter().map(|v| v.logical_bytes).sum();
+                let new = vs.iter().map(|v| v.new_vbytes).sum();
+                self.metrics.set_series(name, logical, new, true);
+            }
+            Err(_) => self.metrics.set_series(name, 0, 0, false),
+        }
+    }
+}
+
+fn tls_config(cert: &PathBuf, key: &PathBuf) -> Result<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("cannot read certificates from {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{}: not a PEM certificate chain", cert.display()))?;
+    if certs.is_empty() {
+        bail!("{}: no certificate found", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("cannot read a PEM private key from {}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("the TLS certificate and key do not match or are unsupported")?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("revault-serve")
+        .build()
+        .context("starting the async runtime")?;
+    let r = rt.block_on(serve(a));
+    rt.shutdown_timeout(Duration::from_secs(5));
+    r
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let auth = Auth::load(a.token_file.clone())?;
+    let app = App::new(auth, a.max_cache_mib.max(1));
+    app.metrics.tokens.set(app.auth.count() as i64);
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(tls_config(c, k)?),
+        _ => None,
+    };
+
+    let listener = std::net::TcpListener::bind(a.listen)
+        .with_context(|| format!("cannot listen on {}", a.listen))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let handle = axum_server::Handle::new();
+    let router = routes::router(app.clone());
+    let svc = router.into_make_service();
+    // hyper's defaults: request heads over ~400 KiB (or 100 headers) get 431.
+    let server = {
+        let handle = handle.clone();
+        match tls {
+            Some(cfg) => {
+                let cfg = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(cfg));
+                let s = axum_server::from_tcp_rustls(listener, cfg).handle(handle);
+                tokio::spawn(async move { s.serve(svc).await })
+            }
+            None => {
+                let s = axum_server::from_tcp(listener).handle(handle);
+                tokio::spawn(async move { s.serve(svc).await })
+            }
+        }
+    };
+    tracing::info!(
+        %addr,
+        tls = a.tls_cert.is_some(),
+        auth = app.auth.enabled(),
+        store = %a.store.display(),
+        "listening"
+    );
+    if let Some(f) = &a.addr_file {
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, addr.to_string())
+            .and_then(|_| std::fs::rename(&tmp, f))
+            .with_context(|| format!("cannot write {}", f.display()))?;
+    }
+
+    // Open the store (readiness stays false until then).
+    let root = a.store.clone();
+    let init = a.init;
+    let opened = tokio::task::spawn_blocking(move || -> Result<Store> {
+        if init && !root.join("revault.store").exists() {
+            Store::init(&root, &InitOptions::default())?;
+            tracing::info!(store = %root.display(), "initialised a new store");
+        }
+        Ok(Store::open(&root, OpenMode::ReadWrite, "revault serve")?)
+    })
+    .await
+    .context("opening the store")??;
+    let store = Arc::new(opened);
+    {
+        let st = store.clone();
+        let app2 = app.clone();
+        tokio::task::spawn_blocking(move || {
+            app2.refresh_totals(&st);
+            if let Ok(all) = st.list_series() {
+                for s in all {
+                    app2.refresh_series(&st, &s.name);
+                }
+            }
+        })
+        .await?;
+    }
+    let _ = app.store.set(store);
+    app.ready.store(true, Ordering::SeqCst);
+    tracing::info!("store open; ready");
+
+    auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
+    let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
+
+    // Run until a signal (or the server fails).
+    let mut server = server;
+    let signal = shutdown_signal();
+    tokio::select! {
+        r = &mut server => {
+            app.ready.store(false, Ordering::SeqCst);
+            return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(anyhow::Error::new(e).context("the server failed")),
+                Err(e) => Err(anyhow::Error::new(e).context("the server task failed")),
+            };
+        }
+        sig = signal => tracing::info!(signal = sig, "shutting down: readiness off"),
+    }
+    app.ready.store(false, Ordering::SeqCst);
+    if !a.shutdown_delay.is_zero() {
+        tokio::time::sleep(a.shutdown_delay).await;
+    }
+    // Stop accepting; let in-flight requests finish within the grace period.
+    app.draining.store(true, Ordering::SeqCst);
+    sched.abort();
+    tracing::info!(grace = ?a.grace_period, "draining in-flight requests");
+    handle.graceful_shutdown(None);
+    let grace = tokio::time::sleep(a.grace_period);
+    tokio::pin!(grace);
+    tokio::select! {
+        _ = &mut server => {}
+        _ = &mut grace => {
+            // Give up on what is still running: unfinished backups are
+            // discarded (their bodies count as cut short, their engine runs
+            // are cancelled) before the connections are closed.
+            let n = app.cancel_all();
+            app.abort.send_replace(true);
+            tracing::warn!(requests = handle.connection_count(), backups = n, "grace period over: closing connections, discarding unfinished backups");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            handle.shutdown();
+            let _ = server.await;
+        }
+    }
+    app.cancel_all();
+    app.abort.send_replace(true);
+    // Engine work still running (a backup committing, a restore ending)
+    // finishes or is cancelled before the store closes.
+    if !app.wait_idle(Duration::from_secs(30)).await {
+        tracing::warn!("engine work still running after shutdown; exiting anyway");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

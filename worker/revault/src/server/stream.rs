@@ -1,0 +1,242 @@
+//! Bridges between async HTTP bodies and the synchronous engine, with
+//! backpressure: a bounded channel of body frames feeds a `Read` for backups,
+//! and a `Write` feeds a bounded channel that becomes the response body for
+//! restores. Memory per stream is a few MiB whatever the stream's size.
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use revault_engine::source::CancelledInput;
+use tokio::sync::{mpsc, watch};
+
+use super::metrics::Metrics;
+
+/// Body frames queued between the network and the engine.
+const BODY_QUEUE: usize = 16;
+/// Response chunks queued between the engine and the network.
+const RESPONSE_QUEUE: usize = 8;
+const RESPONSE_CHUNK: usize = 1 << 20;
+/// After the engine stopped reading (it failed early), read and discard at most
+/// this much more of the body so the client gets the error response rather
+/// than a reset connection.
+const DRAIN_BYTES: u64 = 16 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+enum Frame {
+    Data(Bytes),
+    /// The whole body arrived.
+    End,
+    /// The body broke off (client disconnect, truncated chunked encoding,
+    /// fewer bytes than Content-Length).
+    Failed(String),
+}
+
+/// Reads the request body on the async side and queues it for the engine.
+pub struct BodyPump {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BodyPump {
+    /// Starts reading `body`; returns the pump and a reader for the engine.
+    /// `expected` is the Content-Length, if any; `abort` turns true when the
+    /// server gives up on in-flight requests (the body then counts as cut).
+    pub fn start(
+        body: Body,
+        expected: Option<u64>,
+        mut abort: watch::Receiver<bool>,
+        metrics: Arc<Metrics>,
+    ) -> (BodyPump, BodyReader) {
+        let (tx, rx) = mpsc::channel::<Frame>(BODY_QUEUE);
+        let task = tokio::spawn(async move {
+            let mut s = body.into_data_stream();
+            let mut gone = false;
+            let mut got = 0u64;
+            let mut drained = 0u64;
+            let mut drain_started = None;
+            loop {
+                let item = tokio::select! {
+                    item = s.next() => item,
+                    _ = async { abort.wait_for(|a| *a).await.map(|_| ()) } => {
+                        let _ = tx.send(Frame::Failed("the server is shutting down".into())).await;
+                        return;
+                    }
+                };
+                match item {
+                    Some(Ok(b)) => {
+                        let n = b.len() as u64;
+                        got += n;
+                        metrics.bytes_in.inc_by(n);
+                        if !gone && tx.send(Frame::Data(b)).await.is_err() {
+                            gone = true;
+                            drain_started = Some(tokio::time::Instant::now());
+                        }
+                        if gone {
+                            drained += n;
+                            if drained > DRAIN_BYTES
+                                || drain_started.is_some_and(|t| t.elapsed() > DRAIN_TIME)
+                            {
+                                return;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let _ = tx.send(Frame::Failed(e.to_string())).await;
+                        return;
+                    }
+                    None => break,
+                }
+            }
+            // A dropped connection can look like the end of the body: only a
+            // body that is complete by every measure ends the stream.
+            let aborted = *abort.borrow();
+            let frame = if aborted {
+                Frame::Failed("the server is shutting down".into())
+            } else if expected.is_some_and(|e| e != got) {
+                Frame::Failed(format!(
+                    "the body ended after {got} of {} bytes",
+                    expected.unwrap_or(0)
+                ))
+            } else {
+                Frame::End
+            };
+            let _ = tx.send(frame).await;
+        });
+        (
+            BodyPump { task },
+            BodyReader {
+                inner: Arc::new(Mutex::new(ReaderState {
+                    rx,
+                    cur: Bytes::new(),
+                    ended: false,
+                    touched: false,
+                })),
+            },
+        )
+    }
+
+    /// Waits (bounded) until the body has been read or discarded, so that an
+    /// early error response reaches the client instead of a reset.
+    pub async fn settle(self) {
+        let _ = tokio::time::timeout(DRAIN_TIME, self.task).await;
+    }
+}
+
+struct ReaderState {
+    rx: mpsc::Receiver<Frame>,
+    cur: Bytes,
+    ended: bool,
+    touched: bool,
+}
+
+/// The engine's view of a request body. Clones share one stream (a backup
+/// retried after the series was briefly busy reads from where it stood).
+/// A body that breaks off yields an error wrapping [`CancelledInput`], so the
+/// engine discards the backup as cancelled rather than committing a prefix.
+#[derive(Clone)]
+pub struct BodyReader {
+    inner: Arc<Mutex<ReaderState>>,
+}
+
+impl BodyReader {
+    /// True once the reader has consumed anything (a retry is then unsafe).
+    pub fn started(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).touched
+    }
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if !s.cur.is_empty() {
+                let n = s.cur.len().min(buf.len());
+                buf[..n].copy_from_slice(&s.cur[..n]);
+                let _ = s.cur.split_to(n);
+                return Ok(n);
+            }
+            if s.ended || buf.is_empty() {
+                return Ok(0);
+            }
+            s.touched = true;
+            match s.rx.blocking_recv() {
+                Some(Frame::Data(b)) => s.cur = b,
+                Some(Frame::End) => s.ended = true,
+                Some(Frame::Failed(why)) => {
+                    tracing::info!(error = %why, "request body broke off");
+                    return Err(io::Error::other(CancelledInput));
+                }
+                // The pump went away without seeing the end: treat as cut short.
+                None => return Err(io::Error::other(CancelledInput)),
+            }
+        }
+    }
+}
+
+/// The engine's output for a restore: chunks go to the response body.
+pub struct ChannelWriter {
+    tx: mpsc::Sender<Result<Bytes, io::Error>>,
+    buf: BytesMut,
+    metrics: Arc<Metrics>,
+}
+
+impl ChannelWriter {
+    /// A writer and the response body it feeds.
+    pub fn new(metrics: Arc<Metrics>) -> (ChannelWriter, Body) {
+        let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(RESPONSE_QUEUE);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        (
+            ChannelWriter {
+                tx,
+                buf: BytesMut::with_capacity(RESPONSE_CHUNK),
+                metrics,
+            },
+            Body::from_stream(stream),
+        )
+    }
+
+    fn ship(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buf.split().freeze();
+        let n = chunk.len() as u64;
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))?;
+        self.metrics.bytes_out.inc_by(n);
+        self.buf.reserve(RESPONSE_CHUNK);
+        Ok(())
+    }
+
+    /// Ends the body with an error: the client sees a broken response rather
+    /// than a short one that looks complete.
+    pub fn fail(self, why: String) {
+        let _ = self.tx.blocking_send(Err(io::Error::other(why)));
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let room = RESPONSE_CHUNK - self.buf.len();
+            let n = room.min(rest.len());
+            self.buf.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            if self.buf.len() >= RESPONSE_CHUNK {
+                self.ship()?;
+            }
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.ship()
+    }
+}

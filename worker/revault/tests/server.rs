@@ -1,0 +1,1049 @@
+//! `revault serve` driven by the real `revault push` / `pull` clients and by
+//! raw HTTP: round trips, one writer per series, interrupted uploads, drain
+//! on SIGTERM, auth scopes, bad input, TLS, scheduled retention.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::server::{client, client_ok, Server};
+use common::*;
+use sha2::{Digest, Sha256};
+
+fn push_args<'a>(url: &'a str, series: &'a str, input: &'a str) -> Vec<&'a str> {
+    vec!["push", "--server", url, "--series", series, input]
+}
+
+/// A push reading stdin, so the test controls when the body ends.
+fn slow_push(url: &str, series: &str, token: Option<&str>) -> Child {
+    let mut c = Command::new(bin());
+    c.args(["push", "--server", url, "--series", series, "-"])
+        .env("REVAULT_LOG", "warn")
+        .env_remove("REVAULT_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(t) = token {
+        c.env("REVAULT_TOKEN", t);
+    }
+    c.spawn().expect("start revault push")
+}
+
+fn wait_child(c: Child, limit: Duration) -> std::process::Output {
+    let pid = c.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: killing our own child process.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("revault push did not finish in {limit:?}");
+        }
+    }
+}
+
+/// Every entry under `root`: type, mode, mtime, size, content hash, link.
+fn tree_listing(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let ft = m.file_type();
+            let what = if ft.is_symlink() {
+                format!("link {}", std::fs::read_link(&p).unwrap().display())
+            } else if ft.is_dir() {
+                walk(root, &p, out);
+                "dir".to_string()
+            } else {
+                format!(
+                    "file {} {}",
+                    m.len(),
+                    hex::encode(Sha256::digest(std::fs::read(&p).unwrap()))
+                )
+            };
+            let mode = if ft.is_symlink() {
+                0
+            } else {
+                m.mode() & 0o7777
+            };
+            let mtime = if ft.is_file() { m.mtime() } else { 0 };
+            out.insert(rel, format!("{what} mode {mode:o} mtime {mtime}"));
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("etc/conf.d")).unwrap();
+    std::fs::create_dir_all(root.join("data/empty")).unwrap();
+    std::fs::write(root.join("data/big.bin"), random(3 << 20, 7)).unwrap();
+    let mut sparse = vec![0u8; 1 << 20];
+    sparse[500_000..500_100].copy_from_slice(&random(100, 8));
+    std::fs::write(root.join("data/mostly-zero"), sparse).unwrap();
+    std::fs::write(root.join("etc/conf.d/a.conf"), b"key = value\n").unwrap();
+    std::fs::write(root.join("etc/secret"), b"s3cr3t\n").unwrap();
+    std::fs::set_permissions(
+        root.join("etc/secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("etc/conf.d/a.conf", root.join("link")).unwrap();
+    std::fs::write(root.join(format!("long-{}", "n".repeat(150))), b"long name").unwrap();
+    let t = filetime_of(1_700_000_000);
+    set_mtime(&root.join("run.sh"), t);
+}
+
+fn filetime_of(secs: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: secs,
+        tv_nsec: 0,
+    }
+}
+
+fn set_mtime(p: &Path, t: libc::timespec) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let times = [t, t];
+    // SAFETY: valid path and times for utimensat.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn stream_and_directory_round_trips_are_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &[]);
+    let url = srv.url();
+
+    // A file (Content-Length known) and the same data with changes.
+    let input = dir.path().join("in.bin");
+    let mut data = random(6 << 20, 1);
+    data.extend(vec![0u8; 1 << 20]);
+    std::fs::write(&input, &data).unwrap();
+    let out = client_ok(
+        &[
+            &push_args(&url, "default/db", input.to_str().unwrap())[..],
+            &["--json"],
+        ]
+        .concat(),
+        None,
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["version"], 1);
+    assert_eq!(rep["logical_bytes"], data.len());
+    data[100..200].fill(9);
+    std::fs::write(&input, &data).unwrap();
+    client_ok(
+        &push_args(&url, "default/db", input.to_str().unwrap()),
+        None,
+    );
+
+    let got = dir.path().join("out.bin");
+    let out = client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/db",
+            "--version",
+            "1",
+            "-o",
+            got.to_str().unwrap(),
+            "--json",
+        ],
+        None,
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["version"], 1);
+    assert!(
+        rep["server"]["container_reads"].as_u64().unwrap() >= 1,
+        "{rep}"
+    );
+    assert!(
+        rep["server"]["speed_factor"].as_f64().unwrap() > 0.0,
+        "{rep}"
+    );
+    assert_eq!(rep["server"]["state"], "done");
+    let mut v1 = data.clone();
+    v1[100..200].copy_from_slice(&random(6 << 20, 1)[100..200]);
+    assert_eq!(sha256_file(&got), hex::encode(Sha256::digest(&v1)));
+    // latest to stdout
+    let out = client_ok(&["pull", "--server", &url, "--series", "default/db"], None);
+    assert_eq!(out.stdout, data);
+    // latest into a FIFO (like -o /dev/null): written in place, not replaced
+    let fifo = dir.path().join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/db",
+            "-o",
+            fifo.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(reader.join().unwrap() == data);
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    // no partial file is left beside the output
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.to_string_lossy().contains("revault-partial")),
+        "{names:?}"
+    );
+
+    // stdin (chunked upload)
+    let mut p = slow_push(&url, "default/stdin", None);
+    let body = random(2 << 20, 3);
+    p.stdin.take().unwrap().write_all(&body).unwrap();
+    let o = wait_child(p, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/stdin",
+            "--version",
+            "latest",
+        ],
+        None,
+    );
+    assert_eq!(out.stdout, body);
+
+    // A directory: sent as a tar, kept as a tree, extracted on pull.
+    let tree = dir.path().join("tree");
+    make_tree(&tree);
+    client_ok(
+        &push_args(&url, "default/files", tree.to_str().unwrap()),
+        None,
+    );
+    let back = dir.path().join("back");
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/files",
+            "-o",
+            &format!("{}/", back.display()),
+        ],
+        None,
+    );
+    assert_eq!(tree_listing(&back), tree_listing(&tree));
+    // The same version as a tar to a file.
+    let tar = dir.path().join("files.tar");
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/files",
+            "-o",
+            tar.to_str().unwrap(),
+        ],
+        None,
+    );
+    let mut names: Vec<String> = tar::Archive::new(std::fs::File::open(&tar).unwrap())
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.iter().any(|n| n == "etc/secret"), "{names:?}");
+    // A stream version cannot become a directory.
+    let o = client(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/db",
+            "-o",
+            &format!("{}/", dir.path().join("nodir").display()),
+        ],
+        None,
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("single stream"));
+
+    // Listings and details.
+    let r = srv.get("/v1/series/default/db", None);
+    assert_eq!(r.status, 200);
+    let j = r.json();
+    assert_eq!(j["versions"], 2);
+    assert_eq!(j["versionList"][1]["kind"], "stream");
+    let r = srv.get("/v1/series/default/files/versions", None).json();
+    assert_eq!(r[0]["kind"], "tree");
+    let r = srv.get("/v1/series", None).json();
+    assert_eq!(r.as_array().unwrap().len(), 3);
+
+    // Metrics saw it all.
+    assert!(srv.metric("revault_received_bytes_total").unwrap() >= (data.len() * 2) as f64);
+    assert!(srv.metric("revault_sent_bytes_total").unwrap() >= data.len() as f64);
+    assert!(srv.metric("revault_container_reads_total").unwrap() >= 1.0);
+    assert!(srv.metric("revault_restore_speed_factor_count").unwrap() >= 3.0);
+    assert!(
+        srv.metric("revault_series_dedup_ratio{series=\"default/db\"}")
+            .unwrap()
+            > 1.5
+    );
+    let m = srv.get("/metrics", None);
+    assert!(m.header("content-type").unwrap().contains("openmetrics"));
+    srv.stop();
+}
+
+#[test]
+fn a_second_writer_of_a_series_gets_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &[]);
+    let url = srv.url();
+    let mut first = slow_push(&url, "team/db", None);
+    let mut stdin = first.stdin.take().unwrap();
+    let part1 = random(1 << 20, 11);
+    stdin.write_all(&part1).unwrap();
+    srv.wait_for("the first backup to start", Duration::from_secs(30), |s| {
+        s.metric("revault_inflight_backups").unwrap_or(0.0) >= 1.0
+    });
+    // The real client reports the conflict ...
+    let small = dir.path().join("small");
+    std::fs::write(&small, random(100_000, 12)).unwrap();
+    let o = client(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "team/db",
+            small.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("already has a backup in progress"), "{err}");
+    // ... which is a 409 with a JSON body.
+    let r = srv.request(
+        "PUT",
+        "/v1/series/team/db/versions",
+        &[("Content-Type", "application/octet-stream")],
+        b"x",
+    );
+    r.assert_error(409, "series_busy");
+    // Another series is not blocked.
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "team/other",
+            small.to_str().unwrap(),
+        ],
+        None,
+    );
+    let part2 = random(1 << 20, 13);
+    stdin.write_all(&part2).unwrap();
+    drop(stdin);
+    let o = wait_child(first, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = client_ok(&["pull", "--server", &url, "--series", "team/db"], None);
+    assert_eq!(out.stdout, [part1, part2].concat());
+    assert_eq!(
+        srv.get("/v1/series/team/db/versions", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    srv.stop();
+}
+
+#[test]
+fn an_interrupted_push_leaves_no_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let srv = Server::start(&store, &[]);
+    let url = srv.url();
+
+    // Kill the client mid-upload.
+    let mut p = slow_push(&url, "default/cut", None);
+    let mut stdin = p.stdin.take().unwrap();
+    stdin.write_all(&random(3 << 20, 21)).unwrap();
+    srv.wait_for(
+        "the upload to reach the server",
+        Duration::from_secs(30),
+        |s| s.metric("revault_received_bytes_total").unwrap_or(0.0) >= 1.0,
+    );
+    p.kill().unwrap();
+    let _ = p.wait();
+    drop(stdin);
+    srv.wait_for("the backup to be discarded", Duration::from_secs(30), |s| {
+        s.metric("revault_backups_total{result=\"error\"}")
+            .unwrap_or(0.0)
+            >= 1.0
+            && s.metric("revault_inflight_backups").unwrap_or(1.0) == 0.0
+    });
+    srv.get("/v1/series/default/cut/versions", None)
+        .assert_error(404, "unknown_series");
+
+    // A body shorter than its Content-Length: 400, no version.
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "PUT /v1/series/default/short/versions HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 5000000\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(&random(100_000, 22)).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = common::server::read_response(s).unwrap();
+    r.assert_error(400, "cancelled");
+    srv.get("/v1/series/default/short/versions", None)
+        .assert_error(404, "unknown_series");
+
+    // A chunked body cut before its last chunk: no version either.
+    let mut s = std::net::TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "PUT /v1/series/default/chunky/versions HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
+    write!(s, "{:x}\r\n", 65536).unwrap();
+    s.write_all(&random(65536, 23)).unwrap();
+    s.write_all(b"\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = common::server::read_response(s).unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    srv.get("/v1/series/default/chunky/versions", None)
+        .assert_error(404, "unknown_series");
+
+    // A complete version still works, and the store checks clean offline.
+    client_ok(
+        &["push", "--server", &url, "--series", "default/cut", "-"],
+        None,
+    );
+    srv.stop();
+    let l = ok_json(&["list", "--store", store.to_str().unwrap()]);
+    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    assert!(
+        ok_json(&["check", "--store", store.to_str().unwrap()])["ok"]
+            .as_bool()
+            .unwrap()
+    );
+}
+
+#[test]
+fn sigterm_drains_in_flight_backups() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+
+    // Within the grace period: the backup commits, then the server exits.
+    let srv = Server::start(&store, &["--grace-period", "30s", "--shutdown-delay", "1s"]);
+    let url = srv.url();
+    let mut p = slow_push(&url, "default/drain", None);
+    let mut stdin = p.stdin.take().unwrap();
+    let a = random(2 << 20, 31);
+    stdin.write_all(&a).unwrap();
+    srv.wait_for("the backup to start", Duration::from_secs(30), |s| {
+        s.metric("revault_inflight_backups").unwrap_or(0.0) >= 1.0
+    });
+    srv.signal(libc::SIGTERM);
+    // Readiness fails at once, while the listener still answers.
+    srv.wait_for("readiness to fail", Duration::from_secs(5), |s| {
+        s.try_request("GET", "/readyz", &[], b"")
+            .map(|r| r.status == 503)
+            .unwrap_or(false)
+    });
+    let b = random(2 << 20, 32);
+    stdin.write_all(&b).unwrap();
+    drop(stdin);
+    let o = wait_child(p, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut srv = srv;
+    let st = srv.wait(Duration::from_secs(30));
+    assert!(st.success(), "{st}: {}", srv.log_text());
+    drop(srv);
+
+    // Past the grace period: the unfinished backup is discarded.
+    let srv = Server::start(&store, &["--grace-period", "1s"]);
+    let url = srv.url();
+    let mut p = slow_push(&url, "default/drain", None);
+    let mut stdin = p.stdin.take().unwrap();
+    stdin.write_all(&random(2 << 20, 33)).unwrap();
+    srv.wait_for("the backup to start", Duration::from_secs(30), |s| {
+        s.metric("revault_inflight_backups").unwrap_or(0.0) >= 1.0
+    });
+    srv.signal(libc::SIGTERM);
+    let mut srv = srv;
+    let st = srv.wait(Duration::from_secs(30));
+    assert!(st.success(), "{st}: {}", srv.log_text());
+    assert!(
+        srv.log_text().contains("grace period over"),
+        "{}",
+        srv.log_text()
+    );
+    drop(stdin);
+    let o = wait_child(p, Duration::from_secs(30));
+    assert!(!o.status.success(), "the push should have failed");
+    drop(srv);
+
+    // Exactly the committed version is there, and it is intact.
+    let srv = Server::start(&store, &[]);
+    let vs = srv.get("/v1/series/default/drain/versions", None).json();
+    assert_eq!(vs.as_array().unwrap().len(), 1, "{vs}");
+    let out = client_ok(
+        &["pull", "--server", &srv.url(), "--series", "default/drain"],
+        None,
+    );
+    assert_eq!(out.stdout, [a, b].concat());
+    srv.stop();
+    assert!(
+        ok_json(&["check", "--store", store.to_str().unwrap()])["ok"]
+            .as_bool()
+            .unwrap()
+    );
+}
+
+#[test]
+fn tokens_are_checked_and_scoped_to_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        "# admin, then two teams\nadmin-0123456789 *\nteam-a-token-0001 team-a\nteam-b-token-0002 team-b,team-c\n",
+    )
+    .unwrap();
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--token-reload",
+            "200ms",
+        ],
+    );
+    let url = srv.url();
+    let (admin, ta, tb) = (
+        Some("admin-0123456789"),
+        Some("team-a-token-0001"),
+        Some("team-b-token-0002"),
+    );
+    let f = dir.path().join("f");
+    std::fs::write(&f, random(500_000, 41)).unwrap();
+    let fp = f.to_str().unwrap();
+
+    // Missing and wrong tokens: 401, through the client and raw.
+    let o = client(
+        &["push", "--server", &url, "--series", "team-a/db", fp],
+        None,
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing bearer token"));
+    let o = client(
+        &["push", "--server", &url, "--series", "team-a/db", fp],
+        Some("wrong-token-xyz"),
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("invalid bearer token"));
+    srv.get("/v1/series", None)
+        .assert_error(401, "unauthorized");
+    srv.get("/v1/series", Some("wrong-token-xyz"))
+        .assert_error(401, "unauthorized");
+    srv.request(
+        "GET",
+        "/v1/series",
+        &[("Authorization", "Basic YWRtaW46eA==")],
+        b"",
+    )
+    .assert_error(401, "unauthorized");
+    // Health, readiness and metrics are open.
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(srv.get(p, None).status, 200, "{p}");
+    }
+
+    // In scope: fine. Out of scope: 403, and nothing is created.
+    client_ok(&["push", "--server", &url, "--series", "team-a/db", fp], ta);
+    client_ok(&["push", "--server", &url, "--series", "team-b/db", fp], tb);
+    let o = client(&["push", "--server", &url, "--series", "team-b/x", fp], ta);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("may not access namespace team-b"));
+    // The client reads its token from a file too.
+    let tf = dir.path().join("client-token");
+    std::fs::write(&tf, "# the token\nteam-a-token-0001\n").unwrap();
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--token-file",
+            tf.to_str().unwrap(),
+            "--series",
+            "team-a/db",
+            fp,
+        ],
+        None,
+    );
+
+    // Listings are filtered; reads across namespaces are refused.
+    let names = |t: Option<&str>, q: &str| -> Vec<String> {
+        srv.get(&format!("/v1/series{q}"), t)
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["series"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(ta, ""), vec!["team-a/db"]);
+    assert_eq!(names(tb, ""), vec!["team-b/db"]);
+    assert_eq!(names(admin, "").len(), 2);
+    srv.get("/v1/series?namespace=team-a", tb)
+        .assert_error(403, "forbidden");
+    assert_eq!(names(tb, "?namespace=team-c"), Vec::<String>::new());
+    for path in [
+        "/v1/series/team-a/db",
+        "/v1/series/team-a/db/versions",
+        "/v1/series/team-a/db/versions/latest",
+        "/v1/series/team-a/nonexistent/versions/1",
+    ] {
+        srv.get(path, tb).assert_error(403, "forbidden");
+    }
+    let o = client(&["pull", "--server", &url, "--series", "team-a/db"], tb);
+    assert!(!o.status.success());
+    let bearer = |t: &str| format!("Bearer {t}");
+    let del = srv.request(
+        "DELETE",
+        "/v1/series/team-a/db",
+        &[("Authorization", &bearer(tb.unwrap()))],
+        b"",
+    );
+    del.assert_error(403, "forbidden");
+    // Store-wide operations need `*`.
+    srv.get("/v1/stats", ta).assert_error(403, "forbidden");
+    srv.request(
+        "POST",
+        "/v1/gc",
+        &[("Authorization", &bearer(ta.unwrap()))],
+        b"",
+    )
+    .assert_error(403, "forbidden");
+    let st = srv.get("/v1/stats", admin);
+    assert_eq!(st.status, 200);
+    assert_eq!(st.json()["versions"], 3);
+    // Restore reports belong to the token that made them.
+    let r = srv.get("/v1/series/team-a/db/versions/1", ta);
+    assert_eq!(r.status, 200);
+    let id = r.header("x-revault-restore-id").unwrap().to_string();
+    srv.get(&format!("/v1/restores/{id}"), tb)
+        .assert_error(404, "unknown_restore");
+    let rep = srv.get(&format!("/v1/restores/{id}"), ta).json();
+    assert_eq!(rep["state"], "done");
+    assert_eq!(rep["series"], "team-a/db");
+
+    // Rotation: the file changes, the server follows.
+    std::fs::write(&tokens, "admin-0123456789 *\nteam-a-rotated-0003 team-a\n").unwrap();
+    srv.wait_for(
+        "the token file to be reloaded",
+        Duration::from_secs(10),
+        |s| s.get("/v1/series", Some("team-a-rotated-0003")).status == 200,
+    );
+    srv.get("/v1/series", ta).assert_error(401, "unauthorized");
+    srv.get("/v1/series", tb).assert_error(401, "unauthorized");
+    srv.stop();
+}
+
+#[test]
+fn bad_input_gets_json_4xx_and_never_a_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &[]);
+    let oct = [("Content-Type", "application/octet-stream")];
+    srv.get("/nope", None).assert_error(404, "not_found");
+    srv.get("/v1/series/default/db/versions/1/extra", None)
+        .assert_error(404, "not_found");
+    srv.request("POST", "/v1/series", &[], b"")
+        .assert_error(405, "method_not_allowed");
+    srv.request("DELETE", "/v1/stats", &[], b"")
+        .assert_error(405, "method_not_allowed");
+    for p in [
+        "/v1/series/Default/db",
+        "/v1/series/default/db_x/versions",
+        "/v1/series/-a/b",
+        "/v1/series/a/b%2Fc",
+    ] {
+        srv.get(p, None).assert_error(400, "bad_series_name");
+    }
+    srv.get("/v1/series?namespace=Bad_NS", None)
+        .assert_error(400, "bad_series_name");
+    srv.get("/v1/series?bogus=1", None)
+        .assert_error(400, "bad_query");
+    srv.get("/v1/series/default/missing", None)
+        .assert_error(404, "unknown_series");
+    assert_eq!(
+        srv.request("PUT", "/v1/series/default/db/versions", &oct, b"hello")
+            .status,
+        201
+    );
+    for v in ["0", "-1", "latest2", "x", "99999999999", "4294967296"] {
+        let r = srv.get(&format!("/v1/series/default/db/versions/{v}"), None);
+        assert_eq!(r.status, 400, "{v}: {}", r.text());
+    }
+    srv.get("/v1/series/default/db/versions/7", None)
+        .assert_error(404, "unknown_version");
+    srv.get("/v1/series/default/db/versions/1?cache_mib=0", None)
+        .assert_error(400, "invalid_argument");
+    srv.get("/v1/series/default/db/versions/1?cache_mib=abc", None)
+        .assert_error(400, "bad_query");
+    srv.get("/v1/series/default/db/versions/1?cache=mru", None)
+        .assert_error(400, "invalid_argument");
+    srv.get("/v1/restores/XYZ", None)
+        .assert_error(400, "invalid_argument");
+    srv.get("/v1/restores/abc", None)
+        .assert_error(404, "unknown_restore");
+    // Uploads: media types, units, times, bad tar.
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/versions",
+        &[("Content-Type", "text/plain")],
+        b"x",
+    )
+    .assert_error(415, "unsupported_media_type");
+    srv.request("PUT", "/v1/series/default/db/versions", &[], b"x")
+        .assert_error(415, "unsupported_media_type");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/versions?unit=block",
+        &oct,
+        b"x",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/versions?unit=chunk",
+        &oct,
+        b"x",
+    )
+    .assert_error(400, "unit_mismatch");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/versions?time=yesterday",
+        &oct,
+        b"x",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "PUT",
+        "/v1/series/default/t/versions",
+        &[("Content-Type", "application/x-tar")],
+        &[7u8; 2048],
+    )
+    .assert_error(400, "invalid_argument");
+    srv.get("/v1/series/default/t", None)
+        .assert_error(404, "unknown_series");
+    // JSON bodies.
+    let js = [("Content-Type", "application/json")];
+    srv.request("POST", "/v1/series/default/db/expire", &js, b"{}")
+        .assert_error(400, "invalid_argument");
+    srv.request(
+        "POST",
+        "/v1/series/default/db/expire",
+        &js,
+        b"{\"version\":1,\"applyRetention\":true}",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "POST",
+        "/v1/series/default/db/expire",
+        &js,
+        b"{\"before\":\"soon\"}",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "POST",
+        "/v1/series/default/db/expire",
+        &js,
+        b"{\"version\":",
+    )
+    .assert_error(400, "bad_json");
+    srv.request(
+        "POST",
+        "/v1/series/default/db/expire",
+        &[("Content-Type", "text/plain")],
+        b"{}",
+    )
+    .assert_error(400, "bad_content_type");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/retention",
+        &js,
+        b"{\"keep\":0}",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/retention",
+        &js,
+        b"{\"keep\":2,\"live\":3}",
+    )
+    .assert_error(400, "invalid_argument");
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/retention",
+        &js,
+        b"{\"kept\":2}",
+    )
+    .assert_error(400, "bad_json");
+    srv.request("POST", "/v1/gc", &js, b"{\"compactBelow\":2}")
+        .assert_error(400, "invalid_argument");
+    // Oversized request heads: 431 (or 400), never a crash.
+    let big = "x".repeat(600 << 10);
+    let r = srv.request("GET", "/v1/series", &[("X-Big", &big)], b"");
+    assert!(r.status == 431 || r.status == 400, "{}", r.status);
+    let r = srv.request(
+        "GET",
+        &format!("/v1/series/default/{}", "a".repeat(600 << 10)),
+        &[],
+        b"",
+    );
+    assert!(
+        r.status == 431 || r.status == 400 || r.status == 414,
+        "{}",
+        r.status
+    );
+    // Still alive, and exactly one version was created.
+    assert_eq!(srv.get("/healthz", None).status, 200);
+    assert_eq!(
+        srv.get("/v1/series/default/db/versions", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    srv.stop();
+}
+
+#[test]
+fn https_with_a_self_signed_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let port = srv.addr.rsplit(':').next().unwrap().to_string();
+    let url = format!("https://localhost:{port}");
+    let f = dir.path().join("f");
+    let data = random(3 << 20, 51);
+    std::fs::write(&f, &data).unwrap();
+    let ca = cert.to_str().unwrap();
+    // Not trusted without the CA ...
+    let o = client(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "default/tls",
+            f.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!o.status.success());
+    // ... and plain HTTP to the TLS port fails too.
+    assert!(srv
+        .try_request("GET", "/healthz", &[], b"")
+        .map(|r| r.status != 200)
+        .unwrap_or(true));
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--ca-cert",
+            ca,
+            "--series",
+            "default/tls",
+            f.to_str().unwrap(),
+        ],
+        None,
+    );
+    let out = client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--ca-cert",
+            ca,
+            "--series",
+            "default/tls",
+        ],
+        None,
+    );
+    assert_eq!(out.stdout, data);
+    srv.stop();
+}
+
+#[test]
+fn retention_runs_after_backups_and_on_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &["--maintenance-interval", "300ms"],
+    );
+    let url = srv.url();
+    let js = [("Content-Type", "application/json")];
+    let f = dir.path().join("f");
+    let mut data = random(2 << 20, 61);
+    let push = |data: &[u8], series: &str| {
+        std::fs::write(&f, data).unwrap();
+        client_ok(
+            &[
+                "push",
+                "--server",
+                &url,
+                "--series",
+                series,
+                f.to_str().unwrap(),
+            ],
+            None,
+        );
+    };
+    // Automatic retention: applied as each backup commits.
+    let r = srv.request(
+        "PUT",
+        "/v1/series/default/auto/retention",
+        &js,
+        b"{\"keep\":2,\"live\":1,\"auto\":true}",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["keep"], 2);
+    for i in 0..3u8 {
+        data[i as usize * 1000] ^= 0xff;
+        push(&data, "default/auto");
+    }
+    let vs = srv.get("/v1/series/default/auto/versions", None).json();
+    let nums: Vec<u64> = vs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(nums, vec![2, 3]);
+    assert_eq!(vs[0]["form"], "archival");
+    assert_eq!(vs[1]["form"], "live");
+
+    // Set afterwards: the scheduler catches up.
+    for _ in 0..3 {
+        data[5] ^= 0x11;
+        push(&data, "default/later");
+    }
+    let r = srv.request(
+        "PUT",
+        "/v1/series/default/later/retention",
+        &js,
+        b"{\"keep\":1,\"auto\":true}",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    srv.wait_for(
+        "the scheduler to apply retention",
+        Duration::from_secs(20),
+        |s| {
+            s.get("/v1/series/default/later/versions", None)
+                .json()
+                .as_array()
+                .unwrap()
+                .len()
+                == 1
+        },
+    );
+    let out = client_ok(
+        &["pull", "--server", &url, "--series", "default/later"],
+        None,
+    );
+    assert_eq!(out.stdout, data);
+    assert!(
+        srv.metric("revault_maintenance_duration_seconds_count{op=\"expire\"}")
+            .unwrap()
+            >= 2.0
+    );
+    assert!(
+        srv.metric("revault_maintenance_duration_seconds_count{op=\"slide\"}")
+            .unwrap()
+            >= 2.0
+    );
+
+    // Manual operations through the API.
+    let r = srv.request("POST", "/v1/series/default/auto/slide", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = srv.request(
+        "POST",
+        "/v1/series/default/auto/expire",
+        &js,
+        b"{\"version\":2}",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["expired"], serde_json::json!([2]));
+    let r = srv.request(
+        "DELETE",
+        "/v1/series/default/auto/versions/latest",
+        &[],
+        b"",
+    );
+    assert_eq!(r.json()["expired"], serde_json::json!([3]));
+    let r = srv.request("DELETE", "/v1/series/default/later", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        srv.get("/v1/series/default/later/versions", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    let r = srv.request("POST", "/v1/gc", &js, b"{\"full\":true}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let st = srv.get("/v1/stats", None).json();
+    assert_eq!(st["versions"], 0, "{st}");
+    srv.stop();
+}
