@@ -15,10 +15,18 @@ REVAULT_BIN := $(CARGO_TARGET_DIR)/$(RUST_TARGET)/release/revault
 export REVAULT_BIN
 CARGO := cd worker && cargo
 
+# Go (the operator): module and build caches under $(REVAULT_CACHE) (the ~1 GB of Kubernetes
+# modules is fetched once), and never a downloaded toolchain.
+export GOMODCACHE ?= $(REVAULT_CACHE)/go/mod
+export GOCACHE ?= $(REVAULT_CACHE)/go/build
+export GOTOOLCHAIN ?= local
+GO_OPERATOR := cd operator && go
+
 # Which dataset `make demo` uses: synthetic (default) or kube.
 DATA ?= synthetic
 
-.PHONY: help tools build demo test test-worker lint fmt bench
+.PHONY: help tools build demo test test-worker test-api lint fmt bench
+.PHONY: k8s-tools manifests generate build-operator lint-operator test-operator
 
 help:
 	@echo "make demo        back up and restore a real series on local disk, print the figures (DATA=kube for real data)"
@@ -26,6 +34,9 @@ help:
 	@echo "make build       release build of the revault binary"
 	@echo "make lint        rustfmt check and clippy (warnings are errors)"
 	@echo "make bench       benchmarks; figures go to docs/performance.md"
+	@echo "make test-operator  the operator's envtest suite, chart lint and dry-run, generated-file check"
+	@echo "make manifests generate  regenerate CRDs/RBAC (config/, charts/revault) and deepcopy code"
+	@echo "make build-operator      build the operator binary (operator/bin/manager)"
 
 tools:
 	@hack/install-tools.sh
@@ -36,7 +47,7 @@ build: tools
 demo: build
 	python3 hack/demo.py --data $(DATA)
 
-lint: tools
+lint: tools lint-operator
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
@@ -46,8 +57,31 @@ fmt:
 test-worker: build
 	$(CARGO) test --release --locked --workspace
 
-test: lint test-worker
+# The worker API fuzzed with schemathesis (installed into $(REVAULT_CACHE)/venv).
+test-api: build
+	hack/api-fuzz.sh
+
+test: lint test-worker test-api test-operator
+
+# ---- operator (Go) ----------------------------------------------------------------------
+k8s-tools:
+	@hack/k8s-tools.sh
+
+manifests: k8s-tools
+	hack/operator-gen.sh manifests
+
+generate: k8s-tools
+	hack/operator-gen.sh generate
+
+build-operator:
+	cd operator && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/manager ./cmd
+
+lint-operator:
+	@out=$$(cd operator && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt: needs formatting:"; echo "$$out"; exit 1; fi
+	$(GO_OPERATOR) vet ./...
+
+test-operator: build k8s-tools
+	hack/operator-test.sh
 
 bench: build
-	$(CARGO) bench --locked -p revault-engine --bench pipeline
 	python3 hack/bench.py

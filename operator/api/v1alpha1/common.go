@@ -1,0 +1,59 @@
+package v1alpha1
+
+// Well-known labels, annotations and finalizers of the backup.revault.io API.
+const (
+	// BackupNowAnnotation on a BackupSeries asks for a one-off backup. Every new value
+	// (a timestamp is a good choice) starts one Job; the operator acknowledges the value in
+	// status.lastBackupNow instead of removing the annotation, so GitOps tools see no drift.
+	BackupNowAnnotation = "revault.io/backup-now"
+
+	// StorageLabel marks the nodes that run workers: revault.io/storage=ssd or =hdd.
+	StorageLabel = "revault.io/storage"
+
+	// SeriesFinalizer lets the operator honour spec.deletionPolicy before a BackupSeries goes.
+	SeriesFinalizer = "backup.revault.io/series-data"
+)
+
+// LocalObjectReference names an object in the same namespace.
+type LocalObjectReference struct {
+	// Name of the object.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+}
+
+// Media is the kind of disk a worker pool stores data on.
+// +kubebuilder:validation:Enum=ssd;hdd
+type Media string
+
+const (
+	MediaSSD Media = "ssd"
+	MediaHDD Media = "hdd"
+)
+
+// Condition types and reasons shared by the kinds.
+const (
+	// ConditionReady summarises a BackupSeries: placed, reachable, last backup fine.
+	ConditionReady = "Ready"
+	// ConditionPlaced: the series has a worker (its dedup domain).
+	ConditionPlaced = "Placed"
+	// ConditionScheduleValid: spec.schedule parses as a cron schedule.
+	ConditionScheduleValid = "ScheduleValid"
+	// ConditionTokenReady: the series' worker accepts the namespace's token (on-demand backup
+	// Jobs and restore Jobs wait for it).
+	ConditionTokenReady = "TokenReady"
+	// ConditionSynced: status was read back from the worker on the last reconcile.
+	ConditionSynced = "Synced"
+	// ConditionBackupSucceeded: the newest finished backup Job succeeded.
+	ConditionBackupSucceeded = "BackupSucceeded"
+	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
+	ConditionRetentionPolicyFound = "RetentionPolicyFound"
+	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.
+	ConditionApplied = "Applied"
+	// ConditionScheduled: a RetentionPolicy's expirySchedule is valid and planned.
+	ConditionScheduled = "Scheduled"
+	// ConditionComplete / ConditionFailed: a RestoreJob finished (one of them is True at the end).
+	ConditionComplete = "Complete"
+	ConditionFailed   = "Failed"
+)

@@ -1,0 +1,134 @@
+// Command manager is the Revault operator: it reconciles BackupSeries, RetentionPolicy and
+// RestoreJob objects and runs the worker pools.
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/config"
+	"github.com/revault-io/revault/operator/internal/controller"
+)
+
+var (
+	scheme   = runtime.NewScheme()
+	setupLog = ctrl.Log.WithName("setup")
+)
+
+func init() {
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(backupv1alpha1.AddToScheme(scheme))
+}
+
+func main() {
+	var (
+		metricsAddr, probeAddr, configPath, namespace, overrides string
+		secureMetrics, enableHTTP2, leaderElect, readLogs        bool
+		syncPeriod, seriesWait                                   time.Duration
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
+		"Address of the metrics endpoint (:8443 for HTTPS, :8080 for HTTP with --metrics-secure=false, 0 to disable).")
+	flag.BoolVar(&secureMetrics, "metrics-secure", true,
+		"Serve metrics over HTTPS, allowing only callers authorized by the API server (TokenReview/SubjectAccessReview).")
+	flag.BoolVar(&enableHTTP2, "enable-http2", false, "Allow HTTP/2 on the metrics server (off: CVE-2023-44487/39325).")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader, so only one of several replicas reconciles.")
+	flag.StringVar(&configPath, "config", "/etc/revault-operator/config.yaml", "Operator configuration file (worker pools, Jobs).")
+	flag.StringVar(&namespace, "namespace", os.Getenv("POD_NAMESPACE"),
+		"Namespace of the workers and their token Secret (default: $POD_NAMESPACE).")
+	flag.StringVar(&overrides, "worker-endpoints", os.Getenv("REVAULT_WORKER_ENDPOINTS"),
+		"NODE=URL,... : reach the worker of NODE at URL instead of its Service (for running outside the cluster).")
+	flag.DurationVar(&syncPeriod, "sync-period", time.Minute, "How often a series' status is read back from its worker.")
+	flag.DurationVar(&seriesWait, "restore-series-wait", 2*time.Minute,
+		"How long a RestoreJob waits for its BackupSeries to exist before it fails.")
+	flag.BoolVar(&readLogs, "read-pod-logs", true,
+		"Read a finished Job pod's log for its report when its termination message has none.")
+	opts := zap.Options{}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+
+	if err := run(metricsAddr, probeAddr, configPath, namespace, overrides, secureMetrics, enableHTTP2, leaderElect,
+		readLogs, syncPeriod, seriesWait); err != nil {
+		setupLog.Error(err, "operator stopped")
+		os.Exit(1)
+	}
+}
+
+func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secureMetrics, enableHTTP2, leaderElect,
+	readLogs bool, syncPeriod, seriesWait time.Duration) error {
+	cfg, err := config.Load(configPath)
+	if err != nil {
+		return err
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = namespace
+	}
+	if cfg.Namespace == "" {
+		return fmt.Errorf("no namespace: set --namespace, $POD_NAMESPACE or namespace in %s", configPath)
+	}
+	ovr, err := controller.ParseOverrides(overrides)
+	if err != nil {
+		return err
+	}
+
+	var tlsOpts []func(*tls.Config)
+	if !enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metricsOpts := metricsserver.Options{BindAddress: metricsAddr, SecureServing: secureMetrics, TLSOpts: tlsOpts}
+	if secureMetrics {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+
+	restCfg := ctrl.GetConfigOrDie()
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsOpts,
+		HealthProbeBindAddress:        probeAddr,
+		LeaderElection:                leaderElect,
+		LeaderElectionID:              "revault-operator.backup.revault.io",
+		LeaderElectionNamespace:       cfg.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         controller.CacheOptions(cfg.Namespace),
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	var reader controller.PodOutputReader
+	if readLogs {
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return err
+		}
+		reader = controller.NewPodOutputReader(cs)
+	}
+	if err := controller.SetupWithManager(mgr, controller.Options{
+		Config: cfg, WorkerOverrides: ovr, SyncPeriod: syncPeriod, SeriesWait: seriesWait, PodOutput: reader,
+	}); err != nil {
+		return fmt.Errorf("setting up the controllers: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	setupLog.Info("starting the operator", "namespace", cfg.Namespace, "pools", len(cfg.Pools), "workerImage", cfg.Worker.Image)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -1,0 +1,44 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse([]byte("worker: {image: img:1}\npools: [{media: ssd}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Worker.Port != 8420 || c.Worker.HostPath != "/var/lib/revault" || c.Jobs.Image != "img:1" ||
+		*c.Jobs.BackoffLimit != 3 || *c.Jobs.TTLSecondsAfterFinished != 86400 || c.Worker.Command[0] != "revault" ||
+		c.Jobs.ImagePullPolicy != "IfNotPresent" {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+	if _, ok := c.Pool("ssd"); !ok {
+		t.Errorf("pool ssd missing")
+	}
+	if _, ok := c.Pool("hdd"); ok {
+		t.Errorf("pool hdd should not exist")
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := map[string]string{
+		"pools: [{media: ssd}]":                                                 "worker.image is required",
+		"worker: {image: i}":                                                    "at least one pool",
+		"worker: {image: i}\npools: [{media: nvme}]":                            `pools[0].media "nvme" must be ssd or hdd`,
+		"worker: {image: i}\npools: [{media: ssd}, {media: ssd}]":               `media "ssd" appears twice`,
+		"worker: {image: i, hostPath: data}\npools: [{media: ssd}]":             "must be absolute",
+		"worker: {image: i, port: 70000}\npools: [{media: ssd}]":                "is not a port",
+		"worker: {image: i, logFormat: xml}\npools: [{media: ssd}]":             "must be text or json",
+		"worker: {image: i}\npools: [{media: ssd}]\njobs: {backoffLimit: -1}":   "must not be negative",
+		"worker: {image: i}\npools: [{media: ssd}]\nnamespace: Not_A_Namespace": "namespace:",
+		"worker: {image: i}\npools: [{media: ssd}]\nunknownField: 1":            "unknown field",
+	}
+	for in, want := range cases {
+		if _, err := Parse([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Parse(%q) = %v; want an error containing %q", in, err, want)
+		}
+	}
+}

@@ -1,0 +1,387 @@
+package controller
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/plan"
+	"github.com/revault-io/revault/operator/internal/tokens"
+	"github.com/revault-io/revault/operator/internal/workerapi"
+)
+
+func backupJobs(ns, series string) []batchv1.Job {
+	var jobs batchv1.JobList
+	Expect(k8sClient.List(ctx, &jobs, client.InNamespace(ns),
+		client.MatchingLabels{plan.LabelComponent: plan.ComponentBackup, plan.LabelSeries: series})).To(Succeed())
+	return jobs.Items
+}
+
+func annotate(bs *backupv1alpha1.BackupSeries, key, value string) {
+	Eventually(func() error {
+		cur := &backupv1alpha1.BackupSeries{}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), cur); err != nil {
+			return err
+		}
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		cur.Annotations[key] = value
+		return k8sClient.Update(ctx, cur)
+	}).Should(Succeed())
+}
+
+// expectNoData checks that node's worker holds no version of ns/name.
+func expectNoData(node, ns, name string) {
+	s, err := adminClient(node).Series(ctx, ns, name)
+	if workerapi.IsNotFound(err) {
+		return
+	}
+	Expect(err).NotTo(HaveOccurred())
+	Expect(s.VersionList).To(BeEmpty(), "the worker still has versions of %s/%s", ns, name)
+}
+
+var _ = Describe("BackupSeries", func() {
+	BeforeEach(requireWorkers)
+
+	It("is placed on a worker, backs up on schedule and on demand, and reports the worker's versions", func() {
+		ns := newNamespace("bs")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Schedule = "0 2 * * *"
+		bs = placedSeries(bs)
+		w := bs.Status.Worker
+		Expect(w.Media).To(Equal(backupv1alpha1.MediaSSD))
+		Expect(w.Node).To(BeElementOf("node-ssd-1", "node-ssd-2"))
+		Expect(w.Pod).To(Equal("revault-worker-ssd-" + w.Node))
+		endpoint := "http://revault-worker-ssd-" + w.Node + ".revault-system.svc:8420"
+		Expect(w.Endpoint).To(Equal(endpoint))
+		Expect(bs.Finalizers).To(ContainElement(backupv1alpha1.SeriesFinalizer))
+
+		By("scheduling backups with a CronJob that pushes the read-only PVC to the worker")
+		cj := &batchv1.CronJob{}
+		Eventually(func() error {
+			return k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, cj)
+		}).Should(Succeed())
+		Expect(cj.Spec.Schedule).To(Equal("0 2 * * *"))
+		Expect(metav1.IsControlledBy(cj, bs)).To(BeTrue())
+		pod := cj.Spec.JobTemplate.Spec.Template.Spec
+		Expect(strings.Join(pod.Containers[0].Args, " ")).To(Equal(
+			"--json --quiet push --server " + endpoint + " --token-file /etc/revault/token --series " + ns + "/db --unit segment /data"))
+		Expect(pod.Volumes[0].PersistentVolumeClaim.ClaimName).To(Equal("db-data"))
+		Expect(pod.Volumes[0].PersistentVolumeClaim.ReadOnly).To(BeTrue())
+
+		By("giving the namespace a scoped token that the worker accepts for this namespace only")
+		sec := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: plan.NamespaceTokenSecret}, sec)).To(Succeed())
+		nsToken := string(sec.Data[plan.NamespaceTokenKey])
+		wsec := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, wsec)).To(Succeed())
+		Expect(string(wsec.Data[plan.WorkerTokensKey])).To(ContainSubstring(nsToken + " " + ns + "\n"))
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionTokenReady)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		By("running a Job for each new value of the backup-now annotation")
+		annotate(bs, backupv1alpha1.BackupNowAnnotation, "first")
+		Eventually(func() []batchv1.Job { return backupJobs(ns, "db") }).Should(HaveLen(1))
+		Eventually(func() string { return getSeries(ns, "db").Status.LastBackupNow }).Should(Equal("first"))
+		Eventually(func() backupv1alpha1.BackupSeriesPhase { return getSeries(ns, "db").Status.Phase }).
+			Should(Equal(backupv1alpha1.SeriesBackingUp))
+		job1 := backupJobs(ns, "db")[0]
+		Expect(job1.Name).To(Equal(plan.BackupNowJobName("db", "first")))
+		Expect(strings.Join(job1.Spec.Template.Spec.Containers[0].Args, " ")).To(ContainSubstring("push --server " + endpoint))
+		Consistently(func() []batchv1.Job { return backupJobs(ns, "db") }).WithTimeout(2 * time.Second).Should(HaveLen(1))
+
+		By("reading versions and sizes back from the worker after the Job's push")
+		src := randomTree(512)
+		report := push(ns, "db", w.Node, src)
+		succeededBefore := metricValue("revault_operator_backup_jobs_total", "result=succeeded")
+		finishJob(&job1, true, report)
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.VersionCount).To(BeEquivalentTo(1))
+			g.Expect(st.Versions).To(HaveLen(1))
+			g.Expect(st.Versions[0].Number).To(BeEquivalentTo(1))
+			g.Expect(st.Versions[0].LogicalBytes).To(BeNumerically(">=", 512*1024))
+			g.Expect(st.Versions[0].StoredBytes).To(BeNumerically(">", 0))
+			g.Expect(st.LastBackup).NotTo(BeNil())
+			g.Expect(st.DedupRatio).NotTo(BeEmpty())
+			g.Expect(st.LastJob).NotTo(BeNil())
+			g.Expect(st.LastJob.Succeeded).To(BeTrue())
+			g.Expect(st.Phase).To(Equal(backupv1alpha1.SeriesReady))
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionBackupSucceeded).Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionSynced).Status).To(Equal(metav1.ConditionTrue))
+			ready := condition(st.Conditions, backupv1alpha1.ConditionReady)
+			g.Expect(ready.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(ready.ObservedGeneration).To(Equal(getSeries(ns, "db").Generation))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(metricValue("revault_operator_backup_jobs_total", "result=succeeded")).To(Equal(succeededBefore + 1))
+		Expect(metricValue("revault_operator_backupseries", "phase=Ready")).To(BeNumerically(">=", 1))
+		Expect(metricValue("revault_operator_reconcile_outcomes_total", "controller=backupseries", "outcome=success")).To(BeNumerically(">", 0))
+
+		By("a second backup of the same data deduplicates")
+		push(ns, "db", w.Node, src)
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.VersionCount).To(BeEquivalentTo(2))
+			g.Expect(st.Versions[1].LogicalBytes).To(Equal(st.Versions[0].LogicalBytes))
+			g.Expect(st.Versions[1].StoredBytes).To(BeNumerically("<", st.Versions[0].StoredBytes/10))
+			g.Expect(st.LatestVersion).To(BeEquivalentTo(2))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		By("reporting a failed backup with the worker's message")
+		annotate(bs, backupv1alpha1.BackupNowAnnotation, "second")
+		var job2 batchv1.Job
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: plan.BackupNowJobName("db", "second")}, &job2)).To(Succeed())
+		}).Should(Succeed())
+		bad := filepath.Join(scratch, "bad-token")
+		Expect(os.WriteFile(bad, []byte("not-a-token\n"), 0o600)).To(Succeed())
+		out, errOut, ok := runRevault("--json", "--quiet", "push", "--server", workerURL[w.Node], "--token-file", bad,
+			"--series", ns+"/db", src)
+		Expect(ok).To(BeFalse())
+		failure := plan.ParseJobOutput(out + errOut).Error
+		Expect(failure).NotTo(BeEmpty())
+		finishJob(&job2, false, out+errOut)
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.Phase).To(Equal(backupv1alpha1.SeriesFailed))
+			c := condition(st.Conditions, backupv1alpha1.ConditionBackupSucceeded)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Message).To(ContainSubstring(failure))
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionReady).Status).To(Equal(metav1.ConditionFalse))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(eventReasons(bs)).To(ContainElements("WorkerSelected", "ScheduleCreated", "BackupStarted", "JobFailed", "PhaseFailed"))
+
+		By("removing the CronJob when the schedule goes")
+		Eventually(func() error {
+			cur := getSeries(ns, "db")
+			cur.Spec.Schedule = ""
+			return k8sClient.Update(ctx, cur)
+		}).Should(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))
+		}).Should(BeTrue())
+	})
+
+	It("places a series on the least used worker of its media", func() {
+		ns := newNamespace("place")
+		// Make the two SSD workers differ: write unique data to the emptier one's scratch series
+		// until one clearly holds more.
+		s1, err := adminClient("node-ssd-1").Stats(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		s2, err := adminClient("node-ssd-2").Stats(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		if s1.ContainerBytes == s2.ContainerBytes {
+			fill := newNamespace("fill")
+			placedSeries(pvcSeries(fill, "x")) // gives the namespace a token
+			push(fill, "filler", "node-ssd-1", randomTree(1024))
+			s1, _ = adminClient("node-ssd-1").Stats(ctx)
+		}
+		emptier := "node-ssd-1"
+		if s2.ContainerBytes < s1.ContainerBytes {
+			emptier = "node-ssd-2"
+		}
+		bs := placedSeries(pvcSeries(ns, "one"))
+		Expect(bs.Status.Worker.Node).To(Equal(emptier))
+		Expect(condition(bs.Status.Conditions, backupv1alpha1.ConditionPlaced).Status).To(Equal(metav1.ConditionTrue))
+		Eventually(func() []string { return eventNotes(bs) }).Should(ContainElement(
+			HavePrefix("WorkerSelected: Placed is True: least used ssd worker: node " + emptier)))
+
+		hdd := pvcSeries(ns, "cold")
+		hdd.Spec.Storage.Media = backupv1alpha1.MediaHDD
+		hdd = placedSeries(hdd)
+		Expect(hdd.Status.Worker.Node).To(Equal("node-hdd-1"))
+		Expect(hdd.Status.Worker.Endpoint).To(Equal("http://revault-worker-hdd-node-hdd-1.revault-system.svc:8420"))
+	})
+
+	It("waits in Pending while no worker of its media is ready", func() {
+		ns := newNamespace("pending")
+		pod := &corev1.Pod{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: "revault-worker-hdd-node-hdd-1"}, pod)).To(Succeed())
+		setPodReady(pod, false)
+		defer setPodReady(pod, true)
+		bs := pvcSeries(ns, "cold")
+		bs.Spec.Storage.Media = backupv1alpha1.MediaHDD
+		Expect(k8sClient.Create(ctx, bs)).To(Succeed())
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "cold").Status
+			g.Expect(st.Phase).To(Equal(backupv1alpha1.SeriesPending))
+			c := condition(st.Conditions, backupv1alpha1.ConditionPlaced)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal("NoWorker"))
+			g.Expect(c.Message).To(ContainSubstring("pod revault-worker-hdd-node-hdd-1 not ready"))
+		}).Should(Succeed())
+		setPodReady(pod, true)
+		Eventually(func() *backupv1alpha1.WorkerPlacement { return getSeries(ns, "cold").Status.Worker }).
+			WithTimeout(30 * time.Second).ShouldNot(BeNil())
+	})
+
+	It("adopts the worker that already holds the series", func() {
+		ns := newNamespace("adopt")
+		// The data arrives before the BackupSeries (e.g. the object was restored from a cluster
+		// backup and lost its status): the series must go back to that worker.
+		placedSeries(pvcSeries(ns, "token-holder"))
+		push(ns, "db", "node-ssd-2", randomTree(64))
+		bs := placedSeries(pvcSeries(ns, "db"))
+		Expect(bs.Status.Worker.Node).To(Equal("node-ssd-2"))
+		Eventually(func() []string { return eventNotes(bs) }).Should(ContainElement(
+			"Adopted: Placed is True: the ssd worker on node node-ssd-2 already holds series " + ns + "/db"))
+		Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(1))
+	})
+
+	It("reports external series and ignores backup-now for them", func() {
+		ns := newNamespace("ext")
+		bs := &backupv1alpha1.BackupSeries{
+			ObjectMeta: metav1.ObjectMeta{Name: "velero-pvc", Namespace: ns},
+			Spec: backupv1alpha1.BackupSeriesSpec{
+				Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
+			},
+		}
+		bs = placedSeries(bs)
+		annotate(bs, backupv1alpha1.BackupNowAnnotation, "now")
+		Eventually(func() []string { return eventReasons(bs) }).Should(ContainElement("BackupNowIgnored"))
+		Expect(backupJobs(ns, "velero-pvc")).To(BeEmpty())
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "velero-pvc-backup"}, &batchv1.CronJob{}))).To(BeTrue())
+		push(ns, "velero-pvc", bs.Status.Worker.Node, randomTree(64))
+		Eventually(func() int32 { return getSeries(ns, "velero-pvc").Status.VersionCount }).Should(BeEquivalentTo(1))
+	})
+
+	It("flags a schedule the cron parser rejects and runs no CronJob for it", func() {
+		ns := newNamespace("cron")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Schedule = "61 * * * *" // the right shape, an impossible minute
+		bs = placedSeries(bs)
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			c := condition(st.Conditions, backupv1alpha1.ConditionScheduleValid)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal("InvalidSchedule"))
+			g.Expect(c.Message).To(ContainSubstring(`schedule "61 * * * *" is not a valid cron schedule`))
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionReady).Reason).To(Equal("InvalidSchedule"))
+		}).Should(Succeed())
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))).To(BeTrue())
+	})
+
+	It("says when its RetentionPolicy does not exist", func() {
+		ns := newNamespace("norp")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "weekly"}
+		placedSeries(bs)
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Message).To(Equal("RetentionPolicy weekly not found in namespace " + ns + ": every version is kept"))
+		}).Should(Succeed())
+	})
+
+	It("keeps namespaces apart on the worker", func() {
+		a, b := newNamespace("team-a"), newNamespace("team-b")
+		sa := placedSeries(pvcSeries(a, "db"))
+		placedSeries(pvcSeries(b, "db"))
+		push(a, "db", sa.Status.Worker.Node, randomTree(32))
+		waitToken(b, sa.Status.Worker.Node)
+		tokB, err := os.ReadFile(nsTokenFile(b))
+		Expect(err).NotTo(HaveOccurred())
+		_, err = workerapi.New(workerURL[sa.Status.Worker.Node], string(tokB), nil).Series(ctx, a, "db")
+		var werr *workerapi.Error
+		Expect(err).To(BeAssignableToTypeOf(werr))
+		Expect(err.(*workerapi.Error).Status).To(Equal(403))
+		// Each namespace has its own token, and neither is the admin token.
+		tokA, _ := os.ReadFile(nsTokenFile(a))
+		Expect(string(tokA)).NotTo(Equal(string(tokB)))
+		sec := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
+		es, _ := tokens.Parse(string(sec.Data[plan.WorkerTokensKey]))
+		admin, _ := tokens.Lookup(es, tokens.AdminScope)
+		Expect(string(tokA)).NotTo(Equal(admin))
+	})
+
+	Context("when deleted", func() {
+		It("deletes the series from the worker with deletionPolicy Delete", func() {
+			ns := newNamespace("del")
+			bs := pvcSeries(ns, "db")
+			bs.Spec.DeletionPolicy = backupv1alpha1.DeletionDelete
+			bs = placedSeries(bs)
+			node := bs.Status.Worker.Node
+			push(ns, "db", node, randomTree(128))
+			Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(1))
+			_, err := adminClient(node).Series(ctx, ns, "db")
+			Expect(err).NotTo(HaveOccurred())
+
+			Expect(k8sClient.Delete(ctx, bs)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{}))
+			}).WithTimeout(20 * time.Second).Should(BeTrue())
+			expectNoData(node, ns, "db")
+		})
+
+		It("leaves the series on the worker with deletionPolicy Retain", func() {
+			ns := newNamespace("keep")
+			bs := placedSeries(pvcSeries(ns, "db"))
+			node := bs.Status.Worker.Node
+			push(ns, "db", node, randomTree(128))
+			Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(1))
+
+			Expect(k8sClient.Delete(ctx, bs)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{}))
+			}).WithTimeout(20 * time.Second).Should(BeTrue())
+			s, err := adminClient(node).Series(ctx, ns, "db")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(s.VersionList).To(HaveLen(1))
+		})
+
+		It("keeps the finalizer while the worker refuses, and retries", func() {
+			ns := newNamespace("stuck")
+			bs := pvcSeries(ns, "db")
+			bs.Spec.DeletionPolicy = backupv1alpha1.DeletionDelete
+			bs = placedSeries(bs)
+			node := bs.Status.Worker.Node
+			push(ns, "db", node, randomTree(64))
+			// Point the series at a worker that is not there: the operator must not drop the data
+			// silently.
+			Eventually(func() error {
+				cur := getSeries(ns, "db")
+				cur.Status.Worker.Node = "node-gone"
+				cur.Status.Worker.Endpoint = "http://127.0.0.1:1"
+				return k8sClient.Status().Update(ctx, cur)
+			}).Should(Succeed())
+			Expect(k8sClient.Delete(ctx, bs)).To(Succeed())
+			Eventually(func(g Gomega) {
+				cur := getSeries(ns, "db")
+				g.Expect(cur.Status.Phase).To(Equal(backupv1alpha1.SeriesDeleting))
+				c := condition(cur.Status.Conditions, backupv1alpha1.ConditionSynced)
+				g.Expect(c.Reason).To(Equal("DeleteFailed"))
+				g.Expect(c.Message).To(ContainSubstring("deleting the series from the ssd worker on node node-gone"))
+			}).WithTimeout(20 * time.Second).Should(Succeed())
+			Consistently(func() error {
+				return k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{})
+			}).WithTimeout(3 * time.Second).Should(Succeed())
+			// Back on its real worker, the deletion completes.
+			Eventually(func() error {
+				cur := getSeries(ns, "db")
+				cur.Status.Worker.Node = node
+				cur.Status.Worker.Endpoint = "http://revault-worker-ssd-" + node + ".revault-system.svc:8420"
+				return k8sClient.Status().Update(ctx, cur)
+			}).Should(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{}))
+			}).WithTimeout(30 * time.Second).Should(BeTrue())
+			expectNoData(node, ns, "db")
+		})
+	})
+})

@@ -1,0 +1,200 @@
+package controller
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/revault-io/revault/operator/internal/config"
+)
+
+// splitDocs splits a multi-document YAML stream into its non-empty objects.
+func splitDocs(s string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, doc := range strings.Split("\n"+s, "\n---") {
+		if strings.TrimSpace(strings.ReplaceAll(doc, "\n#", "\n")) == "" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal([]byte(doc), &u.Object)).To(Succeed(), doc)
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+func run(stdin string, name string, args ...string) (string, string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+func convert[T any](u *unstructured.Unstructured, out *T) *T {
+	b, err := yaml.Marshal(u.Object)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(yaml.Unmarshal(b, out)).To(Succeed())
+	return out
+}
+
+var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
+	var helm, kubectl, kubeconfig, chart string
+
+	BeforeAll(func() {
+		var err error
+		helm, err = exec.LookPath("helm")
+		Expect(err).NotTo(HaveOccurred(), "helm not on PATH: run hack/k8s-tools.sh")
+		kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
+		Expect(kubectl).To(BeAnExistingFile())
+		user, err := testEnv.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		kc, err := user.KubeConfig()
+		Expect(err).NotTo(HaveOccurred())
+		kubeconfig = filepath.Join(scratch, "kubeconfig")
+		Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
+		chart = filepath.Join(repoRoot, "charts", "revault")
+	})
+
+	template := func(ns string, set ...string) string {
+		args := []string{"template", "rv", chart, "--namespace", ns, "--kube-version", "1.33.13"}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		out, errOut, err := run("", helm, args...)
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		return out
+	}
+	dryRun := func(manifests string) string {
+		out, errOut, err := run(manifests, kubectl, "--kubeconfig", kubeconfig, "apply", "--server-side",
+			"--field-manager", "chart-test", "--dry-run=server", "-f", "-")
+		Expect(err).NotTo(HaveOccurred(), "kubectl apply --server-side --dry-run=server:\n%s%s", out, errOut)
+		return out
+	}
+
+	It("passes helm lint, and its schema rejects bad values", func() {
+		out, errOut, err := run("", helm, "lint", chart, "--strict", "--kube-version", "1.33.13")
+		Expect(err).NotTo(HaveOccurred(), out+errOut)
+		for set, want := range map[string]string{
+			"worker.pools[0].media=nvme": "at '/worker/pools/0/media': value must be one of 'ssd', 'hdd'",
+			"worker.hostPath=relative":   "at '/worker/hostPath': 'relative' does not match pattern '^/'",
+			"operator.syncPeriod=often":  "at '/operator/syncPeriod': 'often' does not match pattern",
+			"surprise=1":                 "additional properties 'surprise' not allowed",
+		} {
+			out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", set)
+			Expect(err).To(HaveOccurred(), "helm lint accepted --set %s", set)
+			Expect(out + errOut).To(ContainSubstring(want))
+		}
+	})
+
+	It("renders manifests the API server accepts (server-side dry run)", func() {
+		ns := newNamespace("chart")
+		rendered := template(ns, "worker.image.repository=revault.local/revault", "worker.image.tag=dev",
+			"operator.image.repository=revault.local/revault-operator", "operator.image.tag=dev")
+		out := dryRun(rendered)
+		Expect(out).To(ContainSubstring("deployment.apps/rv-revault-operator serverside-applied (server dry run)"))
+		Expect(out).To(ContainSubstring("customresourcedefinition.apiextensions.k8s.io/backupseries.backup.revault.io serverside-applied"))
+
+		objs := splitDocs(rendered)
+		kinds := map[string]int{}
+		for _, o := range objs {
+			kinds[o.GetKind()]++
+		}
+		Expect(kinds).To(Equal(map[string]int{
+			"CustomResourceDefinition": 3, "ServiceAccount": 1, "ClusterRole": 4, "ClusterRoleBinding": 1,
+			"Role": 1, "RoleBinding": 1, "ConfigMap": 1, "Deployment": 1, "Service": 1,
+		}))
+		generated, err := os.ReadFile(filepath.Join(repoRoot, "config", "rbac", "role.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		genRules := map[string][]rbacv1.PolicyRule{}
+		for _, g := range splitDocs(string(generated)) {
+			genRules[g.GetKind()] = convert(g, &rbacv1.ClusterRole{}).Rules
+		}
+		for _, o := range objs {
+			switch {
+			case o.GetKind() == "CustomResourceDefinition":
+				Expect(o.GetAnnotations()).To(HaveKeyWithValue("helm.sh/resource-policy", "keep"))
+			case o.GetKind() == "ClusterRole" && o.GetName() == "rv-revault-operator":
+				Expect(convert(o, &rbacv1.ClusterRole{}).Rules).To(Equal(genRules["ClusterRole"]))
+			case o.GetKind() == "Role":
+				Expect(o.GetNamespace()).To(Equal(ns))
+				Expect(convert(o, &rbacv1.Role{}).Rules).To(Equal(genRules["Role"]))
+			case o.GetKind() == "ConfigMap":
+				cfg, err := config.Parse([]byte(convert(o, &corev1.ConfigMap{}).Data["config.yaml"]))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(cfg.Namespace).To(Equal(ns))
+				Expect(cfg.Worker.Image).To(Equal("revault.local/revault:dev"))
+				Expect(cfg.Jobs.Image).To(Equal("revault.local/revault:dev"))
+				Expect(cfg.Pools).To(HaveLen(2))
+			case o.GetKind() == "Deployment":
+				d := convert(o, &appsv1.Deployment{})
+				pod := d.Spec.Template.Spec
+				Expect(*pod.SecurityContext.RunAsNonRoot).To(BeTrue())
+				c := pod.Containers[0]
+				Expect(c.Image).To(Equal("revault.local/revault-operator:dev"))
+				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
+				Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
+				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443"))
+			}
+		}
+		// Cluster-wide, the operator may read only Secrets named revault-token (the namespace
+		// token copies it writes); it reads other Secrets only in its own namespace (the Role).
+		for _, r := range genRules["ClusterRole"] {
+			if containsStr(r.Resources, "secrets") && len(r.ResourceNames) == 0 {
+				Expect(r.Verbs).NotTo(ContainElement(BeElementOf("get", "list", "watch")),
+					"cluster-wide secret read in %v", r)
+			}
+		}
+		Expect(genRules["ClusterRole"]).NotTo(ContainElement(HaveField("Verbs", ContainElement("*"))))
+	})
+
+	It("leaves the CRDs out with crd.enabled=false", func() {
+		ns := newNamespace("nocrd")
+		rendered := template(ns, "crd.enabled=false", "operator.metrics.enabled=false")
+		for _, o := range splitDocs(rendered) {
+			Expect(o.GetKind()).NotTo(Equal("CustomResourceDefinition"))
+			Expect(o.GetKind()).NotTo(Equal("Service"))
+		}
+		dryRun(rendered)
+	})
+
+	It("builds config/default with kustomize into manifests the API server accepts", func() {
+		out, errOut, err := run("", kubectl, "kustomize", filepath.Join(repoRoot, "config", "default"))
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		objs := splitDocs(out)
+		for _, o := range objs {
+			if o.GetNamespace() != "" {
+				Expect(o.GetNamespace()).To(Equal("revault-system"))
+			}
+			if o.GetKind() == "ConfigMap" {
+				cfg := convert(o, &corev1.ConfigMap{})
+				_, err := config.Parse([]byte(cfg.Data["config.yaml"]))
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+		dryRun(out)
+	})
+})
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+)
+
+func getPolicy(ns, name string) *backupv1alpha1.RetentionPolicy {
+	rp := &backupv1alpha1.RetentionPolicy{}
+	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, rp)).To(Succeed())
+	return rp
+}
+
+func updatePolicy(ns, name string, mutate func(*backupv1alpha1.RetentionPolicySpec)) {
+	Eventually(func() error {
+		rp := getPolicy(ns, name)
+		mutate(&rp.Spec)
+		return k8sClient.Update(ctx, rp)
+	}).Should(Succeed())
+}
+
+var _ = Describe("RetentionPolicy", func() {
+	BeforeEach(requireWorkers)
+
+	It("pushes its rules to the worker of every series using it, expires, and reports what it reclaimed", func() {
+		ns := newNamespace("rtp")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "short"}
+		bs = placedSeries(bs)
+		node := bs.Status.Worker.Node
+		for i := 0; i < 3; i++ {
+			push(ns, "db", node, randomTree(256))
+		}
+		Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(3))
+		storedBefore := getSeries(ns, "db").Status.StoredBytes
+
+		By("keeping the newest version only")
+		rp := &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "short", Namespace: ns},
+			Spec:       backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(1))},
+		}
+		Expect(k8sClient.Create(ctx, rp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			cur := getPolicy(ns, "short")
+			st := cur.Status
+			g.Expect(st.ObservedGeneration).To(Equal(cur.Generation))
+			g.Expect(st.SeriesCount).To(BeEquivalentTo(1))
+			g.Expect(st.Series).To(HaveLen(1))
+			g.Expect(st.Series[0].AppliedGeneration).To(Equal(cur.Generation))
+			g.Expect(st.Series[0].LastExpired).To(Equal([]int64{1, 2}))
+			g.Expect(st.Series[0].PendingExpiry).To(BeEmpty())
+			g.Expect(st.BytesReclaimed).To(BeNumerically(">", 0))
+			g.Expect(st.LastExpiryTime).NotTo(BeNil())
+			g.Expect(st.LastSlideTime).NotTo(BeNil())
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionApplied).Status).To(Equal(metav1.ConditionTrue))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		s, err := adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention).NotTo(BeNil())
+		Expect(s.Retention.Keep).To(HaveValue(BeEquivalentTo(1)))
+		Expect(s.Retention.Live).To(BeEquivalentTo(1))
+		Expect(s.Retention.Auto).To(BeTrue(), "without an expiry schedule the worker applies the policy after each backup")
+		Expect(s.VersionList).To(HaveLen(1))
+		Expect(s.VersionList[0].Number).To(BeEquivalentTo(3))
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.VersionCount).To(BeEquivalentTo(1))
+			g.Expect(st.Versions[0].Number).To(BeEquivalentTo(3))
+			g.Expect(st.StoredBytes).To(BeNumerically("<", storedBefore))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(eventReasons(rp)).To(ContainElements("RetentionStored", "Expired"))
+
+		By("showing what the next expiry removes")
+		updatePolicy(ns, "short", func(s *backupv1alpha1.RetentionPolicySpec) {
+			s.KeepVersions = ptr.To(int32(2))
+			s.ExpirySchedule = "0 3 * * *"
+		})
+		Eventually(func(g Gomega) {
+			cur := getPolicy(ns, "short")
+			g.Expect(cur.Status.Series[0].AppliedGeneration).To(Equal(cur.Generation))
+			g.Expect(cur.Status.NextExpiryTime).NotTo(BeNil())
+			g.Expect(condition(cur.Status.Conditions, backupv1alpha1.ConditionScheduled).Reason).To(Equal("Scheduled"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		s, err = adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention.Keep).To(HaveValue(BeEquivalentTo(2)))
+		Expect(s.Retention.Auto).To(BeFalse(), "with an expiry schedule the operator applies the policy")
+		push(ns, "db", node, randomTree(64))
+		push(ns, "db", node, randomTree(64))
+		Eventually(func(g Gomega) {
+			g.Expect(getPolicy(ns, "short").Status.Series[0].PendingExpiry).To(Equal([]int64{3}))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		By("expiring on the schedule")
+		next := getPolicy(ns, "short").Status.NextExpiryTime.Time
+		jump := time.Until(next) + time.Minute
+		clock.Advance(jump)
+		defer clock.Advance(-jump)
+		Eventually(func(g Gomega) {
+			st := getPolicy(ns, "short").Status
+			g.Expect(st.Series[0].LastExpired).To(Equal([]int64{3}))
+			g.Expect(st.Series[0].PendingExpiry).To(BeEmpty())
+			g.Expect(st.LastExpiryTime.Time).To(BeTemporally(">=", next))
+			g.Expect(st.NextExpiryTime.Time).To(BeTemporally(">", next))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(2))
+
+		By("clearing the rules on the worker when the series stops using the policy")
+		Eventually(func() error {
+			cur := getSeries(ns, "db")
+			cur.Spec.RetentionPolicyRef = nil
+			return k8sClient.Update(ctx, cur)
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			s, err := adminClient(node).Series(ctx, ns, "db")
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(s.Retention == nil || (s.Retention.Keep == nil && s.Retention.KeepWithinSeconds == nil)).To(BeTrue())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Eventually(func() []backupv1alpha1.SeriesRetentionStatus { return getPolicy(ns, "short").Status.Series }).Should(BeEmpty())
+	})
+
+	It("waits for series that are not placed yet", func() {
+		ns := newNamespace("rtpwait")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Storage.Media = backupv1alpha1.MediaHDD
+		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "p"}
+		pod := workerPod("node-hdd-1", backupv1alpha1.MediaHDD)
+		setPodReady(pod, false)
+		defer setPodReady(pod, true)
+		Expect(k8sClient.Create(ctx, bs)).To(Succeed())
+		rp := &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
+			Spec: backupv1alpha1.RetentionPolicySpec{KeepWithin: &metav1.Duration{Duration: 48 * time.Hour},
+				LiveVersions: ptr.To(int32(2))},
+		}
+		Expect(k8sClient.Create(ctx, rp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			c := condition(getPolicy(ns, "p").Status.Conditions, backupv1alpha1.ConditionApplied)
+			g.Expect(c.Reason).To(Equal("WaitingForPlacement"))
+			g.Expect(c.Message).To(Equal("not placed yet: db"))
+		}).Should(Succeed())
+		setPodReady(pod, true)
+		Eventually(func(g Gomega) {
+			g.Expect(condition(getPolicy(ns, "p").Status.Conditions, backupv1alpha1.ConditionApplied).Status).To(Equal(metav1.ConditionTrue))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		s, err := adminClient("node-hdd-1").Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention.KeepWithinSeconds).To(HaveValue(BeEquivalentTo(48 * 3600)))
+		Expect(s.Retention.Live).To(BeEquivalentTo(2))
+	})
+})
+
+// workerPod returns the fake worker pod of a node.
+func workerPod(node string, media backupv1alpha1.Media) *corev1.Pod {
+	pod := &corev1.Pod{}
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: operatorNS, Name: "revault-worker-" + string(media) + "-" + node}, pod)).To(Succeed())
+	return pod
+}

@@ -1,0 +1,304 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/config"
+	"github.com/revault-io/revault/operator/internal/plan"
+	"github.com/revault-io/revault/operator/internal/tokens"
+	"github.com/revault-io/revault/operator/internal/workerapi"
+)
+
+// The suite runs the operator's controllers in-process against a real kube-apiserver and etcd
+// (envtest, binaries from hack/k8s-binaries.sh) and real `revault serve` workers on loopback.
+// Envtest has no kubelet, scheduler or controller-manager: the tests play the DaemonSet
+// controller (worker pods bound to fake nodes and marked Ready), the kubelet (copying the worker
+// token Secret to the file the workers read, writing Job pods' termination messages) and the
+// Job controller (Job status), and run the real `revault push` / `pull` themselves.
+
+const operatorNS = "revault-system"
+
+var (
+	ctx       context.Context
+	cancel    context.CancelFunc
+	testEnv   *envtest.Environment
+	restCfg   *rest.Config
+	k8sClient client.Client
+	scheme    = runtime.NewScheme()
+	opConfig  *config.Config
+	clock     = &testClock{}
+	repoRoot  string
+	revault   string
+	scratch   string
+
+	// Three workers on three fake nodes: two SSD, one HDD.
+	workerNodes = []struct {
+		node  string
+		media backupv1alpha1.Media
+	}{{"node-ssd-1", backupv1alpha1.MediaSSD}, {"node-ssd-2", backupv1alpha1.MediaSSD}, {"node-hdd-1", backupv1alpha1.MediaHDD}}
+	workerURL = map[string]string{}
+)
+
+// testClock is the operator's clock in tests: real time plus an offset the tests move forward.
+type testClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
+
+func TestControllers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Controller Suite")
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	SetDefaultEventuallyTimeout(10 * time.Second)
+	SetDefaultEventuallyPollingInterval(100 * time.Millisecond)
+	ctx, cancel = context.WithCancel(context.TODO())
+
+	Expect(os.Getenv("KUBEBUILDER_ASSETS")).NotTo(BeEmpty(),
+		"KUBEBUILDER_ASSETS must name the dir with kube-apiserver, etcd and kubectl: run `make test-operator`, "+
+			"or export KUBEBUILDER_ASSETS=$(hack/k8s-binaries.sh envtest | tail -1)")
+	revault = os.Getenv("REVAULT_BIN")
+	Expect(revault).NotTo(BeEmpty(), "REVAULT_BIN must name the revault binary (make build)")
+
+	wd, err := os.Getwd()
+	Expect(err).NotTo(HaveOccurred())
+	repoRoot = filepath.Join(wd, "..", "..", "..")
+	scratch = GinkgoT().TempDir()
+
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	restCfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8sClient, err = client.New(restCfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}})).To(Succeed())
+
+	opConfig, err = config.Parse([]byte(`
+namespace: ` + operatorNS + `
+worker:
+  image: revault.local/revault:test
+  hostPath: /var/lib/revault
+pools:
+  - media: ssd
+  - media: hdd
+`))
+	Expect(err).NotTo(HaveOccurred())
+	for _, w := range workerNodes {
+		workerURL[w.node] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
+	}
+	// A node whose worker is gone for good: nothing listens there.
+	workerURL["node-gone"] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
+
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  CacheOptions(operatorNS),
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(SetupWithManager(mgr, Options{
+		Config:          opConfig,
+		WorkerOverrides: workerURL,
+		SyncPeriod:      time.Second,
+		SeriesWait:      3 * time.Second,
+		Now:             clock.Now,
+	})).To(Succeed())
+	go func() {
+		defer GinkgoRecover()
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+
+})
+
+var (
+	workersOnce  sync.Once
+	workersReady bool
+)
+
+// requireWorkers starts the loopback workers and their fake pods the first time a test needs
+// them (the CRD validation tests do not).
+func requireWorkers() {
+	workersOnce.Do(func() {
+		out, err := exec.Command(revault, "serve", "--help").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "%s serve --help: %s", revault, out)
+		// The operator creates the worker token file Secret; play the kubelet and keep a file
+		// in sync with it, then start the workers reading that file.
+		tokenFile := filepath.Join(scratch, "tokens")
+		Eventually(func() error { return syncTokenFile(tokenFile) }).WithTimeout(30 * time.Second).Should(Succeed())
+		go func() {
+			defer GinkgoRecover()
+			for ctx.Err() == nil {
+				if err := syncTokenFile(tokenFile); err != nil && ctx.Err() == nil {
+					GinkgoWriter.Printf("token file sync: %v\n", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		for _, w := range workerNodes {
+			startWorker(w.node, tokenFile)
+			makeWorkerPod(w.node, w.media)
+		}
+		workersReady = true
+	})
+	Expect(workersReady).To(BeTrue(), "the loopback workers failed to start (see the first failing test)")
+}
+
+var _ = AfterSuite(func() {
+	if cancel != nil {
+		cancel()
+	}
+	for _, p := range workerProcs {
+		_ = p.Process.Signal(os.Interrupt)
+	}
+	for _, p := range workerProcs {
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = p.Process.Kill()
+		}
+	}
+	if testEnv != nil {
+		Expect(testEnv.Stop()).To(Succeed())
+	}
+})
+
+var workerProcs []*exec.Cmd
+
+// syncTokenFile copies the worker token Secret to path when it changed (atomically, as the
+// kubelet updates Secret volumes).
+func syncTokenFile(path string) error {
+	sec := &corev1.Secret{}
+	if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec); err != nil {
+		return err
+	}
+	data := sec.Data[plan.WorkerTokensKey]
+	if old, err := os.ReadFile(path); err == nil && string(old) == string(data) {
+		return nil
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func startWorker(node, tokenFile string) {
+	store := filepath.Join(scratch, "store-"+node)
+	logf, err := os.Create(filepath.Join(scratch, "worker-"+node+".log"))
+	Expect(err).NotTo(HaveOccurred())
+	addr := workerURL[node][len("http://"):]
+	cmd := exec.Command(revault, "serve", "--store", store, "--init", "--listen", addr,
+		"--token-file", tokenFile, "--token-reload", "200ms", "--maintenance-interval", "0")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	Expect(cmd.Start()).To(Succeed())
+	workerProcs = append(workerProcs, cmd)
+	Eventually(func() error {
+		return workerapi.New(workerURL[node], "", nil).Ready(ctx)
+	}).WithTimeout(30*time.Second).Should(Succeed(), "worker on %s did not become ready (log: %s)", node, logf.Name())
+}
+
+// makeWorkerPod plays the DaemonSet controller and the kubelet: a worker pod bound to node,
+// running and ready.
+func makeWorkerPod(node string, media backupv1alpha1.Media) {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      plan.DaemonSetName(string(media)) + "-" + node,
+			Namespace: operatorNS,
+			Labels:    plan.WorkerLabels(string(media)),
+		},
+		Spec: corev1.PodSpec{
+			NodeName:   node,
+			Containers: []corev1.Container{{Name: "revault", Image: opConfig.Worker.Image}},
+		},
+	}
+	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+	setPodReady(pod, true)
+}
+
+func setPodReady(pod *corev1.Pod, ready bool) {
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	Eventually(func() error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return err
+		}
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
+		return k8sClient.Status().Update(ctx, pod)
+	}).Should(Succeed())
+}
+
+// adminClient talks to a worker with the operator's token.
+func adminClient(node string) *workerapi.Client {
+	sec := &corev1.Secret{}
+	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
+	es, err := tokens.Parse(string(sec.Data[plan.WorkerTokensKey]))
+	Expect(err).NotTo(HaveOccurred())
+	tok, ok := tokens.Lookup(es, tokens.AdminScope)
+	Expect(ok).To(BeTrue())
+	return workerapi.New(workerURL[node], tok, nil)
+}
+
+var nsCounter int
+
+// newNamespace creates a fresh namespace for one test.
+func newNamespace(prefix string) string {
+	nsCounter++
+	name := fmt.Sprintf("%s-%d", prefix, nsCounter)
+	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
+	return name
+}

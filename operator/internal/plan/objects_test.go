@@ -1,0 +1,187 @@
+package plan
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/config"
+)
+
+func testConfig(t *testing.T) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(`
+namespace: revault-system
+worker:
+  image: revault.local/revault:test
+  hostPath: /mnt/revault
+pools:
+  - media: ssd
+    nodeSelector: {disk: fast}
+    tolerations: [{key: storage, operator: Exists, effect: NoSchedule}]
+  - media: hdd
+jobs:
+  activeDeadlineSeconds: 3600
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestWorkerDaemonSet(t *testing.T) {
+	cfg := testConfig(t)
+	pool, _ := cfg.Pool(backupv1alpha1.MediaSSD)
+	ds := WorkerDaemonSet(cfg, pool)
+	if ds.Name != "revault-worker-ssd" || ds.Namespace != "revault-system" {
+		t.Fatalf("name %s/%s", ds.Namespace, ds.Name)
+	}
+	pod := ds.Spec.Template.Spec
+	if want := map[string]string{"disk": "fast", "revault.io/storage": "ssd"}; !reflect.DeepEqual(pod.NodeSelector, want) {
+		t.Errorf("nodeSelector %v, want %v", pod.NodeSelector, want)
+	}
+	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Key != "storage" {
+		t.Errorf("tolerations %v", pod.Tolerations)
+	}
+	c := pod.Containers[0]
+	wantArgs := []string{"serve", "--store", "/var/lib/revault", "--init", "--listen", "0.0.0.0:8420",
+		"--token-file", "/etc/revault/tokens/tokens", "--shutdown-delay", "5s", "--grace-period", "100s"}
+	if !reflect.DeepEqual(c.Args, wantArgs) || !reflect.DeepEqual(c.Command, []string{"revault"}) {
+		t.Errorf("command %v args %v", c.Command, c.Args)
+	}
+	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("probes %v %v", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
+	}
+	if hp := pod.Volumes[0].HostPath; hp == nil || hp.Path != "/mnt/revault/ssd" {
+		t.Errorf("store volume %+v", pod.Volumes[0])
+	}
+	if s := pod.Volumes[1].Secret; s == nil || s.SecretName != WorkerTokensSecret {
+		t.Errorf("tokens volume %+v", pod.Volumes[1])
+	}
+	sc := c.SecurityContext
+	if !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		len(sc.Capabilities.Add) != 0 {
+		t.Errorf("worker security context %+v", sc)
+	}
+	if *pod.AutomountServiceAccountToken {
+		t.Errorf("worker pods must not get an API token")
+	}
+	// The selector must match the template, and must not include the per-node label the
+	// operator adds later (a DaemonSet's selector is immutable).
+	for k, v := range ds.Spec.Selector.MatchLabels {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %s=%s not in the template labels", k, v)
+		}
+	}
+	if _, ok := ds.Spec.Selector.MatchLabels[LabelNode]; ok {
+		t.Errorf("selector includes %s", LabelNode)
+	}
+}
+
+func TestWorkerService(t *testing.T) {
+	cfg := testConfig(t)
+	svc := WorkerService(cfg, "hdd", "node-2")
+	if svc.Name != "revault-worker-hdd-node-2" || svc.Annotations[AnnotationNode] != "node-2" {
+		t.Fatalf("service %s %v", svc.Name, svc.Annotations)
+	}
+	want := map[string]string{LabelName: "revault", LabelComponent: "worker", LabelPool: "hdd", LabelNode: "node-2"}
+	if !reflect.DeepEqual(svc.Spec.Selector, want) {
+		t.Errorf("selector %v, want %v", svc.Spec.Selector, want)
+	}
+	if svc.Spec.Ports[0].Port != 8420 {
+		t.Errorf("port %d", svc.Spec.Ports[0].Port)
+	}
+	if got := WorkerEndpoint(svc.Name, "revault-system", 8420); got != "http://revault-worker-hdd-node-2.revault-system.svc:8420" {
+		t.Errorf("endpoint %s", got)
+	}
+}
+
+func series() *backupv1alpha1.BackupSeries {
+	return &backupv1alpha1.BackupSeries{
+		ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "team-a"},
+		Spec: backupv1alpha1.BackupSeriesSpec{
+			Source:   backupv1alpha1.BackupSource{PVC: &backupv1alpha1.PVCSource{ClaimName: "db-data"}},
+			Schedule: "0 2 * * *",
+			Dedup:    backupv1alpha1.DedupSpec{Unit: backupv1alpha1.DedupChunk},
+		},
+	}
+}
+
+func TestBackupJobs(t *testing.T) {
+	cfg := testConfig(t)
+	bs := series()
+	ep := "http://revault-worker-ssd-n1.revault-system.svc:8420"
+	cj := BackupCronJob(cfg, bs, ep)
+	if cj.Name != "db-backup" || cj.Spec.Schedule != "0 2 * * *" || cj.Spec.ConcurrencyPolicy != "Forbid" {
+		t.Fatalf("cronjob %s %q %s", cj.Name, cj.Spec.Schedule, cj.Spec.ConcurrencyPolicy)
+	}
+	job := BackupNowJob(cfg, bs, ep, "2025-01-01")
+	for _, spec := range []struct {
+		what string
+		pod  corev1.PodSpec
+	}{{"cronjob", cj.Spec.JobTemplate.Spec.Template.Spec}, {"job", job.Spec.Template.Spec}} {
+		c := spec.pod.Containers[0]
+		want := "--json --quiet push --server " + ep + " --token-file /etc/revault/token --series team-a/db --unit chunk /data"
+		if got := strings.Join(c.Args, " "); got != want {
+			t.Errorf("%s args:\n got %s\nwant %s", spec.what, got, want)
+		}
+		pvc := spec.pod.Volumes[0].PersistentVolumeClaim
+		if pvc == nil || pvc.ClaimName != "db-data" || !pvc.ReadOnly || !c.VolumeMounts[0].ReadOnly {
+			t.Errorf("%s: the source PVC must be mounted read-only: %+v %+v", spec.what, pvc, c.VolumeMounts[0])
+		}
+		if s := spec.pod.Volumes[1].Secret; s == nil || s.SecretName != NamespaceTokenSecret {
+			t.Errorf("%s: token volume %+v", spec.what, spec.pod.Volumes[1])
+		}
+		if c.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+			t.Errorf("%s: termination message policy %s", spec.what, c.TerminationMessagePolicy)
+		}
+		if !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"DAC_READ_SEARCH"}) {
+			t.Errorf("%s: backup capabilities %v", spec.what, c.SecurityContext.Capabilities.Add)
+		}
+		if spec.pod.RestartPolicy != corev1.RestartPolicyNever {
+			t.Errorf("%s: restart policy %s", spec.what, spec.pod.RestartPolicy)
+		}
+	}
+	if job.Spec.TTLSecondsAfterFinished == nil || *job.Spec.BackoffLimit != 3 || *job.Spec.ActiveDeadlineSeconds != 3600 {
+		t.Errorf("job limits %+v", job.Spec)
+	}
+	if job.Annotations[AnnotationSeries] != "db" || job.Labels[LabelSeries] != "db" || job.Labels[LabelComponent] != ComponentBackup {
+		t.Errorf("job labels %v annotations %v", job.Labels, job.Annotations)
+	}
+}
+
+func TestRestoreJob(t *testing.T) {
+	cfg := testConfig(t)
+	budget := resource.MustParse("100Mi")
+	rj := &backupv1alpha1.RestoreJob{
+		ObjectMeta: metav1.ObjectMeta{Name: "r1", Namespace: "team-a"},
+		Spec: backupv1alpha1.RestoreJobSpec{
+			SeriesRef: backupv1alpha1.LocalObjectReference{Name: "db"},
+			Version:   "latest",
+			TargetPVC: backupv1alpha1.PVCTarget{ClaimName: "db-restored"},
+			Cache:     backupv1alpha1.RestoreCacheSpec{Policy: "lru-container", MemoryBudget: &budget},
+		},
+	}
+	job := RestoreBatchJob(cfg, rj, "http://w:8420", 7)
+	c := job.Spec.Template.Spec.Containers[0]
+	want := "--json --quiet pull --server http://w:8420 --token-file /etc/revault/token --series team-a/db --version 7 --cache lru-container --cache-mib 100 -o /data/"
+	if got := strings.Join(c.Args, " "); got != want {
+		t.Errorf("args:\n got %s\nwant %s", got, want)
+	}
+	pvc := job.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim
+	if pvc == nil || pvc.ClaimName != "db-restored" || pvc.ReadOnly || c.VolumeMounts[0].ReadOnly {
+		t.Errorf("the target PVC must be mounted read-write: %+v", pvc)
+	}
+	if job.Name != "r1-restore" || job.Labels[LabelRestore] != "r1" || job.Annotations[AnnotationVersion] != "7" {
+		t.Errorf("job %s %v", job.Name, job.Labels)
+	}
+	if !slices.Contains(c.SecurityContext.Capabilities.Add, "CHOWN") || !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Errorf("restore security context %+v", c.SecurityContext)
+	}
+}
