@@ -53,8 +53,11 @@ def timed(*args):
 
 def criterion():
     log("criterion: chunking and fingerprinting")
-    subprocess.run(["cargo", "bench", "--locked", "-p", "revault-engine", "--bench", "pipeline", "--", "--noplot"],
-                   cwd=ROOT / "worker", check=True, stdout=subprocess.DEVNULL)
+    # --workspace, not -p: the same feature set as `make build`, so nothing
+    # (RocksDB above all) is rebuilt for the benchmark.
+    subprocess.run(["cargo", "bench", "--locked", "--workspace", "--bench", "pipeline", "--", "--noplot"],
+                   cwd=ROOT / "worker", check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
     out = {}
     base = TARGET / "criterion" / "hot-loop"
     for d in sorted(base.glob("*/*")):

@@ -198,6 +198,7 @@ pub fn backup(
         seg: Vec::new(),
         seg_len: 0,
         new_by_fp: HashMap::new(),
+        resolved: HashMap::new(),
         txn: Txn::default(),
         referenced: HashSet::new(),
         pinned: Vec::new(),
@@ -512,6 +513,10 @@ struct Dedup<'s> {
     seg_len: u64,
     /// Units created by this backup, by fingerprint: later repeats dedup to them.
     new_by_fp: HashMap<Fp, u64>,
+    /// What each fingerprint this backup decided resolved to (a unit it
+    /// stored, or the existing copy it referenced): repeats classified while
+    /// the first occurrence awaited its decision resolve the same way.
+    resolved: HashMap<Fp, u64>,
     txn: Txn,
     /// Distinct units this version references (each gets one live reference).
     referenced: HashSet<u64>,
@@ -766,13 +771,20 @@ impl Dedup<'_> {
             return Ok(());
         }
         let bytes: u64 = p.chunks.iter().map(|c| u64::from(c.len)).sum();
-        let id = match (self.new_by_fp.get(&p.fp).copied(), p.found) {
+        let repeat_of = match p.found {
+            // Classified as a repeat while the first occurrence awaited its
+            // decision: it goes wherever that one went.
+            None => self.resolved.get(&p.fp).copied(),
+            Some(_) => self.new_by_fp.get(&p.fp).copied(),
+        };
+        let id = match (repeat_of, p.found) {
             (Some(id), _) => id,
             (None, Some((id, u))) if !rewrite => {
                 self.window.note(u.container, bytes);
                 if self.referenced.insert(id) {
                     self.txn.ref_delta(id, 1, 0);
                 }
+                self.resolved.insert(p.fp, id);
                 id
             }
             (None, found) => {
@@ -848,6 +860,7 @@ impl Dedup<'_> {
             self.unique_chunks += unit.chunks.len() as u64;
         }
         self.new_by_fp.insert(fp, id);
+        self.resolved.insert(fp, id);
         self.txn.index_puts.push(((self.kind, fp), id));
         self.txn.new_units.push((
             id,

@@ -64,6 +64,8 @@ fn db_options(cache: &Cache) -> Options {
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     o.set_keep_log_file_num(4);
     o.set_max_total_wal_size(64 << 20);
+    // Every CLI command opens the store: do not read every table's statistics.
+    o.set_skip_stats_update_on_db_open(true);
     let mut b = BlockBasedOptions::default();
     b.set_block_cache(cache);
     b.set_bloom_filter(10.0, false);

@@ -178,3 +178,65 @@ fn the_default_cache_restores_with_less_memory_than_one_container() {
         }
     }
 }
+
+#[test]
+fn repeats_of_existing_data_inside_a_version_are_referenced_by_every_policy() {
+    // Version 2 is version 1 with a region of it repeated: all old data. With
+    // budgets that allow no rewriting, no policy may store anything new, even
+    // for repeats seen while the first occurrence waits for its decision.
+    let v1 = random(3 << 20, 41);
+    let mut v2 = v1.clone();
+    v2.extend_from_slice(&v1[100_000..900_000]);
+    let policies = [
+        RewriteSettings::None,
+        RewriteSettings::Capping {
+            segment: 5,
+            level: 100_000,
+        },
+        RewriteSettings::Cbr {
+            stream_context_mib: 5.0,
+            disk_context_mib: 2.0,
+            min_utility: 0.7,
+            limit: 0.0,
+        },
+        RewriteSettings::Fcrc {
+            segment: 5,
+            loss: 0.0,
+            cap: 100_000,
+        },
+        RewriteSettings::Lbw {
+            window: 5,
+            loss: 0.0,
+            cap: 100_000,
+        },
+    ];
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        for rewrite in &policies {
+            let (_d, store) = new_store(small_config());
+            for v in [&v1, &v2] {
+                let src = StreamSource::new("t", Cursor::new(v.clone()));
+                let opts = BackupOptions {
+                    unit: Some(unit),
+                    rewrite: Some(rewrite.clone()),
+                    ..Default::default()
+                };
+                let rep = backup(&store, "default/s", Box::new(src), &opts).unwrap();
+                if rep.version == 2 {
+                    assert_eq!(rep.rewritten_chunks, 0, "{unit:?} {}", rewrite.name());
+                    // Only the chunks (or segments) around the splice are new.
+                    let limit = if unit == DedupUnit::Chunk {
+                        32 << 10
+                    } else {
+                        200_000
+                    };
+                    assert!(
+                        rep.new_vbytes <= limit,
+                        "{unit:?} {}: {} new bytes",
+                        rewrite.name(),
+                        rep.new_vbytes
+                    );
+                }
+            }
+        }
+    }
+}

@@ -246,7 +246,10 @@ struct StoreRow {
     stored_mib: f64,
     on_disk_mib: f64,
     avg_container_mib: f64,
+    /// Latest version, FAA (the papers' restore engine).
     latest_speed_factor: f64,
+    /// Latest version, the default cache (opt).
+    latest_speed_factor_default: f64,
 }
 
 #[derive(Serialize, Clone)]
@@ -256,6 +259,7 @@ struct KnobRow {
     knob: String,
     value: f64,
     dedup_ratio: f64,
+    /// Latest version, FAA (the papers' restore engine).
     latest_speed_factor: f64,
 }
 
@@ -280,6 +284,58 @@ fn mib_s(bytes: u64, secs: f64) -> f64 {
 /// Each policy's knob and the values a sweep walks through.
 /// One setting of a policy's knob: (knob name, value, the settings).
 type Knob = (String, f64, RewriteSettings);
+
+/// The dedup-ratio loss at which the LBW paper compares policies (§6).
+const SAME_LOSS: f64 = 0.07;
+
+/// Per unit/policy: the speed factor at `SAME_LOSS` dedup loss, interpolated
+/// between the two sweep points around it (none if the sweep never gets
+/// there), with those points.
+fn at_same_loss(knobs: &[KnobRow], stores: &[StoreRow]) -> Vec<(String, Option<f64>, String)> {
+    let mut keys: Vec<(String, String)> = knobs
+        .iter()
+        .map(|k| (k.unit.clone(), k.policy.clone()))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(k.clone()));
+    let mut out = Vec::new();
+    for (unit, policy) in keys {
+        let Some(base) = stores
+            .iter()
+            .find(|r| r.scheme == format!("{unit}/none"))
+            .map(|r| r.dedup_ratio)
+        else {
+            continue;
+        };
+        let mut pts: Vec<(f64, f64)> = knobs
+            .iter()
+            .filter(|k| k.unit == unit && k.policy == policy)
+            .map(|k| (1.0 - k.dedup_ratio / base, k.latest_speed_factor))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let below = pts.iter().rev().find(|p| p.0 <= SAME_LOSS).copied();
+        let above = pts.iter().find(|p| p.0 >= SAME_LOSS).copied();
+        let sf = match (below, above) {
+            (Some(b), Some(a)) if a.0 > b.0 => {
+                Some(b.1 + (a.1 - b.1) * (SAME_LOSS - b.0) / (a.0 - b.0))
+            }
+            (Some(b), Some(_)) => Some(b.1),
+            _ => None,
+        };
+        let note = [below, above]
+            .iter()
+            .flatten()
+            .map(|p| format!("{:.1}% loss: {:.2}", p.0 * 100.0, p.1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        out.push((format!("{unit}/{policy}"), sf, note));
+    }
+    out
+}
+
+/// The restore cache of the rewrite papers' comparisons (Cao et al. FAST '19
+/// restore with a forward assembly area): knob sweeps, per-version plots.
+const PAPERS_CACHE: CachePolicy = CachePolicy::Faa;
 
 fn knob_values(policy: &str) -> Vec<Knob> {
     match policy {
@@ -405,12 +461,17 @@ fn schemes(a: SchemesArgs, json: bool) -> Result<()> {
         let dir = stores_dir.join(s.label.replace('/', "-"));
         let (store, reps) = build(&dir, a.container_mib, s, &versions, &pb)?;
         let t = store.totals()?;
-        let mut latest_sf = 0.0;
+        let (mut latest_sf, mut latest_sf_default) = (0.0, 0.0);
         for (i, b) in reps.iter().enumerate() {
             for cache in CachePolicy::ALL {
                 let r = restore_once(&store, b.version, cache, a.cache_mib)?;
-                if cache == CachePolicy::default() && i + 1 == reps.len() {
-                    latest_sf = r.speed_factor.unwrap_or(0.0);
+                if i + 1 == reps.len() {
+                    if cache == PAPERS_CACHE {
+                        latest_sf = r.speed_factor.unwrap_or(0.0);
+                    }
+                    if cache == CachePolicy::default() {
+                        latest_sf_default = r.speed_factor.unwrap_or(0.0);
+                    }
                 }
                 rows.push(SchemeRow {
                     unit: s.unit.clone(),
@@ -436,6 +497,7 @@ fn schemes(a: SchemesArgs, json: bool) -> Result<()> {
             on_disk_mib: t.container_bytes as f64 / MIB as f64,
             avg_container_mib: t.container_vbytes as f64 / t.containers.max(1) as f64 / MIB as f64,
             latest_speed_factor: latest_sf,
+            latest_speed_factor_default: latest_sf_default,
         });
         if si == memory_scheme {
             pb.set_message("cache memory sweep");
@@ -478,7 +540,7 @@ fn schemes(a: SchemesArgs, json: bool) -> Result<()> {
                 let r = restore_once(
                     &store,
                     reps.last().expect("versions").version,
-                    CachePolicy::default(),
+                    PAPERS_CACHE,
                     a.cache_mib,
                 )?;
                 pb.inc(1);
@@ -589,18 +651,19 @@ fn report(
         a.container_mib,
         a.cache_mib
     );
-    let _ = writeln!(s, "| scheme | dedup | with compression | stored MiB | avg container MiB | latest speed factor (FAA) |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "| scheme | dedup | with compression | stored MiB | avg container MiB | latest speed factor (FAA) | latest speed factor (opt, default) |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     for r in stores {
         let _ = writeln!(
             s,
-            "| {} | {:.2}x | {:.2}x | {:.1} | {:.2} | {:.2} |",
+            "| {} | {:.2}x | {:.2}x | {:.1} | {:.2} | {:.2} | {:.2} |",
             r.scheme,
             r.dedup_ratio,
             r.dedup_ratio_compressed,
             r.stored_mib,
             r.avg_container_mib,
-            r.latest_speed_factor
+            r.latest_speed_factor,
+            r.latest_speed_factor_default
         );
     }
     let latest = rows.iter().map(|r| r.version).max().unwrap_or(0);
@@ -629,6 +692,22 @@ fn report(
         let _ = writeln!(s, "| {} | {} |", st.scheme, cells.join(" | "));
     }
     if !knobs.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nAt the same dedup-ratio loss ({:.0}% below the unit's no-rewrite dedup, interpolated \
+             along each knob sweep; FAA {} MiB):\n",
+            SAME_LOSS * 100.0,
+            a.cache_mib
+        );
+        let _ = writeln!(
+            s,
+            "| unit/policy | latest speed factor | measured points around it |"
+        );
+        let _ = writeln!(s, "|---|---:|---|");
+        for (key, sf, note) in at_same_loss(knobs, stores) {
+            let sf = sf.map_or("not reached".to_string(), |v| format!("{v:.2}"));
+            let _ = writeln!(s, "| {key} | {sf} | {note} |");
+        }
         let _ = writeln!(
             s,
             "\nKnob sweeps (dedup ratio → latest speed factor, FAA {} MiB):\n",
@@ -767,7 +846,7 @@ fn plot_per_version(
     policies.retain(|p| seen.insert(p.clone()));
     let dflt: Vec<&SchemeRow> = rows
         .iter()
-        .filter(|r| r.cache == CachePolicy::default().name())
+        .filter(|r| r.cache == PAPERS_CACHE.name())
         .collect();
     let y1 = dflt.iter().map(|r| f(r)).fold(0f64, f64::max) * 1.15 + 1e-9;
     let x1 = dflt
