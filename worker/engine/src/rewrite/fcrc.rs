@@ -49,7 +49,7 @@ impl Fcrc {
             seen_chunks: 0,
             seen_unique: 0,
         };
-        if hint.unique_chunks > 0 && hint.logical_bytes > 0 {
+        if hint.estimates_an_increment() {
             f.h_rw = Some(per_segment_budget(
                 hint.unique_chunks as f64,
                 loss,

@@ -73,7 +73,7 @@ impl Lbw {
         hint: VersionHint,
     ) -> Self {
         let cycle_bytes = window as u64 * container_bytes;
-        let h_rw = if hint.unique_chunks > 0 && hint.logical_bytes > 0 {
+        let h_rw = if hint.estimates_an_increment() {
             let total = hint.unique_chunks as f64 * loss / (1.0 - loss);
             total
                 / (hint.logical_bytes as f64 / cycle_bytes as f64)

@@ -253,6 +253,18 @@ pub struct VersionHint {
     pub logical_bytes: u64,
 }
 
+impl VersionHint {
+    /// Whether the previous version's unique chunks estimate this one's, as
+    /// FCRC's budget assumes. Not when most of it was new (a series' first
+    /// backup, or a complete change): an incremental version after a first
+    /// full backup would get a budget the size of the whole first version.
+    /// The budget then comes from this backup's own running counts, the
+    /// paper's estimate for streams without a previous version.
+    pub fn estimates_an_increment(&self) -> bool {
+        self.unique_chunks > 0 && self.logical_bytes > 0 && self.unique_chunks * 2 <= self.chunks
+    }
+}
+
 /// Chunks per old container (CNRC) over a set of items.
 pub(crate) fn cnrc<'a>(
     items: impl Iterator<Item = &'a Item>,
@@ -298,6 +310,23 @@ pub(crate) fn rc_reads(mut counts: Vec<u64>, allowed: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_first_full_backup_does_not_size_the_next_budget() {
+        let first = VersionHint {
+            chunks: 1000,
+            unique_chunks: 990,
+            logical_bytes: 8 << 20,
+        };
+        let increment = VersionHint {
+            chunks: 1000,
+            unique_chunks: 30,
+            logical_bytes: 8 << 20,
+        };
+        assert!(!first.estimates_an_increment());
+        assert!(increment.estimates_an_increment());
+        assert!(!VersionHint::default().estimates_an_increment());
+    }
 
     #[test]
     fn bounds_follow_the_paper() {
