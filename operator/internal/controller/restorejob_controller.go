@@ -74,6 +74,15 @@ func (r *RestoreJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		if err := r.Status().Update(ctx, rj); err != nil {
 			return ctrl.Result{}, err
 		}
+		// Count a finished restore only once its terminal phase is stored: a
+		// conflicting update is retried by a new reconcile, which would count
+		// it again.
+		switch st.Phase {
+		case backupv1alpha1.RestoreSucceeded:
+			metrics.Restores.WithLabelValues("succeeded").Inc()
+		case backupv1alpha1.RestoreFailed:
+			metrics.Restores.WithLabelValues("failed").Inc()
+		}
 	}
 	return res, nil
 }
@@ -247,7 +256,6 @@ func (r *RestoreJobReconciler) observe(ctx context.Context, rj *backupv1alpha1.R
 	}
 	cs.setTrue(backupv1alpha1.ConditionComplete, "Succeeded",
 		fmt.Sprintf("restored version %d (%d bytes) into PVC %s%s", st.ResolvedVersion, st.RestoredBytes, rj.Spec.TargetPVC.ClaimName, note))
-	metrics.Restores.WithLabelValues("succeeded").Inc()
 	r.setPhase(rj, backupv1alpha1.RestoreSucceeded)
 	return ctrl.Result{}, nil
 }
@@ -257,7 +265,6 @@ func (r *RestoreJobReconciler) fail(rj *backupv1alpha1.RestoreJob, cs conditionS
 	rj.Status.CompletionTime = &now
 	cs.setTrue(backupv1alpha1.ConditionFailed, reason, msg)
 	cs.setFalse(backupv1alpha1.ConditionComplete, reason, msg)
-	metrics.Restores.WithLabelValues("failed").Inc()
 	r.setPhase(rj, backupv1alpha1.RestoreFailed)
 }
 

@@ -577,31 +577,40 @@ impl ContainerFile {
         Ok(end - start)
     }
 
-    /// Decodes data-space range `[vaddr, vaddr+out.len())` into `out`.
-    /// Convenience for callers that need one range (check, repack).
+    /// Decodes data-space range `[vaddr, vaddr+out.len())` into `out`: one
+    /// read, blocks checksummed and decompressed in parallel (a whole
+    /// container is decoded by every core; restores wait on this).
     pub fn read_range(&self, vaddr: u64, out: &mut [u8]) -> Result<()> {
+        use rayon::prelude::*;
         let blocks = self.footer.blocks_for(vaddr, out.len() as u64);
         let mut stored = Vec::new();
         self.read_blocks(blocks.clone(), &mut stored)?;
         let base_off = self.footer.blocks[blocks.start].offset;
-        let mut plain = Vec::new();
         let end = vaddr + out.len() as u64;
+        // Each block's share of `out`, as disjoint slices.
+        let mut parts: Vec<(&BlockInfo, &mut [u8])> = Vec::with_capacity(blocks.len());
+        let mut rest = out;
         for bi in blocks {
             let b = &self.footer.blocks[bi];
-            let s = (b.offset - base_off) as usize;
-            plain.resize(b.vlen as usize, 0);
-            decode_block(
-                self.id,
-                b,
-                &stored[s..s + b.stored_len as usize],
-                &mut plain,
-            )?;
             let lo = vaddr.max(b.vbase);
             let hi = end.min(b.vbase + u64::from(b.vlen));
-            out[(lo - vaddr) as usize..(hi - vaddr) as usize]
-                .copy_from_slice(&plain[(lo - b.vbase) as usize..(hi - b.vbase) as usize]);
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut((hi - lo) as usize);
+            parts.push((b, part));
+            rest = tail;
         }
-        Ok(())
+        parts.into_par_iter().with_max_len(4).try_for_each(|(b, part)| {
+            let s = (b.offset - base_off) as usize;
+            let src = &stored[s..s + b.stored_len as usize];
+            if part.len() == b.vlen as usize {
+                return decode_block(self.id, b, src, part);
+            }
+            // A block the range only partly covers: decode it whole, copy the part.
+            let mut plain = vec![0u8; b.vlen as usize];
+            decode_block(self.id, b, src, &mut plain)?;
+            let lo = (vaddr.max(b.vbase) - b.vbase) as usize;
+            part.copy_from_slice(&plain[lo..lo + part.len()]);
+            Ok(())
+        })
     }
 }
 
