@@ -92,6 +92,14 @@ fn main() {
             return;
         }
     };
+    // Offline commands end quietly when the pipe they print into closes
+    // (`revault list | head`), like other Unix tools, instead of panicking in
+    // `println!`. Not for serve, push and pull: their sockets must never raise
+    // SIGPIPE, and an interrupted local command is crash-safe by design.
+    // SAFETY: called before any thread is started; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     init_cli_logging();
     exit_on_error(cli::run(cli), json);
 }

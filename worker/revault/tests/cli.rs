@@ -403,3 +403,55 @@ fn restoring_to_a_device_writes_it_in_place() {
         "the FIFO is still a FIFO"
     );
 }
+
+#[test]
+fn a_closed_output_pipe_ends_a_restore_quietly() {
+    // `revault restore -o - | head -c 100` is how people peek at a version:
+    // the restore must stop when the reader goes away, without a panic.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let input = dir.path().join("in");
+    std::fs::write(&input, random(8 << 20, 4)).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        input.to_str().unwrap(),
+    ]);
+    let mut child = Command::new(bin())
+        .args([
+            "-q",
+            "restore",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            "-o",
+            "-",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    use std::io::Read;
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap(); // then dropped: closed
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(&head[..], &std::fs::read(&input).unwrap()[..100]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("panicked"),
+        "no panic on a closed pipe: {stderr}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "ended by SIGPIPE like other tools: {:?}",
+        out.status
+    );
+}
