@@ -598,19 +598,22 @@ impl ContainerFile {
             parts.push((b, part));
             rest = tail;
         }
-        parts.into_par_iter().with_max_len(4).try_for_each(|(b, part)| {
-            let s = (b.offset - base_off) as usize;
-            let src = &stored[s..s + b.stored_len as usize];
-            if part.len() == b.vlen as usize {
-                return decode_block(self.id, b, src, part);
-            }
-            // A block the range only partly covers: decode it whole, copy the part.
-            let mut plain = vec![0u8; b.vlen as usize];
-            decode_block(self.id, b, src, &mut plain)?;
-            let lo = (vaddr.max(b.vbase) - b.vbase) as usize;
-            part.copy_from_slice(&plain[lo..lo + part.len()]);
-            Ok(())
-        })
+        parts
+            .into_par_iter()
+            .with_max_len(4)
+            .try_for_each(|(b, part)| {
+                let s = (b.offset - base_off) as usize;
+                let src = &stored[s..s + b.stored_len as usize];
+                if part.len() == b.vlen as usize {
+                    return decode_block(self.id, b, src, part);
+                }
+                // A block the range only partly covers: decode it whole, copy the part.
+                let mut plain = vec![0u8; b.vlen as usize];
+                decode_block(self.id, b, src, &mut plain)?;
+                let lo = (vaddr.max(b.vbase) - b.vbase) as usize;
+                part.copy_from_slice(&plain[lo..lo + part.len()]);
+                Ok(())
+            })
     }
 }
 
