@@ -82,7 +82,10 @@ pub struct RestoreReport {
     pub speed_factor: Option<f64>,
     /// Levels of indirect references followed (0 for a live version).
     pub chain_depth: u32,
+    /// The cache that ran (what `auto` chose, when it was asked for).
     pub cache: String,
+    /// Whether `cache` was chosen by `auto`.
+    pub cache_auto: bool,
     pub cache_bytes: u64,
     /// The most memory the cache held (never more than `cache_bytes`).
     pub peak_cache_bytes: u64,
@@ -555,10 +558,24 @@ pub fn restore(
         version: v.number,
         kind: Some(v.kind),
         logical_bytes: v.logical_bytes,
-        cache: opts.cache.name().to_string(),
         cache_bytes: opts.cache_bytes.max(MIB),
         ..Default::default()
     };
+    // Every cache but the FAA runs on the version's resolved chunk positions;
+    // `auto` counts on them which of faa and opt reads fewer containers.
+    let mut policy = opts.cache;
+    let mut locs = Vec::new();
+    if policy != CachePolicy::Faa {
+        let parts = recipe_entries(&view, &s, &v)?;
+        let (l, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
+        rep.chain_depth = depth;
+        if policy == CachePolicy::Auto {
+            policy = crate::caches::choose(&l, rep.cache_bytes, store.config().container_bytes);
+            rep.cache_auto = true;
+        }
+        locs = l;
+    }
+    rep.cache = policy.name().to_string();
     let run = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
         let mut out = Progressed {
             out,
@@ -566,16 +583,13 @@ pub fn restore(
             next: PROGRESS_STEP,
             progress: opts.progress.clone(),
         };
-        match opts.cache {
+        match policy {
             CachePolicy::Faa => {
                 let (extents, depth) = version_extents(&view, &s, &v)?;
                 rep.chain_depth = depth;
                 run_faa(&view, extents, opts, &mut out, rep)
             }
             policy => {
-                let parts = recipe_entries(&view, &s, &v)?;
-                let (locs, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
-                rep.chain_depth = depth;
                 let st = crate::caches::run(store, policy, &locs, rep.cache_bytes, &mut out)?;
                 rep.container_reads = st.reads;
                 rep.bytes_read = st.bytes_read;

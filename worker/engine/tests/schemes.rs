@@ -82,7 +82,7 @@ proptest! {
                     "CBR rewrote {} of {} chunks at a limit of {limit}", rep.rewritten_chunks, rep.chunks);
             }
         }
-        for cache in CachePolicy::ALL {
+        for cache in CachePolicy::ALL.into_iter().chain([CachePolicy::Auto]) {
             for (i, want) in h.iter().enumerate() {
                 let mut out = Vec::new();
                 let opts = RestoreOptions { cache, cache_bytes: budget_mib * MIB, ..Default::default() };
@@ -123,6 +123,72 @@ fn opt_never_reads_more_containers_than_lru() {
     };
     let (opt, lru) = (reads(CachePolicy::Opt), reads(CachePolicy::LruContainer));
     assert!(opt <= lru, "opt {opt} reads, lru-container {lru}");
+}
+
+/// Container reads of the latest version of `series`, and the cache that ran.
+fn latest_reads(
+    store: &revault_engine::store::Store,
+    cache: CachePolicy,
+    budget: u64,
+) -> (u64, String) {
+    let mut out = Vec::new();
+    let opts = RestoreOptions {
+        cache,
+        cache_bytes: budget,
+        ..Default::default()
+    };
+    let rep = restore(
+        store,
+        "default/s",
+        VersionSel::Latest,
+        &opts,
+        RestoreTarget::Writer(&mut out),
+    )
+    .unwrap();
+    (rep.container_reads, rep.cache)
+}
+
+#[test]
+fn auto_runs_whichever_of_faa_and_opt_reads_fewer_containers() {
+    // 1 MiB containers, 3 MiB of restore memory.
+    let budget = 3 * MIB;
+
+    // A version that repeats its first 2 MiB after 2 MiB of other data: the
+    // assembly area has forgotten the repeat's containers by then, Belady's
+    // cache has kept them.
+    let (_d, store) = new_store(small_config());
+    let (a, b) = (random(2 << 20, 21), random(2 << 20, 22));
+    backup_bytes(
+        &store,
+        "default/s",
+        &[a.clone(), b, a].concat(),
+        DedupUnit::Chunk,
+    );
+    let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
+    let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
+    assert!(opt < faa, "opt {opt} reads, faa {faa}");
+    let (auto, ran) = latest_reads(&store, CachePolicy::Auto, budget);
+    assert_eq!((auto, ran.as_str()), (opt, "opt"));
+
+    // A version woven from 64 KiB pieces of eight earlier ones: every window
+    // needs all eight containers, more than three fit in a container cache.
+    let (_d, store) = new_store(small_config());
+    let olds: Vec<Vec<u8>> = (0..8).map(|i| random(1 << 20, 30 + i)).collect();
+    for o in &olds {
+        backup_bytes(&store, "default/s", o, DedupUnit::Chunk);
+    }
+    let mut woven = Vec::new();
+    for k in 0..16 {
+        for o in &olds {
+            woven.extend_from_slice(&o[k << 16..(k + 1) << 16]);
+        }
+    }
+    backup_bytes(&store, "default/s", &woven, DedupUnit::Chunk);
+    let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
+    let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
+    assert!(faa < opt, "faa {faa} reads, opt {opt}");
+    let (auto, ran) = latest_reads(&store, CachePolicy::Auto, budget);
+    assert_eq!((auto, ran.as_str()), (faa, "faa"));
 }
 
 #[test]

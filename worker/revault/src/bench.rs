@@ -248,7 +248,7 @@ struct StoreRow {
     avg_container_mib: f64,
     /// Latest version, FAA (the papers' restore engine).
     latest_speed_factor: f64,
-    /// Latest version, the default cache (opt).
+    /// Latest version, the default cache (auto: faa or opt).
     latest_speed_factor_default: f64,
 }
 
@@ -464,17 +464,20 @@ fn schemes(a: SchemesArgs, json: bool) -> Result<()> {
         let dir = stores_dir.join(s.label.replace('/', "-"));
         let (store, reps) = build(&dir, a.container_mib, s, &versions, &pb)?;
         let t = store.totals()?;
-        let (mut latest_sf, mut latest_sf_default) = (0.0, 0.0);
+        let mut latest_sf = 0.0;
+        // The default cache (auto: faa or opt, chosen per restore) on the
+        // latest version.
+        let latest_sf_default = match reps.last() {
+            Some(b) => restore_once(&store, b.version, CachePolicy::default(), a.cache_mib)?
+                .speed_factor
+                .unwrap_or(0.0),
+            None => 0.0,
+        };
         for (i, b) in reps.iter().enumerate() {
             for cache in CachePolicy::ALL {
                 let r = restore_once(&store, b.version, cache, a.cache_mib)?;
-                if i + 1 == reps.len() {
-                    if cache == PAPERS_CACHE {
-                        latest_sf = r.speed_factor.unwrap_or(0.0);
-                    }
-                    if cache == CachePolicy::default() {
-                        latest_sf_default = r.speed_factor.unwrap_or(0.0);
-                    }
+                if i + 1 == reps.len() && cache == PAPERS_CACHE {
+                    latest_sf = r.speed_factor.unwrap_or(0.0);
                 }
                 rows.push(SchemeRow {
                     unit: s.unit.clone(),
@@ -641,7 +644,7 @@ fn report(
     let mut s = String::new();
     let logical: u64 = rows
         .iter()
-        .filter(|r| r.cache == CachePolicy::default().name())
+        .filter(|r| r.cache == PAPERS_CACHE.name())
         .take(versions.len())
         .map(|r| r.logical_bytes)
         .sum();
@@ -654,7 +657,7 @@ fn report(
         a.container_mib,
         a.cache_mib
     );
-    let _ = writeln!(s, "| scheme | dedup | with compression | stored MiB | avg container MiB | latest speed factor (FAA) | latest speed factor (opt, default) |");
+    let _ = writeln!(s, "| scheme | dedup | with compression | stored MiB | avg container MiB | latest speed factor (FAA) | latest speed factor (auto, default) |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     for r in stores {
         let _ = writeln!(

@@ -152,8 +152,9 @@ pub struct RestoreArgs {
     /// Restore memory, MiB: the forward assembly area or the cache.
     #[arg(long, default_value_t = 64)]
     pub cache_mib: u64,
-    /// Restore cache: opt (default), faa, lru-container, lru-chunk or dasm.
-    #[arg(long, default_value = "opt")]
+    /// Restore cache: auto (default: faa or opt, whichever the recipe says
+    /// reads fewer containers), faa, opt, lru-container, lru-chunk or dasm.
+    #[arg(long, default_value = "auto")]
     pub cache: String,
     /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
     /// `/`) to extract a directory version into. A directory version written to

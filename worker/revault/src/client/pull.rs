@@ -24,7 +24,7 @@ pub struct PullArgs {
     /// A version number or `latest`.
     #[arg(long, default_value = "latest")]
     pub version: String,
-    /// Restore cache on the server: opt (default), faa, lru-container, lru-chunk or dasm.
+    /// Restore cache on the server: auto (default), faa, opt, lru-container, lru-chunk or dasm.
     #[arg(long)]
     pub cache: Option<String>,
     /// Restore memory on the server, MiB.
