@@ -6,14 +6,15 @@ import (
 )
 
 // CachePolicy is the restore cache the worker uses to read containers.
-// +kubebuilder:validation:Enum=opt;faa;lru-container;lru-chunk;dasm
+// +kubebuilder:validation:Enum=auto;opt;faa;lru-container;lru-chunk;dasm
 type CachePolicy string
 
 // RestoreCacheSpec is the restore cache and its memory budget.
 type RestoreCacheSpec struct {
-	// Policy: opt (Belady container cache over the known recipe, default; reads the fewest
-	// containers), faa (forward assembly area), lru-container, lru-chunk, or dasm.
-	// +kubebuilder:default=opt
+	// Policy: auto (default: faa or opt, whichever the worker counts fewer container reads
+	// for on the version's recipe), opt (Belady container cache over the known recipe),
+	// faa (forward assembly area), lru-container, lru-chunk, or dasm.
+	// +kubebuilder:default=auto
 	// +optional
 	Policy CachePolicy `json:"policy,omitempty"`
 
@@ -53,7 +54,7 @@ type RestoreJobSpec struct {
 	TargetPVC PVCTarget `json:"targetPVC"`
 
 	// Cache is the restore cache policy and memory budget.
-	// +kubebuilder:default={policy: opt, memoryBudget: "64Mi"}
+	// +kubebuilder:default={policy: auto, memoryBudget: "64Mi"}
 	// +optional
 	Cache RestoreCacheSpec `json:"cache"`
 }

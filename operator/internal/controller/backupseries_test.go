@@ -164,7 +164,7 @@ var _ = Describe("BackupSeries", func() {
 			g.Expect(c.Message).To(ContainSubstring(failure))
 			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionReady).Status).To(Equal(metav1.ConditionFalse))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
-		Expect(eventReasons(bs)).To(ContainElements("WorkerSelected", "ScheduleCreated", "BackupStarted", "JobFailed", "PhaseFailed"))
+		Eventually(func() []string { return eventReasons(bs) }).Should(ContainElements("WorkerSelected", "ScheduleCreated", "BackupStarted", "JobFailed", "PhaseFailed"))
 
 		By("removing the CronJob when the schedule goes")
 		Eventually(func() error {

@@ -183,7 +183,8 @@ func eventNotes(obj client.Object) []string {
 	return out
 }
 
-// eventReasons lists the reasons of the events recorded for an object.
+// eventReasons lists the reasons of the events recorded for an object. The recorder sends
+// events asynchronously: assert on them with Eventually.
 func eventReasons(obj client.Object) []string {
 	var evs corev1.EventList
 	Expect(k8sClient.List(ctx, &evs, client.InNamespace(obj.GetNamespace()))).To(Succeed())

@@ -120,7 +120,7 @@ var _ = Describe("RestoreJob", func() {
 		Expect(metav1.IsControlledBy(job, rj)).To(BeTrue())
 		c := job.Spec.Template.Spec.Containers[0]
 		Expect(strings.Join(c.Args, " ")).To(Equal("--json --quiet pull --server http://revault-worker-ssd-" + node +
-			".revault-system.svc:8420 --token-file /etc/revault/token --series " + ns + "/db --version 1 --cache opt --cache-mib 64 -o /data/"))
+			".revault-system.svc:8420 --token-file /etc/revault/token --series " + ns + "/db --version 1 --cache auto --cache-mib 64 -o /data/"))
 		vol := job.Spec.Template.Spec.Volumes[0]
 		Expect(vol.PersistentVolumeClaim.ClaimName).To(Equal("restored"))
 		Expect(vol.PersistentVolumeClaim.ReadOnly).To(BeFalse())
@@ -146,7 +146,7 @@ var _ = Describe("RestoreJob", func() {
 		Expect(complete.Status).To(Equal(metav1.ConditionTrue))
 		Expect(complete.ObservedGeneration).To(Equal(rj.Generation))
 		Expect(metricValue("revault_operator_restores_total", "result=succeeded")).To(Equal(before + 1))
-		Expect(eventReasons(rj)).To(ContainElements("PhaseRunning", "RestoreStarted", "PhaseSucceeded"))
+		Eventually(func() []string { return eventReasons(rj) }).Should(ContainElements("PhaseRunning", "RestoreStarted", "PhaseSucceeded"))
 	})
 
 	It("resolves latest and a point in time once, when it starts", func() {

@@ -78,7 +78,7 @@ var _ = Describe("RetentionPolicy", func() {
 			g.Expect(st.Versions[0].Number).To(BeEquivalentTo(3))
 			g.Expect(st.StoredBytes).To(BeNumerically("<", storedBefore))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
-		Expect(eventReasons(rp)).To(ContainElements("RetentionStored", "Expired"))
+		Eventually(func() []string { return eventReasons(rp) }).Should(ContainElements("RetentionStored", "Expired"))
 
 		By("showing what the next expiry removes")
 		updatePolicy(ns, "short", func(s *backupv1alpha1.RetentionPolicySpec) {

@@ -186,7 +186,7 @@ spec: {keepWithin: 30d}
 		rj := restore(func(*backupv1alpha1.RestoreJob) {})
 		Expect(k8sClient.Create(ctx, rj, client.DryRunAll)).To(Succeed())
 		Expect(rj.Spec.Version).To(Equal("latest"))
-		Expect(rj.Spec.Cache.Policy).To(BeEquivalentTo("opt"))
+		Expect(rj.Spec.Cache.Policy).To(BeEquivalentTo("auto"))
 		Expect(rj.Spec.Cache.MemoryBudget.String()).To(Equal("64Mi"))
 		for _, v := range []string{"12", "2025-06-01T00:00:00Z", "2025-06-01T02:00:00.5+02:00"} {
 			rj := restore(func(r *backupv1alpha1.RestoreJob) { r.Spec.Version = v })

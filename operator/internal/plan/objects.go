@@ -325,7 +325,7 @@ func BackupNowJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint,
 func RestoreArgs(rj *backupv1alpha1.RestoreJob, endpoint string, version int64) []string {
 	policy := string(rj.Spec.Cache.Policy)
 	if policy == "" {
-		policy = "opt"
+		policy = "auto"
 	}
 	budget := int64(64 << 20)
 	if rj.Spec.Cache.MemoryBudget != nil {
