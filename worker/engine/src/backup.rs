@@ -44,6 +44,13 @@ const BUF_BYTES: usize = 4 << 20;
 
 pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
 
+/// Extra metadata a backup commits atomically with its version: called with
+/// the new version's number and logical size just before the commit, it
+/// returns `(column family, key, value)` puts (e.g. [`crate::objects`]'s
+/// index entry, so an object and its version appear together or not at all).
+pub type CommitHook =
+    Arc<dyn Fn(u32, u64) -> Result<Vec<(&'static str, Vec<u8>, Vec<u8>)>> + Send + Sync>;
+
 #[derive(Clone, Default)]
 pub struct BackupOptions {
     /// Dedup unit for a new series (an existing series keeps its own).
@@ -56,6 +63,8 @@ pub struct BackupOptions {
     /// Called with the logical bytes read so far.
     pub progress: Option<Progress>,
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Metadata to commit with the version (see [`CommitHook`]).
+    pub on_commit: Option<CommitHook>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -132,9 +141,15 @@ pub fn backup(
     check_series_name(series_name)?;
     let _claim = store.claim_series(series_name)?;
     let existing = store.meta.series(series_name)?;
+    // A series without versions takes its unit from this backup: one created by `retention
+    // set`, or one emptied by expiring every version (DELETE of the series through the API,
+    // after which a new series of the same name may pick another unit).
+    let empty = match &existing {
+        Some(s) => s.next_version == 1 || store.versions(s)?.is_empty(),
+        None => true,
+    };
     let unit_kind = match (&existing, opts.unit) {
-        // A series created by `retention set` takes its unit from its first backup.
-        (Some(s), Some(u)) if s.next_version == 1 => u,
+        (Some(_), Some(u)) if empty => u,
         (Some(s), Some(u)) if s.unit != u => {
             return Err(Error::UnitMismatch {
                 series: series_name.to_string(),
@@ -359,6 +374,9 @@ pub fn backup(
         txn.totals.versions = 1;
         txn.totals.recipe_bytes = recipe_bytes as i64;
         txn.totals.catalog_bytes = catalog_bytes as i64;
+        if let Some(hook) = &opts.on_commit {
+            txn.puts.extend(hook(version, d.logical)?);
+        }
         store.commit(txn)?;
         session.mark_committed();
         Ok(BackupReport {

@@ -24,6 +24,7 @@ pub mod gc;
 pub mod gen;
 pub mod lock;
 pub mod meta;
+pub mod objects;
 pub mod pack;
 pub mod recipe;
 pub mod restore;

@@ -372,6 +372,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
         time_unix,
         progress: Some(Arc::new(move |n| pb2.set_position(n))),
         cancel: None,
+        on_commit: None,
     };
     let rep = backup(&store, &a.series, source, &opts);
     pb.finish_and_clear();

@@ -1045,5 +1045,18 @@ fn retention_runs_after_backups_and_on_schedule() {
     assert_eq!(r.status, 200, "{}", r.text());
     let st = srv.get("/v1/stats", None).json();
     assert_eq!(st["versions"], 0, "{st}");
+    // A series emptied by DELETE takes the unit of its next backup (a BackupSeries recreated
+    // under the same name may choose another); version numbers are never reused.
+    let r = srv.request(
+        "PUT",
+        "/v1/series/default/later/versions?unit=chunk",
+        &[("Content-Type", "application/octet-stream")],
+        b"a new series under an old name",
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let s = srv.get("/v1/series/default/later", None).json();
+    assert_eq!(s["unit"], "chunk", "{s}");
+    assert_eq!(s["versions"], 1, "{s}");
+    assert!(s["latest"].as_u64().unwrap() > 1, "{s}");
     srv.stop();
 }

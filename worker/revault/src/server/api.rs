@@ -40,7 +40,7 @@ const BUSY_WAIT: Duration = Duration::from_secs(120);
 
 // ---- helpers ---------------------------------------------------------------
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)
@@ -89,7 +89,10 @@ fn version_sel(v: &str) -> ApiResult<VersionSel> {
 }
 
 /// Reads a JSON body (bounded); an empty body is `None`.
-async fn json_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> ApiResult<Option<T>> {
+pub(crate) async fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Option<T>> {
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
         let essence = ct.split(';').next().unwrap_or("").trim();
@@ -463,8 +466,54 @@ pub async fn delete_series(
         Some(v) => vec![ExpireSel::Before(i64::MAX), ExpireSel::Version(v)],
         None => Vec::new(),
     };
-    let rep = run_expire(&app, name, sels).await?;
+    let rep = run_expire(&app, name.clone(), sels).await?;
+    // A bucket deleted as a series loses its keys too.
+    let store = app.store()?;
+    let a = app.clone();
+    blocking(move || {
+        if revault_engine::objects::is_bucket(store.meta(), &name)? {
+            a.objects.forget_bucket(&store, &name)?;
+        }
+        Ok(())
+    })
+    .await?;
     Ok(Json(rep).into_response())
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InflightJson {
+    series: String,
+    running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logical_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<String>,
+}
+
+/// The backup of a series in progress on this worker, if any: how far it got.
+pub async fn get_backup_progress(
+    State(app): AppState,
+    p: Principal,
+    path: SeriesPath,
+) -> ApiResult<Response> {
+    let name = series_name(&p, path)?;
+    let cur = app.backups.lock().unwrap().get(&name).cloned();
+    Ok(Json(match cur {
+        Some(b) => InflightJson {
+            series: name,
+            running: true,
+            logical_bytes: Some(b.logical_bytes.load(Ordering::Relaxed)),
+            started_at: Some(rfc3339(b.started_unix)),
+        },
+        None => InflightJson {
+            series: name,
+            running: false,
+            logical_bytes: None,
+            started_at: None,
+        },
+    })
+    .into_response())
 }
 
 pub async fn put_retention(
@@ -589,6 +638,7 @@ struct WriterClaim {
 
 impl Drop for WriterClaim {
     fn drop(&mut self) {
+        self.app.backups.lock().unwrap().remove(&self.name);
         self.app.writers.lock().unwrap().remove(&self.name);
     }
 }
@@ -625,6 +675,16 @@ pub async fn put_version(
         .map(|t| parse_rfc3339("time", t))
         .transpose()?;
     let store = app.store()?;
+    {
+        let (st, n) = (store.clone(), name.clone());
+        if blocking(move || Ok(revault_engine::objects::is_bucket(st.meta(), &n)?)).await? {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "bucket_series",
+                format!("series {name} is an object bucket: objects go through /v1/buckets/{name}/object"),
+            ));
+        }
+    }
     let claim = {
         let mut w = app.writers.lock().unwrap();
         if !w.insert(name.clone()) {
@@ -634,6 +694,11 @@ pub async fn put_version(
                 format!("series {name} already has a backup in progress"),
             ));
         }
+        let progress = Arc::new(super::InflightBackup {
+            started_unix: revault_engine::store::now_unix(),
+            logical_bytes: std::sync::atomic::AtomicU64::new(0),
+        });
+        app.backups.lock().unwrap().insert(name.clone(), progress);
         WriterClaim {
             app: app.clone(),
             name: name.clone(),
@@ -652,10 +717,14 @@ pub async fn put_version(
     let result = tokio::task::spawn_blocking(move || {
         let _g = guard;
         let _claim = claim;
+        let counter = a.backups.lock().unwrap().get(&name).cloned();
         let opts = BackupOptions {
             unit,
             time_unix,
             cancel: Some(cancel),
+            progress: counter.map(|c| -> revault_engine::backup::Progress {
+                Arc::new(move |n| c.logical_bytes.store(n, Ordering::Relaxed))
+            }),
             ..Default::default()
         };
         let waited = Instant::now();

@@ -73,6 +73,32 @@ pub struct Auth {
     file: Option<PathBuf>,
     tokens: RwLock<Vec<TokenEntry>>,
     stamp: RwLock<Option<Stamp>>,
+    /// Signs URLs when auth is disabled (random per process).
+    anon_key: [u8; 32],
+}
+
+/// HMAC-SHA256 (RFC 2104).
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut k = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(k.map(|b| b ^ 0x36));
+    inner.update(msg);
+    let mut outer = Sha256::new();
+    outer.update(k.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
+/// A public id for a token's signing key: lets a signed URL name the token
+/// that signed it without revealing anything about the token.
+fn key_id(key: &[u8; 32]) -> String {
+    hex::encode(&hmac_sha256(key, b"revault signed-url key id")[..8])
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -141,6 +167,7 @@ impl Auth {
             file,
             tokens: RwLock::new(Vec::new()),
             stamp: RwLock::new(None),
+            anon_key: rand::random(),
         };
         if let Some(f) = &auth.file {
             let st = stamp(f);
@@ -231,6 +258,43 @@ impl Auth {
     }
 }
 
+impl Auth {
+    /// Signs `msg` with the key of the token that `p` authenticated with:
+    /// (key id, signature). URLs signed by a token stop working when the token
+    /// is removed from the token file.
+    pub fn sign(&self, p: &Principal, msg: &[u8]) -> Result<(String, String), ApiError> {
+        let key = if self.enabled() {
+            let tokens = self.tokens.read().unwrap();
+            let Some(t) = tokens
+                .iter()
+                .find(|t| hex::encode(&t.digest[..16]) == p.owner)
+            else {
+                return Err(ApiError::unauthorized("the token was revoked"));
+            };
+            t.digest
+        } else {
+            self.anon_key
+        };
+        Ok((key_id(&key), hex::encode(hmac_sha256(&key, msg))))
+    }
+
+    /// Checks a signature made by [`Auth::sign`]; returns the signing token's scope.
+    pub fn verify(&self, id: &str, msg: &[u8], sig: &str) -> Option<Scope> {
+        let sig = hex::decode(sig).ok()?;
+        let check = |key: &[u8; 32]| {
+            key_id(key) == id && bool::from(hmac_sha256(key, msg).as_slice().ct_eq(&sig))
+        };
+        if !self.enabled() {
+            return check(&self.anon_key).then_some(Scope::All);
+        }
+        let tokens = self.tokens.read().unwrap();
+        tokens
+            .iter()
+            .find(|t| check(&t.digest))
+            .map(|t| t.scope.clone())
+    }
+}
+
 /// Polls the token file every `every` until the process stops.
 pub fn spawn_reloader(app: Arc<App>, every: Duration) {
     if !app.auth.enabled() {
@@ -305,6 +369,44 @@ mod tests {
         ] {
             assert!(parse_token_file(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // RFC 4231 test case 2.
+        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        // Test case 6: a key longer than the block.
+        let mac = hmac_sha256(
+            &[0xaa; 131],
+            b"Test Using Larger Than Block-Size Key - Hash Key First",
+        );
+        assert_eq!(
+            hex::encode(mac),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    #[test]
+    fn signatures_belong_to_their_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tokens");
+        std::fs::write(&f, "token-a-123456 team-a\ntoken-b-123456 team-b\n").unwrap();
+        let a = Auth::load(Some(f.clone())).unwrap();
+        let pa = a.authenticate(Some("token-a-123456")).unwrap();
+        let (id, sig) = a.sign(&pa, b"message").unwrap();
+        let scope = a.verify(&id, b"message", &sig).unwrap();
+        assert!(scope.allows("team-a") && !scope.allows("team-b"));
+        assert!(a.verify(&id, b"other message", &sig).is_none());
+        assert!(a.verify("0000000000000000", b"message", &sig).is_none());
+        assert!(a.verify(&id, b"message", "zz").is_none());
+        // Revoking the token revokes what it signed.
+        std::fs::write(&f, "token-b-123456 team-b\n").unwrap();
+        assert!(a.poll());
+        assert!(a.verify(&id, b"message", &sig).is_none());
     }
 
     #[test]

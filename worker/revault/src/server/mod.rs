@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod metrics;
+pub mod objects;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
@@ -164,6 +165,12 @@ impl Drop for InflightGuard {
     }
 }
 
+/// A backup in progress through this server (`GET …/backup`).
+pub struct InflightBackup {
+    pub started_unix: i64,
+    pub logical_bytes: AtomicU64,
+}
+
 pub struct App {
     store: OnceLock<Arc<Store>>,
     pub auth: Auth,
@@ -173,6 +180,10 @@ pub struct App {
     pub reports: Mutex<Reports>,
     /// Series with a backup in progress through this server.
     pub writers: Mutex<HashSet<String>>,
+    /// Progress of the backups in `writers`.
+    pub backups: Mutex<HashMap<String, Arc<InflightBackup>>>,
+    /// Object buckets (one writer per bucket).
+    pub objects: revault_engine::objects::Objects,
     pub inflight: Inflight,
     pub max_cache_mib: u64,
     /// Turns true when shutdown gives up on in-flight requests.
@@ -189,6 +200,8 @@ impl App {
             draining: AtomicBool::new(false),
             reports: Mutex::new(Reports::default()),
             writers: Mutex::new(HashSet::new()),
+            backups: Mutex::new(HashMap::new()),
+            objects: revault_engine::objects::Objects::new(),
             inflight: Inflight::default(),
             max_cache_mib,
             abort: watch::Sender::new(false),

@@ -16,6 +16,7 @@ use axum::Router;
 use super::api;
 use super::error::ErrorCode;
 use super::metrics::{RequestLabel, RouteLabel};
+use super::objects;
 use super::App;
 
 pub struct Route {
@@ -72,7 +73,44 @@ pub fn table() -> Vec<Route> {
             "/v1/series/{ns}/{name}/versions/{version}",
             api::delete_version,
         ),
+        route(
+            M::GET,
+            "/v1/series/{ns}/{name}/backup",
+            api::get_backup_progress,
+        ),
         route(M::GET, "/v1/restores/{id}", api::get_restore),
+        route(M::GET, "/v1/buckets/{ns}/{bucket}", objects::get_bucket),
+        route(
+            M::GET,
+            "/v1/buckets/{ns}/{bucket}/objects",
+            objects::list_objects,
+        ),
+        route(
+            M::PUT,
+            "/v1/buckets/{ns}/{bucket}/object",
+            objects::put_object,
+        ),
+        route(
+            M::GET,
+            "/v1/buckets/{ns}/{bucket}/object",
+            objects::get_object,
+        ),
+        route(
+            M::DELETE,
+            "/v1/buckets/{ns}/{bucket}/object",
+            objects::delete_object,
+        ),
+        route(
+            M::GET,
+            "/v1/buckets/{ns}/{bucket}/object/meta",
+            objects::object_meta,
+        ),
+        route(
+            M::POST,
+            "/v1/buckets/{ns}/{bucket}/signed-url",
+            objects::sign_url,
+        ),
+        route(M::GET, "/v1/signed/{ns}/{bucket}", objects::get_signed),
     ]
 }
 

@@ -1,0 +1,557 @@
+//! The object API (`/v1/buckets/...`): keys in a bucket, stored through the
+//! engine's [`revault_engine::objects`] (deduplicated like every backup), and
+//! short-lived signed URLs for reading one object without a token. This is
+//! what Velero's ObjectStore plugin talks to.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOptions};
+use revault_engine::restore::RestoreOptions;
+use revault_engine::store::check_series_name;
+
+use super::api::{blocking, json_body, rfc3339};
+use super::auth::Principal;
+use super::error::{engine_status, ApiError, ApiResult};
+use super::stream::{BodyPump, ChannelWriter};
+use super::App;
+
+type AppState = State<Arc<App>>;
+type BucketPath = Result<Path<(String, String)>, PathRejection>;
+
+/// How long a put waits for a slide or expiry of the bucket's series.
+const BUSY_WAIT: Duration = Duration::from_secs(120);
+/// Signed URLs live at most this long.
+pub const MAX_URL_TTL: u64 = 12 * 3600;
+const DEFAULT_URL_TTL: u64 = 600;
+/// Listing pages hold at most this many entries.
+const MAX_LIST: usize = 10_000;
+const DEFAULT_LIST: usize = 1000;
+
+impl From<ObjectError> for ApiError {
+    fn from(e: ObjectError) -> Self {
+        let status = match &e {
+            ObjectError::NotFound { .. } | ObjectError::NoBucket(_) => StatusCode::NOT_FOUND,
+            ObjectError::NotABucket(_) => StatusCode::CONFLICT,
+            ObjectError::BadKey { .. } | ObjectError::BadGzip(_) => StatusCode::BAD_REQUEST,
+            ObjectError::Engine(inner) => return ApiError::from_engine(inner),
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl ApiError {
+    fn from_engine(e: &revault_engine::Error) -> Self {
+        ApiError::new(engine_status(e), e.code(), e.to_string())
+    }
+}
+
+fn path_err(e: PathRejection) -> ApiError {
+    ApiError::bad_request("bad_path", format!("bad path: {}", e.body_text()))
+}
+
+fn query_err(e: QueryRejection) -> ApiError {
+    ApiError::bad_request("bad_query", format!("bad query: {}", e.body_text()))
+}
+
+/// `NS/BUCKET` for a request, after checking names and the caller's scope.
+fn bucket_of(p: &Principal, path: BucketPath) -> ApiResult<String> {
+    let Path((ns, bucket)) = path.map_err(path_err)?;
+    bucket_name(&ns, &bucket)?;
+    p.check_ns(&ns)?;
+    Ok(format!("{ns}/{bucket}"))
+}
+
+fn bucket_name(ns: &str, bucket: &str) -> ApiResult<()> {
+    check_series_name(&format!("{ns}/{bucket}")).map_err(|_| {
+        ApiError::bad_request(
+            "bad_series_name",
+            format!("invalid bucket {ns}/{bucket}: the namespace is a DNS label, the bucket lowercase letters, digits, '-' and '.'"),
+        )
+    })
+}
+
+fn key_of(key: &str) -> ApiResult<()> {
+    objects::check_key(key).map_err(ApiError::from)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectJson {
+    key: String,
+    size: u64,
+    encoding: Encoding,
+    uploaded_bytes: u64,
+    etag: String,
+    version: u32,
+    time: String,
+    tar_members: u64,
+}
+
+impl From<&ObjectInfo> for ObjectJson {
+    fn from(o: &ObjectInfo) -> Self {
+        ObjectJson {
+            key: o.key.clone(),
+            size: o.record.size,
+            encoding: o.record.encoding,
+            uploaded_bytes: o.record.uploaded_bytes,
+            etag: o.record.etag.clone(),
+            version: o.record.version,
+            time: rfc3339(o.record.time_unix),
+            tar_members: o.record.tar_members,
+        }
+    }
+}
+
+// ---- bucket -------------------------------------------------------------------
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BucketJson {
+    bucket: String,
+    created: String,
+    objects: u64,
+    size: u64,
+    uploaded_bytes: u64,
+    stored_bytes: u64,
+}
+
+pub async fn get_bucket(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let store = app.store()?;
+    let s = blocking(move || Ok(objects::summary(&store, &bucket)?)).await?;
+    Ok(Json(BucketJson {
+        bucket: s.bucket,
+        created: rfc3339(s.created_unix),
+        objects: s.objects,
+        size: s.size,
+        uploaded_bytes: s.uploaded_bytes,
+        stored_bytes: s.stored_bytes,
+    })
+    .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    delimiter: Option<String>,
+    start_after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListJson {
+    objects: Vec<ObjectJson>,
+    common_prefixes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_start_after: Option<String>,
+}
+
+pub async fn list_objects(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let Query(q) = q.map_err(query_err)?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIST);
+    if !(1..=MAX_LIST).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_argument",
+            format!("limit must be between 1 and {MAX_LIST}"),
+        ));
+    }
+    for (what, v) in [
+        ("prefix", Some(&q.prefix)),
+        ("delimiter", q.delimiter.as_ref()),
+        ("startAfter", q.start_after.as_ref()),
+    ] {
+        if v.is_some_and(|v| v.len() > objects::MAX_KEY_BYTES) {
+            return Err(ApiError::bad_request(
+                "invalid_argument",
+                format!("{what} is at most {} bytes", objects::MAX_KEY_BYTES),
+            ));
+        }
+    }
+    let store = app.store()?;
+    let l = blocking(move || {
+        Ok(objects::list(
+            &store,
+            &bucket,
+            &q.prefix,
+            q.delimiter.as_deref(),
+            q.start_after.as_deref(),
+            limit,
+        )?)
+    })
+    .await?;
+    Ok(Json(ListJson {
+        objects: l.objects.iter().map(ObjectJson::from).collect(),
+        common_prefixes: l.common_prefixes,
+        next_start_after: l.next_start_after,
+    })
+    .into_response())
+}
+
+// ---- one object ---------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyQuery {
+    key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutQuery {
+    key: String,
+    encoding: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetQuery {
+    key: String,
+    decoded: Option<bool>,
+}
+
+pub async fn put_object(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    q: Result<Query<PutQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let Query(q) = q.map_err(query_err)?;
+    key_of(&q.key)?;
+    let encoding = match q.encoding.as_deref() {
+        None => Encoding::Identity,
+        Some(e) => e
+            .parse::<Encoding>()
+            .map_err(|m| ApiError::bad_request("invalid_argument", m))?,
+    };
+    let store = app.store()?;
+    let expected = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let (pump, reader) =
+        BodyPump::start(body, expected, app.abort.subscribe(), app.metrics.clone());
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = app.begin(Some(cancel.clone()));
+    let a = app.clone();
+    let key = q.key.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let _g = guard;
+        let opts = PutOptions {
+            encoding,
+            cancel: Some(cancel),
+            ..Default::default()
+        };
+        let waited = Instant::now();
+        let r = loop {
+            match a
+                .objects
+                .put(&store, &bucket, &key, Box::new(reader.clone()), &opts)
+            {
+                // A slide or expiry of the bucket's series holds it briefly: wait.
+                Err(ObjectError::Engine(revault_engine::Error::SeriesBusy { .. }))
+                    if !reader.started()
+                        && waited.elapsed() < BUSY_WAIT
+                        && !a.draining.load(Ordering::SeqCst) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                r => break r,
+            }
+        };
+        drop(reader);
+        match &r {
+            Ok(rep) => {
+                a.metrics
+                    .backup_logical_bytes
+                    .inc_by(rep.backup.logical_bytes);
+                a.metrics.backup_new_bytes.inc_by(rep.backup.new_vbytes);
+                a.refresh_series(&store, &bucket);
+                a.refresh_totals(&store);
+                tracing::info!(bucket = %bucket, key = %key, version = rep.object.record.version, bytes = rep.object.record.size, new = rep.backup.new_vbytes, "object stored");
+            }
+            Err(e) => tracing::info!(bucket = %bucket, key = %key, error = %e, "object not stored"),
+        }
+        r
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the upload task failed: {e}")))?;
+    match result {
+        Ok(rep) => {
+            let mut j = serde_json::to_value(ObjectJson::from(&rep.object)).unwrap_or_default();
+            j["newBytes"] = rep.backup.new_vbytes.into();
+            j["storedBytes"] = rep.backup.new_container_bytes.into();
+            Ok((StatusCode::CREATED, Json(j)).into_response())
+        }
+        Err(e) => {
+            pump.settle().await;
+            let mut err = ApiError::from(e);
+            if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
+                err = ApiError::unavailable(
+                    "the server shut down before the upload completed; the object was not stored",
+                );
+            }
+            Err(err)
+        }
+    }
+}
+
+async fn lookup(app: &Arc<App>, bucket: String, key: String) -> ApiResult<ObjectInfo> {
+    let store = app.store()?;
+    blocking(move || Ok(objects::head(&store, &bucket, &key)?)).await
+}
+
+pub async fn object_meta(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let Query(q) = q.map_err(query_err)?;
+    key_of(&q.key)?;
+    let info = lookup(&app, bucket, q.key).await?;
+    Ok(Json(ObjectJson::from(&info)).into_response())
+}
+
+pub async fn get_object(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    q: Result<Query<GetQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let Query(q) = q.map_err(query_err)?;
+    key_of(&q.key)?;
+    let info = lookup(&app, bucket, q.key).await?;
+    serve(&app, info, q.decoded.unwrap_or(false))
+}
+
+/// Streams an object's body (restored on the blocking pool).
+fn serve(app: &Arc<App>, info: ObjectInfo, decoded: bool) -> ApiResult<Response> {
+    let store = app.store()?;
+    let (mut writer, body) = ChannelWriter::new(app.metrics.clone());
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = app.begin(Some(cancel.clone()));
+    let gzip = info.record.encoding == Encoding::Gzip && !decoded;
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if gzip {
+            "application/gzip"
+        } else {
+            "application/octet-stream"
+        }),
+    );
+    if !gzip {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(info.record.size));
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", info.record.etag)) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(
+        "x-revault-encoding",
+        HeaderValue::from_static(if gzip { "gzip" } else { "identity" }),
+    );
+    h.insert("x-revault-size", HeaderValue::from(info.record.size));
+    h.insert("x-revault-version", HeaderValue::from(info.record.version));
+    let a = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let _g = guard;
+        let opts = RestoreOptions {
+            cancel: Some(cancel),
+            ..Default::default()
+        };
+        let r = objects::read(&store, &info, decoded, &opts, &mut writer).and_then(|rep| {
+            std::io::Write::flush(&mut writer).map_err(|e| revault_engine::Error::Io {
+                context: "sending the object".into(),
+                source: e,
+            })?;
+            Ok(rep)
+        });
+        match r {
+            Ok(rep) => {
+                a.metrics.container_reads.inc_by(rep.container_reads);
+                a.metrics.restore_bytes_read.inc_by(rep.bytes_read);
+            }
+            Err(e) => {
+                tracing::info!(bucket = %info.bucket, key = %info.key, error = %e, "object read failed");
+                a.metrics.error(e.code());
+                writer.fail(e.to_string());
+            }
+        }
+    });
+    Ok(resp)
+}
+
+pub async fn delete_object(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let bucket = bucket_of(&p, path)?;
+    let Query(q) = q.map_err(query_err)?;
+    key_of(&q.key)?;
+    let store = app.store()?;
+    let guard = app.begin(None);
+    let a = app.clone();
+    let rep = blocking(move || {
+        let _g = guard;
+        let r = a.objects.delete(&store, &bucket, &q.key);
+        if r.is_ok() {
+            a.refresh_series(&store, &bucket);
+            a.refresh_totals(&store);
+        }
+        Ok(r?)
+    })
+    .await?;
+    Ok(Json(serde_json::json!({
+        "key": rep.key,
+        "version": rep.version,
+        "bytesFreed": rep.expired.bytes_freed,
+    }))
+    .into_response())
+}
+
+// ---- signed URLs ------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SignJson {
+    key: String,
+    ttl_seconds: Option<u64>,
+}
+
+fn signed_message(ns: &str, bucket: &str, key: &str, expires: i64) -> Vec<u8> {
+    format!("revault signed GET v1\n{ns}\n{bucket}\n{key}\n{expires}").into_bytes()
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters stay).
+fn pct(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub async fn sign_url(
+    State(app): AppState,
+    p: Principal,
+    path: BucketPath,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Path((ns, bucket)) = path.map_err(path_err)?;
+    bucket_name(&ns, &bucket)?;
+    p.check_ns(&ns)?;
+    let Some(req) = json_body::<SignJson>(&headers, body).await? else {
+        return Err(ApiError::bad_request(
+            "bad_json",
+            "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
+        ));
+    };
+    key_of(&req.key)?;
+    let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
+    if !(1..=MAX_URL_TTL).contains(&ttl) {
+        return Err(ApiError::bad_request(
+            "invalid_argument",
+            format!("ttlSeconds must be between 1 and {MAX_URL_TTL}"),
+        ));
+    }
+    // The object must exist now (it may still go before the URL is used).
+    lookup(&app, format!("{ns}/{bucket}"), req.key.clone()).await?;
+    let expires = revault_engine::store::now_unix() + ttl as i64;
+    let (id, sig) = app
+        .auth
+        .sign(&p, &signed_message(&ns, &bucket, &req.key, expires))?;
+    let url = format!(
+        "/v1/signed/{ns}/{bucket}?key={}&expires={expires}&id={id}&sig={sig}",
+        pct(&req.key)
+    );
+    Ok(Json(serde_json::json!({ "url": url, "expiresAt": rfc3339(expires) })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedQuery {
+    key: String,
+    expires: i64,
+    id: String,
+    sig: String,
+}
+
+/// `GET /v1/signed/{ns}/{bucket}?key&expires&id&sig`: no token; the signature
+/// is the credential. Serves the object as uploaded.
+pub async fn get_signed(
+    State(app): AppState,
+    path: BucketPath,
+    q: Result<Query<SignedQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let Path((ns, bucket)) = path.map_err(path_err)?;
+    bucket_name(&ns, &bucket)?;
+    let Query(q) = q.map_err(query_err)?;
+    key_of(&q.key)?;
+    let valid_form = q.id.len() == 16
+        && q.sig.len() == 64
+        && q.id
+            .bytes()
+            .chain(q.sig.bytes())
+            .all(|b| b.is_ascii_hexdigit());
+    if !valid_form {
+        return Err(ApiError::bad_request(
+            "invalid_argument",
+            "id and sig must be the hex values of a signed URL",
+        ));
+    }
+    let msg = signed_message(&ns, &bucket, &q.key, q.expires);
+    let Some(scope) = app.auth.verify(&q.id, &msg, &q.sig) else {
+        return Err(ApiError::forbidden(
+            "invalid signature (the URL was altered, or the token that signed it was revoked)",
+        ));
+    };
+    if q.expires < revault_engine::store::now_unix() {
+        return Err(ApiError::forbidden(format!(
+            "the signed URL expired at {}",
+            rfc3339(q.expires)
+        )));
+    }
+    if !scope.allows(&ns) {
+        return Err(ApiError::forbidden(format!(
+            "the token that signed this URL may no longer access namespace {ns}"
+        )));
+    }
+    let info = lookup(&app, format!("{ns}/{bucket}"), q.key).await?;
+    serve(&app, info, false)
+}
