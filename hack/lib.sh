@@ -16,7 +16,7 @@ COREDNS_VERSION=v1.12.0       # what kubeadm v1.33 deploys
 KIND_VERSION=v0.33.0
 HELM_VERSION=v3.22.0          # v3.22.1 answers 403 on the proxy
 CONTROLLER_GEN_VERSION=v0.18.0  # controller-tools release built against k8s 1.33
-GINKGO_VERSION=v2.23.4        # keep equal to github.com/onsi/ginkgo/v2 in operator/go.mod
+GINKGO_VERSION=v2.28.3        # keep equal to github.com/onsi/ginkgo/v2 in operator/go.mod
 
 REVAULT_CACHE=${REVAULT_CACHE:-$HOME/.cache/revault}
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -85,8 +85,10 @@ ensure_dockerd() {
   printf 'ip_forward=%s\nforward_policy=%s\n' "$(cat /proc/sys/net/ipv4/ip_forward)" \
     "$(iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" {print $3}')" > "$DOCKER_STATE/host-net.before"
   log "starting dockerd (log: $DOCKER_STATE/dockerd.log)"
-  # setsid: the daemon must outlive this script and its process group.
-  setsid nohup dockerd "${args[@]}" >"$DOCKER_STATE/dockerd.log" 2>&1 </dev/null &
+  # setsid: the daemon must outlive this script and its process group. 9>&-: it must not
+  # inherit the caller's with_lock descriptor, or it (and every container it starts) would hold
+  # that lock for as long as it runs, and the next run of the caller would wait for it forever.
+  setsid nohup dockerd "${args[@]}" >"$DOCKER_STATE/dockerd.log" 2>&1 </dev/null 9>&- &
   echo $! >"$DOCKERD_PIDFILE"
   local _
   for _ in $(seq 60); do

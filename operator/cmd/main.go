@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
+
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/config"
 	"github.com/revault-io/revault/operator/internal/controller"
@@ -33,12 +35,14 @@ var (
 func init() {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(backupv1alpha1.AddToScheme(scheme))
+	utilruntime.Must(velerov2alpha1.AddToScheme(scheme))
 }
 
 func main() {
 	var (
 		metricsAddr, probeAddr, configPath, namespace, overrides string
 		secureMetrics, enableHTTP2, leaderElect, readLogs        bool
+		veleroDataMover                                          bool
 		syncPeriod, seriesWait                                   time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
@@ -58,20 +62,22 @@ func main() {
 		"How long a RestoreJob waits for its BackupSeries to exist before it fails.")
 	flag.BoolVar(&readLogs, "read-pod-logs", true,
 		"Read a finished Job pod's log for its report when its termination message has none.")
+	flag.BoolVar(&veleroDataMover, "velero-data-mover", false,
+		"Serve Velero DataUploads/DataDownloads whose spec.datamover is \"revault\" (needs Velero's CRDs).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 
 	if err := run(metricsAddr, probeAddr, configPath, namespace, overrides, secureMetrics, enableHTTP2, leaderElect,
-		readLogs, syncPeriod, seriesWait); err != nil {
+		readLogs, veleroDataMover, syncPeriod, seriesWait); err != nil {
 		setupLog.Error(err, "operator stopped")
 		os.Exit(1)
 	}
 }
 
 func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secureMetrics, enableHTTP2, leaderElect,
-	readLogs bool, syncPeriod, seriesWait time.Duration) error {
+	readLogs, veleroDataMover bool, syncPeriod, seriesWait time.Duration) error {
 	cfg, err := config.Load(configPath)
 	if err != nil {
 		return err
@@ -120,6 +126,7 @@ func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secure
 	}
 	if err := controller.SetupWithManager(mgr, controller.Options{
 		Config: cfg, WorkerOverrides: ovr, SyncPeriod: syncPeriod, SeriesWait: seriesWait, PodOutput: reader,
+		VeleroDataMover: veleroDataMover,
 	}); err != nil {
 		return fmt.Errorf("setting up the controllers: %w", err)
 	}

@@ -174,6 +174,45 @@ type JobRef struct {
 	Message string `json:"message,omitempty"`
 }
 
+// BackupNowPhase is where an on-demand backup is.
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed
+type BackupNowPhase string
+
+const (
+	BackupNowRunning   BackupNowPhase = "Running"
+	BackupNowSucceeded BackupNowPhase = "Succeeded"
+	BackupNowFailed    BackupNowPhase = "Failed"
+)
+
+// BackupNowResult is what one value of the revault.io/backup-now annotation started and how it
+// ended: producers such as the Velero plugin find the version their request made here.
+type BackupNowResult struct {
+	// Request is the annotation's value.
+	Request string `json:"request"`
+	// Job runs the backup.
+	Job string `json:"job"`
+	// Phase: Running, Succeeded or Failed.
+	Phase BackupNowPhase `json:"phase"`
+	// Version the backup committed (Succeeded).
+	// +optional
+	Version int64 `json:"version,omitempty"`
+	// LogicalBytes the worker has read so far (Running) or backed up (Succeeded).
+	// +optional
+	LogicalBytes int64 `json:"logicalBytes,omitempty"`
+	// StartTime is when the operator started the Job.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// CompletionTime is when the Job finished.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+	// Message says why the backup failed (the worker's error).
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// MaxBackupNowResults is how many on-demand backups status.backupNow keeps.
+const MaxBackupNowResults = 10
+
 // MaxStatusVersions is how many of the newest versions status.versions lists.
 const MaxStatusVersions = 50
 
@@ -227,6 +266,11 @@ type BackupSeriesStatus struct {
 	// LastJob is the newest finished backup Job.
 	// +optional
 	LastJob *JobRef `json:"lastJob,omitempty"`
+	// BackupNow are the newest on-demand backups (at most 10), oldest first: the Job each
+	// revault.io/backup-now value started, its progress, and the version it made.
+	// +optional
+	// +listType=atomic
+	BackupNow []BackupNowResult `json:"backupNow,omitempty"`
 
 	// Conditions: Ready, Placed, ScheduleValid, TokenReady, Synced, BackupSucceeded,
 	// RetentionPolicyFound.

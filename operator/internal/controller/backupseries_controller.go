@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -178,11 +179,17 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	// On-demand backups.
+	startedNow := ""
 	if req := bs.Annotations[backupv1alpha1.BackupNowAnnotation]; req != "" && req != st.LastBackupNow &&
 		(tokenReady || bs.Spec.Source.PVC == nil) {
+		now := metav1.Now()
 		if bs.Spec.Source.PVC == nil {
 			r.Recorder.Event(bs, "Warning", "BackupNowIgnored",
 				"external series are pushed by their producer; the backup-now annotation is ignored")
+			st.BackupNow = appendBackupNow(st.BackupNow, backupv1alpha1.BackupNowResult{
+				Request: req, Phase: backupv1alpha1.BackupNowFailed, StartTime: &now, CompletionTime: &now,
+				Message: "external series are pushed by their producer: the backup-now annotation is ignored",
+			})
 		} else {
 			job := plan.BackupNowJob(r.Config, bs, endpoint, req)
 			if err := controllerutil.SetControllerReference(bs, job, r.Scheme); err != nil {
@@ -192,8 +199,17 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 				return ctrl.Result{}, err
 			}
 			r.Recorder.Eventf(bs, "Normal", "BackupStarted", "on-demand backup %q: Job %s", req, job.Name)
+			st.BackupNow = appendBackupNow(st.BackupNow, backupv1alpha1.BackupNowResult{
+				Request: req, Job: job.Name, Phase: backupv1alpha1.BackupNowRunning, StartTime: &now,
+			})
+			startedNow = job.Name
 		}
 		st.LastBackupNow = req
+	}
+	if pending, err := r.trackBackupNow(ctx, bs, startedNow); err != nil {
+		return ctrl.Result{}, err
+	} else if pending {
+		requeue = min(requeue, time.Second)
 	}
 
 	// Backup Jobs: running ones and the newest finished one.
@@ -383,6 +399,82 @@ func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1al
 		}
 	}
 	return active, nil
+}
+
+// appendBackupNow adds an on-demand backup to the list, keeping the newest MaxBackupNowResults.
+func appendBackupNow(list []backupv1alpha1.BackupNowResult, e backupv1alpha1.BackupNowResult) []backupv1alpha1.BackupNowResult {
+	list = append(list, e)
+	if n := len(list); n > backupv1alpha1.MaxBackupNowResults {
+		list = list[n-backupv1alpha1.MaxBackupNowResults:]
+	}
+	return list
+}
+
+// trackBackupNow follows the running on-demand backups of status.backupNow: their progress from the
+// worker while the Job runs; the version (from the pod's report) or the error once it ends.
+// justStarted names a Job created by this reconcile (the cache may not show it yet). pending: a
+// finished Job's report is still on its way (look again soon).
+func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, bs *backupv1alpha1.BackupSeries, justStarted string) (
+	pending bool, _ error) {
+	st := &bs.Status
+	for i := range st.BackupNow {
+		e := &st.BackupNow[i]
+		if e.Phase != backupv1alpha1.BackupNowRunning || e.Job == justStarted {
+			continue
+		}
+		job := &batchv1.Job{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: e.Job}, job)
+		if apierrors.IsNotFound(err) {
+			now := metav1.Now()
+			e.Phase, e.CompletionTime = backupv1alpha1.BackupNowFailed, &now
+			e.Message = "Job " + e.Job + " was deleted before it finished"
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		res := jobFinished(job)
+		if !res.done {
+			if st.Worker != nil {
+				if api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node); err == nil {
+					if p, err := api.BackupProgress(ctx, bs.Namespace, bs.Name); err == nil && p.Running {
+						e.LogicalBytes = p.LogicalBytes
+					}
+				}
+			}
+			continue
+		}
+		out, oerr := jobOutput(ctx, r.Client, r.PodOutput, job)
+		if outputPending(oerr, res.at) {
+			// The pod's report is what names the version: try again shortly.
+			logf.FromContext(ctx).Info("reading an on-demand backup's report", "job", job.Name, "error", oerr.Error())
+			pending = true
+			continue
+		}
+		at := metav1.NewTime(res.at)
+		e.CompletionTime = &at
+		if !res.succeeded {
+			e.Phase, e.Message = backupv1alpha1.BackupNowFailed, res.message
+			if out.Error != "" {
+				e.Message = out.Error
+			}
+			continue
+		}
+		e.Phase = backupv1alpha1.BackupNowSucceeded
+		var rep struct {
+			Version      *int64 `json:"version"`
+			LogicalBytes int64  `json:"logical_bytes"`
+		}
+		if out.Report != nil && json.Unmarshal(out.Report, &rep) == nil && rep.Version != nil {
+			e.Version, e.LogicalBytes, e.Message = *rep.Version, rep.LogicalBytes, ""
+		} else {
+			e.Message = "the backup succeeded but its pod's report could not be read, so its version is unknown"
+			if oerr != nil {
+				e.Message += ": " + oerr.Error()
+			}
+		}
+	}
+	return pending, nil
 }
 
 // sync reads the series' versions from its worker into status. A series the worker does not

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strings"
 	"time"
@@ -123,11 +124,29 @@ func metav1OwnedBy(p *corev1.Pod, j *batchv1.Job) bool {
 	return false
 }
 
-// jobOutput parses what the Job's newest finished pod printed.
+// errNoPodYet: a finished Job's pod is not in the cache (yet). Jobs and pods arrive through
+// separate watches, so a Job's completion can be seen before its pod's final status.
+var errNoPodYet = errors.New("no finished pod of the Job is visible")
+
+// podGrace is how long after a Job finished its pod's report is waited for; after that the pod
+// is taken to be gone (deleted by its TTL or by hand) and the Job to have left no report.
+const podGrace = 30 * time.Second
+
+// outputPending reports whether a report that could not be read may still arrive: the Job
+// finished less than podGrace ago.
+func outputPending(err error, finishedAt time.Time) bool {
+	return err != nil && time.Since(finishedAt) < podGrace
+}
+
+// jobOutput parses what the Job's newest finished pod printed (errNoPodYet when no finished pod
+// is visible).
 func jobOutput(ctx context.Context, c client.Reader, r PodOutputReader, j *batchv1.Job) (plan.JobOutput, error) {
 	p, err := newestTerminatedPod(ctx, c, j)
-	if err != nil || p == nil {
+	if err != nil {
 		return plan.JobOutput{}, err
+	}
+	if p == nil {
+		return plan.JobOutput{}, errNoPodYet
 	}
 	text, err := r.Output(ctx, p)
 	if err != nil {

@@ -218,6 +218,10 @@ func (r *RestoreJobReconciler) observe(ctx context.Context, rj *backupv1alpha1.R
 		return ctrl.Result{}, nil
 	}
 	out, oerr := jobOutput(ctx, r.Client, r.PodOutput, job)
+	if outputPending(oerr, res.at) {
+		// The pod's report (bytes, speed factor, or the worker's error) is on its way.
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	if !res.succeeded {
 		msg := res.message
 		if oerr == nil && out.Error != "" {

@@ -27,6 +27,8 @@ import (
 // schedule, and reports what that did.
 type RetentionPolicyReconciler struct {
 	client.Client
+	// Reader reads policies uncached (see Reconcile); nil: the cached client.
+	Reader     client.Reader
 	Recorder   record.EventRecorder
 	Workers    *Workers
 	SyncPeriod time.Duration
@@ -64,11 +66,21 @@ func (r *RetentionPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	var o outcome
 	defer func() { o.record("retentionpolicy", err) }()
 
+	// Slides and expiries cannot be undone, and their report (lastExpired, bytesReclaimed) exists
+	// only in the status this reconcile writes: it must not be lost to a write conflict, after
+	// which the retry would find nothing left to expire and report nothing. So the policy is read
+	// uncached (the cache can lag behind this controller's previous status write, which is what
+	// conflicted) and the status is written with a patch, which no spec change can conflict with.
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
 	rp := &backupv1alpha1.RetentionPolicy{}
-	if err := r.Get(ctx, req.NamespacedName, rp); err != nil {
+	if err := reader.Get(ctx, req.NamespacedName, rp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	orig := rp.Status.DeepCopy()
+	base := rp.DeepCopy()
+	orig := &base.Status
 	st := &rp.Status
 	cs := conditionSetter{rec: r.Recorder, obj: rp, conds: &st.Conditions, generation: rp.Generation}
 	now := r.Now()
@@ -175,7 +187,7 @@ func (r *RetentionPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	st.ObservedGeneration = rp.Generation
 	if !equality.Semantic.DeepEqual(orig, st) {
-		if err := r.Status().Update(ctx, rp); err != nil {
+		if err := r.Status().Patch(ctx, rp, client.MergeFrom(base)); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

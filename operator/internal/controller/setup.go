@@ -48,6 +48,9 @@ type Options struct {
 	PodOutput PodOutputReader
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
+	// VeleroDataMover runs the Velero data mover (DataUpload/DataDownload with
+	// spec.datamover "revault"); it needs Velero's CRDs in the cluster.
+	VeleroDataMover bool
 }
 
 // CacheOptions restrict the manager's caches to what the operator manages: its own namespace
@@ -111,15 +114,30 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	if err := (&RetentionPolicyReconciler{
-		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("retentionpolicy-controller"),
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("retentionpolicy-controller"),
 		Workers: workers, SyncPeriod: opts.SyncPeriod, Now: opts.Now,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&RestoreJobReconciler{
+	if err := (&RestoreJobReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorderFor("restorejob-controller"),
 		Config: opts.Config, Tokens: tm, Workers: workers, PodOutput: opts.PodOutput,
 		SeriesWait: opts.SeriesWait, Now: opts.Now,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if !opts.VeleroDataMover {
+		return nil
+	}
+	if err := (&DataUploadReconciler{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("velero-datamover"),
+		Config: opts.Config, Workers: workers, PodOutput: opts.PodOutput, Now: opts.Now,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	return (&DataDownloadReconciler{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("velero-datamover"),
+		Now: opts.Now,
 	}).SetupWithManager(mgr)
 }
 

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -113,8 +115,10 @@ var _ = BeforeSuite(func() {
 
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
+	Expect(velerov2alpha1.AddToScheme(scheme)).To(Succeed())
 	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot, "config", "crd", "bases")},
+		// Velero's DataUpload/DataDownload CRDs come from the Velero module itself.
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot, "config", "crd", "bases"), veleroCRDs()},
 		ErrorIfCRDPathMissing: true,
 	}
 	restCfg, err = testEnv.Start()
@@ -152,6 +156,7 @@ pools:
 		SyncPeriod:      time.Second,
 		SeriesWait:      3 * time.Second,
 		Now:             clock.Now,
+		VeleroDataMover: true,
 	})).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
@@ -159,6 +164,14 @@ pools:
 	}()
 
 })
+
+// veleroCRDs is the directory of the DataUpload/DataDownload CRDs in the Velero module the
+// operator is built with.
+func veleroCRDs() string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/vmware-tanzu/velero").Output()
+	Expect(err).NotTo(HaveOccurred(), "locating the Velero module")
+	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "v2alpha1", "bases")
+}
 
 var (
 	workersOnce  sync.Once

@@ -211,3 +211,11 @@ func (i *instrumented) Slide(ctx context.Context, ns, name string) (*workerapi.S
 func (i *instrumented) ExpireByRetention(ctx context.Context, ns, name string) (*workerapi.ExpireReport, error) {
 	return call("expire", func() (*workerapi.ExpireReport, error) { return i.c.ExpireByRetention(ctx, ns, name) })
 }
+
+func (i *instrumented) BackupProgress(ctx context.Context, ns, name string) (*workerapi.BackupProgress, error) {
+	return call("backup_progress", func() (*workerapi.BackupProgress, error) { return i.c.BackupProgress(ctx, ns, name) })
+}
+
+func (i *instrumented) ExpireVersion(ctx context.Context, ns, name string, version int64) (*workerapi.ExpireReport, error) {
+	return call("expire_version", func() (*workerapi.ExpireReport, error) { return i.c.ExpireVersion(ctx, ns, name, version) })
+}

@@ -112,6 +112,26 @@ type ExpireReport struct {
 	BytesFreed int64   `json:"bytes_freed"`
 }
 
+// BackupProgress is GET /v1/series/{ns}/{name}/backup: the backup in progress, if any.
+type BackupProgress struct {
+	Series       string     `json:"series"`
+	Running      bool       `json:"running"`
+	LogicalBytes int64      `json:"logicalBytes"`
+	StartedAt    *time.Time `json:"startedAt"`
+}
+
+// BackupProgress reports how far the series' running backup has got.
+func (c *Client) BackupProgress(ctx context.Context, ns, name string) (*BackupProgress, error) {
+	var p BackupProgress
+	return &p, c.do(ctx, http.MethodGet, seriesPath(ns, name)+"/backup", nil, &p)
+}
+
+// ExpireVersion deletes one version of a series.
+func (c *Client) ExpireVersion(ctx context.Context, ns, name string, version int64) (*ExpireReport, error) {
+	var r ExpireReport
+	return &r, c.do(ctx, http.MethodDelete, fmt.Sprintf("%s/versions/%d", seriesPath(ns, name), version), nil, &r)
+}
+
 func seriesPath(ns, name string) string {
 	return "/v1/series/" + url.PathEscape(ns) + "/" + url.PathEscape(name)
 }
