@@ -1,0 +1,79 @@
+// Package actions holds the plugin's item actions: the BackupItemAction that backs a PVC's data
+// up into a Revault series (a BackupSeries on-demand backup run by the operator), the
+// RestoreItemActions that restore it before workloads start (a RestoreJob, with pods held by a
+// scheduling gate) and keep the operator's own objects out of restores, and the
+// DeleteItemAction that expires the version when the Velero backup is deleted.
+package actions
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/velero-plugin/internal/kube"
+	"github.com/revault-io/revault/velero-plugin/internal/worker"
+)
+
+// apiTimeout bounds each action's calls to the Kubernetes API and workers.
+const apiTimeout = 60 * time.Second
+
+func apiCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), apiTimeout)
+}
+
+func toPVC(item runtime.Unstructured) (*corev1.PersistentVolumeClaim, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(item.UnstructuredContent(), pvc); err != nil {
+		return nil, fmt.Errorf("reading the PVC item: %w", err)
+	}
+	return pvc, nil
+}
+
+// selected reports whether a PVC asks for Revault: label or annotation revault.io/velero=true.
+func selected(obj interface {
+	GetLabels() map[string]string
+	GetAnnotations() map[string]string
+}) bool {
+	return obj.GetLabels()[kube.Select] == "true" || obj.GetAnnotations()[kube.Select] == "true"
+}
+
+// workerClient reaches the worker of a series in namespace ns with that namespace's token (the
+// Secret the operator gives every namespace with series). hint is the endpoint recorded at
+// backup time, used when the BackupSeries is gone.
+func workerClient(ctx context.Context, c client.Client, ns, series, hint string) (*worker.Client, error) {
+	endpoint := hint
+	bs := &backupv1alpha1.BackupSeries{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: series}, bs); err == nil &&
+		bs.Status.Worker != nil && bs.Status.Worker.Endpoint != "" {
+		endpoint = bs.Status.Worker.Endpoint
+	}
+	if endpoint == "" {
+		return nil, fmt.Errorf("no worker known for series %s/%s (no BackupSeries and no endpoint recorded at backup time)", ns, series)
+	}
+	sec := &corev1.Secret{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: kube.TokenSecret}, sec); err != nil {
+		return nil, fmt.Errorf("reading Secret %s/%s (the namespace's Revault token): %w", ns, kube.TokenSecret, err)
+	}
+	return worker.New(endpoint, strings.TrimSpace(string(sec.Data[kube.TokenKey])), worker.TLSOptions{})
+}
+
+// splitID splits an operation ID into n parts separated by '/'.
+func splitID(id string, n int) ([]string, error) {
+	parts := strings.SplitN(id, "/", n)
+	if len(parts) != n {
+		return nil, fmt.Errorf("operation ID %q is invalid", id)
+	}
+	for _, p := range parts {
+		if p == "" {
+			return nil, fmt.Errorf("operation ID %q is invalid", id)
+		}
+	}
+	return parts, nil
+}

@@ -1,0 +1,303 @@
+package objectstore
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/velero-plugin/internal/testutil"
+	"github.com/revault-io/revault/velero-plugin/internal/worker"
+)
+
+func gz(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func gunzip(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		t.Fatalf("not gzip: %v", err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// veleroTarball is a tar like Velero's backup contents: one JSON file per resource.
+func veleroTarball(t *testing.T, n int, mtime time.Time) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for i := 0; i < n; i++ {
+		body := []byte(fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-%d","namespace":"app"},"data":{"k":"%s"}}`,
+			i, strings.Repeat(fmt.Sprintf("value-%d-", i), 200)))
+		if err := tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("resources/configmaps/namespaces/app/cm-%d.json", i),
+			Size: int64(len(body)), Mode: 0o755, ModTime: mtime, Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func newStore(t *testing.T, w *testutil.Worker, extra map[string]string) *ObjectStore {
+	t.Helper()
+	cfg := map[string]string{KeyURL: w.URL, KeyNamespace: "velero", keyCredentialsFile: w.TokenFile(t, "velero"),
+		keyBucket: "default", keyPrefix: ""}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	o := New(logrus.New())
+	if err := o.Init(cfg); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	return o
+}
+
+func TestObjectStoreAgainstAWorker(t *testing.T) {
+	w := testutil.StartWorker(t, "velero", "team-b")
+	o := newStore(t, w, map[string]string{KeyPublicURL: "https://revault.example.com:8443"})
+	b := "default"
+
+	// Init refuses what it does not know.
+	if err := New(logrus.New()).Init(map[string]string{KeyURL: w.URL, "region": "eu"}); err == nil ||
+		!strings.Contains(err.Error(), "unknown config keys [region]") {
+		t.Fatalf("unknown keys: %v", err)
+	}
+	if err := New(logrus.New()).Init(map[string]string{KeyURL: w.URL, KeyTokenFile: "/nonexistent"}); err == nil {
+		t.Fatal("a missing token file is an error")
+	}
+
+	// A gzip tarball, a gzip log and a plain JSON file, as Velero writes them.
+	tarball := veleroTarball(t, 50, time.Unix(1_767_225_600, 0))
+	logs := []byte(strings.Repeat("time=2026-01-01 level=info msg=\"backed up item\"\n", 500))
+	meta := []byte(`{"kind":"Backup","apiVersion":"velero.io/v1","metadata":{"name":"b1"}}`)
+	puts := map[string][]byte{
+		"backups/b1/b1.tar.gz":           gz(t, tarball),
+		"backups/b1/b1-logs.gz":          gz(t, logs),
+		"backups/b1/velero-backup.json":  meta,
+		"backups/b2/velero-backup.json":  meta,
+		"restores/r1/restore-r1-logs.gz": gz(t, logs),
+	}
+	for k, v := range puts {
+		if err := o.PutObject(b, k, bytes.NewReader(v)); err != nil {
+			t.Fatalf("PutObject %s: %v", k, err)
+		}
+	}
+	c, _ := worker.New(w.URL, w.Tokens["velero"], worker.TLSOptions{})
+	m, err := c.ObjectMeta(context.Background(), "velero", b, "backups/b1/b1.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Encoding != "gzip" || m.Size != int64(len(tarball)) || m.TarMembers != 50 {
+		t.Fatalf("the tarball is stored decompressed and split per member: %+v", m)
+	}
+	if m, _ := c.ObjectMeta(context.Background(), "velero", b, "backups/b1/velero-backup.json"); m.Encoding != "identity" {
+		t.Fatalf("plain objects are stored as they are: %+v", m)
+	}
+
+	// Reads: gzip objects come back as gzip of the same content, others byte-exact.
+	r, err := o.GetObject(b, "backups/b1/b1.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gunzip(t, r); !bytes.Equal(got, tarball) {
+		t.Fatal("the tarball's content differs")
+	}
+	_ = r.Close()
+	r, err = o.GetObject(b, "backups/b1/velero-backup.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := io.ReadAll(r); !bytes.Equal(got, meta) {
+		t.Fatalf("got %q", got)
+	}
+	_ = r.Close()
+	if _, err := o.GetObject(b, "backups/nope"); !worker.IsNotFound(err) {
+		t.Fatalf("missing object: %v", err)
+	}
+
+	for k, want := range map[string]bool{"backups/b1/b1-logs.gz": true, "backups/b1/nothing": false} {
+		if got, err := o.ObjectExists(b, k); err != nil || got != want {
+			t.Fatalf("ObjectExists(%s) = %v, %v", k, got, err)
+		}
+	}
+	prefixes, err := o.ListCommonPrefixes(b, "", "/")
+	if err != nil || strings.Join(prefixes, ",") != "backups/,restores/" {
+		t.Fatalf("top level: %v %v", prefixes, err)
+	}
+	prefixes, err = o.ListCommonPrefixes(b, "backups/", "/")
+	if err != nil || strings.Join(prefixes, ",") != "backups/b1/,backups/b2/" {
+		t.Fatalf("backups: %v %v", prefixes, err)
+	}
+	keys, err := o.ListObjects(b, "backups/b1/")
+	if err != nil || strings.Join(keys, ",") != "backups/b1/b1-logs.gz,backups/b1/b1.tar.gz,backups/b1/velero-backup.json" {
+		t.Fatalf("objects: %v %v", keys, err)
+	}
+	// Listings longer than a page are walked to their end.
+	c.PageSize = 1
+	objs, prefixes, err := c.List(context.Background(), "velero", b, "", "/")
+	if err != nil || len(objs) != 0 || strings.Join(prefixes, ",") != "backups/,restores/" {
+		t.Fatalf("paged prefixes: %v %v %v", objs, prefixes, err)
+	}
+	objs, _, err = c.List(context.Background(), "velero", b, "backups/", "")
+	if err != nil || len(objs) != 4 || objs[0].Key != "backups/b1/b1-logs.gz" || objs[3].Key != "backups/b2/velero-backup.json" {
+		t.Fatalf("paged objects: %+v %v", objs, err)
+	}
+
+	// Signed URLs: readable without a token, rewritten to the public address.
+	u, err := o.CreateSignedURL(b, "backups/b1/b1-logs.gz", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(u, "https://revault.example.com:8443/v1/signed/velero/default?") {
+		t.Fatalf("public URL: %s", u)
+	}
+	direct := w.URL + strings.TrimPrefix(u, "https://revault.example.com:8443")
+	resp, err := http.Get(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("signed GET: %s", resp.Status)
+	}
+	if got := gunzip(t, resp.Body); !bytes.Equal(got, logs) {
+		t.Fatal("the signed URL serves the log")
+	}
+	_ = resp.Body.Close()
+
+	// Delete, twice: the second is not an error (S3 semantics).
+	for i := 0; i < 2; i++ {
+		if err := o.DeleteObject(b, "backups/b2/velero-backup.json"); err != nil {
+			t.Fatalf("DeleteObject #%d: %v", i+1, err)
+		}
+	}
+	if ok, _ := o.ObjectExists(b, "backups/b2/velero-backup.json"); ok {
+		t.Fatal("deleted object still exists")
+	}
+
+	// Another namespace's token cannot use velero's bucket.
+	other := New(logrus.New())
+	if err := other.Init(map[string]string{KeyURL: w.URL, KeyNamespace: "velero", KeyTokenFile: w.TokenFile(t, "team-b")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ListObjects(b, ""); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("scoped token: %v", err)
+	}
+}
+
+func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
+	w := testutil.StartWorker(t, "velero")
+	o := newStore(t, w, nil)
+	c, _ := worker.New(w.URL, w.Tokens["velero"], worker.TLSOptions{})
+	var first, second *worker.Object
+	for i, key := range []string{"backups/d1/d1.tar.gz", "backups/d2/d2.tar.gz"} {
+		// The same resources, backed up a day apart: every tar header differs (mtime).
+		body := gz(t, veleroTarball(t, 300, time.Unix(1_767_225_600+int64(i)*86400, 0)))
+		if err := o.PutObject("default", key, bytes.NewReader(body)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.ObjectMeta(context.Background(), "velero", "default", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = m
+		} else {
+			second = m
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, w.URL+"/v1/series/velero/default/versions", nil)
+	req.Header.Set("Authorization", "Bearer "+w.Tokens["velero"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var versions []struct {
+		Number   int64 `json:"number"`
+		NewBytes int64 `json:"newBytes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&versions); err != nil {
+		t.Fatal(err)
+	}
+	added := map[int64]int64{}
+	for _, v := range versions {
+		added[v.Number] = v.NewBytes
+	}
+	// The second tarball's new bytes are its tar headers, nothing else.
+	if added[first.Version] < 300*2000 || added[second.Version] > 300*512+1024 {
+		t.Fatalf("new bytes: first %d, second %d: the second should deduplicate", added[first.Version], added[second.Version])
+	}
+}
+
+func TestBucketsResolveThroughTheirBackupSeries(t *testing.T) {
+	api := testutil.StartAPI(t)
+	w := testutil.StartWorker(t, "velero")
+	api.Namespace(t, "velero")
+	ctx := context.Background()
+
+	// Without url: the token comes from the namespace's Secret, the worker from the BackupSeries.
+	o := New(logrus.New())
+	if err := o.Init(map[string]string{KeyNamespace: "velero"}); err == nil || !strings.Contains(err.Error(), "no token") {
+		t.Fatalf("no Secret yet: %v", err)
+	}
+	api.TokenSecret(t, "velero", w.Tokens["velero"])
+	if err := o.Init(map[string]string{KeyNamespace: "velero"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.PutObject("default", "k", strings.NewReader("v")); err == nil || !strings.Contains(err.Error(), "BackupSeries velero/default") {
+		t.Fatalf("no BackupSeries: %v", err)
+	}
+	bs := &backupv1alpha1.BackupSeries{
+		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
+		Spec: backupv1alpha1.BackupSeriesSpec{
+			Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
+		},
+	}
+	if err := api.Client.Create(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.PutObject("default", "k", strings.NewReader("v")); err == nil || !strings.Contains(err.Error(), "not placed") {
+		t.Fatalf("not placed: %v", err)
+	}
+	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: "n1", Endpoint: w.URL}
+	if err := api.Client.Status().Update(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.PutObject("default", "k", strings.NewReader("v")); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := o.ObjectExists("default", "k"); !ok || err != nil {
+		t.Fatalf("ObjectExists: %v %v", ok, err)
+	}
+}
