@@ -27,6 +27,7 @@ DATA ?= synthetic
 
 .PHONY: help tools build demo test test-worker test-api lint fmt bench
 .PHONY: k8s-tools manifests generate build-operator lint-operator test-operator
+.PHONY: images e2e test-e2e lint-e2e
 
 help:
 	@echo "make demo        back up and restore a real series on local disk, print the figures (DATA=kube for real data)"
@@ -37,6 +38,9 @@ help:
 	@echo "make test-operator  the operator's envtest suite, chart lint and dry-run, generated-file check"
 	@echo "make manifests generate  regenerate CRDs/RBAC (config/, charts/revault) and deepcopy code"
 	@echo "make build-operator      build the operator binary (operator/bin/manager)"
+	@echo "make images      worker and operator images as archives, no registry (\$$REVAULT_CACHE/images)"
+	@echo "make e2e         the e2e suite on a 3-node kind cluster (KEEP=1 keeps the cluster; docs/e2e.md)"
+	@echo "make test-velero the Velero plugin's tests; make velero-plugin-image its image (docs/velero.md)"
 
 tools:
 	@hack/install-tools.sh
@@ -47,7 +51,7 @@ build: tools
 demo: build
 	python3 hack/demo.py --data $(DATA)
 
-lint: tools lint-operator
+lint: tools lint-operator lint-e2e
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
@@ -61,7 +65,7 @@ test-worker: build
 test-api: build
 	hack/api-fuzz.sh
 
-test: lint test-worker test-api test-operator
+test: lint test-worker test-api test-operator test-velero test-e2e
 
 # ---- operator (Go) ----------------------------------------------------------------------
 k8s-tools:
@@ -85,3 +89,36 @@ test-operator: build k8s-tools
 
 bench: build
 	python3 hack/bench.py
+
+# ---- images and e2e -----------------------------------------------------------------------
+# Images from the static binaries, written as archives without any registry (hack/images.sh;
+# REVAULT_IMAGE_BUILDER=docker uses `docker build` of worker/Dockerfile and operator/Dockerfile).
+images: build build-operator
+	hack/images.sh
+
+# The Ginkgo suite in e2e/ on a 3-node kind cluster (docs/e2e.md). KEEP=1 keeps the cluster.
+e2e: images k8s-tools
+	hack/e2e.sh
+
+# The e2e module compiles against ../operator (a replace): `go vet` here catches an API change
+# that breaks the suite, or a go.mod that needs `cd e2e && go mod tidy` after the operator's changed.
+lint-e2e:
+	@out=$$(cd e2e && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt: needs formatting:"; echo "$$out"; exit 1; fi
+	cd e2e && go vet ./...
+
+# Part of `make test`: runs e2e where the machine can (root, Linux, Docker or apt, disk space),
+# otherwise says why it skips. REVAULT_E2E=0 skips it; REVAULT_E2E=1 makes a skip an error.
+test-e2e:
+	@rc=0; hack/e2e.sh check || rc=$$?; \
+	case $$rc in 0) $(MAKE) --no-print-directory e2e ;; 1) ;; *) exit $$rc ;; esac
+
+# ---- Velero plugin (velero-plugin/, its own Go module; docs/velero.md) ---------------------
+.PHONY: test-velero velero-plugin-image
+# gofmt, go vet and the plugin's tests: against a real `revault serve` and envtest, and through
+# Velero's own plugin manager (gRPC).
+test-velero: build k8s-tools
+	hack/velero-plugin.sh test
+
+# The plugin image as an archive, no registry ($$REVAULT_CACHE/images/velero-plugin.env).
+velero-plugin-image:
+	hack/velero-plugin.sh image

@@ -25,6 +25,7 @@ KCFG=$KIND_CACHE/$CLUSTER.kubeconfig
 PV_ROOT=/mnt/revault-local          # inside the worker node containers
 WORKERS=("$CLUSTER-worker" "$CLUSTER-worker2")
 TIERS=(ssd hdd)                     # revault.io/storage label of WORKERS[i]
+SERVICE_CIDR=10.96.0.0/16           # kind's default serviceSubnet
 
 for a in "$@"; do [ -f "$a" ] || die "image archive not found: $a"; done
 [[ $NPV =~ ^[0-9]+$ ]] || die "KIND_LOCAL_PVS must be a number, got '$NPV'"
@@ -75,6 +76,10 @@ if [ $created = 1 ]; then
     echo "kind: Cluster"
     echo "apiVersion: kind.x-k8s.io/v1alpha4"
     [ "$offline" = offline ] && printf 'networking:\n  disableDefaultCNI: true\n'
+    # The kubelet refreshes Secret volumes when it resyncs a pod, every syncFrequency (1m by
+    # default). Revault's workers learn a new namespace's token from such a volume, so every
+    # first backup in a new namespace would wait up to a minute; tests make many namespaces.
+    printf 'kubeadmConfigPatches:\n- |\n  kind: KubeletConfiguration\n  syncFrequency: 10s\n'
     echo "nodes:"
     echo "- role: control-plane"
     for i in 0 1; do printf -- '- role: worker\n  labels:\n    revault.io/storage: %s\n' "${TIERS[$i]}"; done
@@ -106,6 +111,15 @@ if [ $created = 1 ]; then
       done <<<"$nodes"
       docker exec "$name" sh -c "iptables -t nat -C POSTROUTING -s $cidr -d 10.244.0.0/16 -j RETURN 2>/dev/null ||
                                  iptables -t nat -I POSTROUTING -s $cidr -d 10.244.0.0/16 -j RETURN"
+      # The firewall plugin's ACCEPT for pod traffic comes before kube-proxy's REJECT of
+      # Services without endpoints, so a connection to such a ClusterIP (e.g. a worker's Service
+      # while its pod restarts) would leave the node un-DNATed, masqueraded, towards the docker
+      # host, where whatever answers it keeps a pooled keep-alive connection "working" forever.
+      # A forwarded packet still addressed to the Service range was not DNATed: reject it as
+      # kube-proxy would. CNI-ADMIN is the chain the plugin runs first and leaves to admins.
+      docker exec "$name" sh -c "iptables -N CNI-ADMIN 2>/dev/null || true
+        iptables -C CNI-ADMIN -d $SERVICE_CIDR -j REJECT --reject-with icmp-port-unreachable 2>/dev/null ||
+        iptables -A CNI-ADMIN -d $SERVICE_CIDR -j REJECT --reject-with icmp-port-unreachable"
     done <<<"$nodes"
   fi
 

@@ -1,0 +1,365 @@
+// Command e2e-tool is what the e2e suite runs inside the cluster (image revault.local/e2e-tool):
+// it fills a volume with a generated file tree, changes part of it, checksums a tree, and calls
+// the worker API with a namespace's token. Every command prints its result as one JSON line
+// prefixed with "RESULT: " (the suite reads it from the pod's log).
+//
+//	e2e-tool gen    -dir D -seed N -files N -bytes B   generate a tree (random file contents)
+//	e2e-tool mutate -dir D -seed N -rewrite K -add B   rewrite K files, add one, delete one
+//	e2e-tool sum    -dir D                             manifest of every entry and its digest
+//	e2e-tool api    -server URL -token-file F -req "METHOD PATH" ...
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fatal(errors.New("usage: e2e-tool gen|mutate|sum|api [flags]"))
+	}
+	var res any
+	var err error
+	switch os.Args[1] {
+	case "gen":
+		res, err = gen(os.Args[2:])
+	case "mutate":
+		res, err = mutate(os.Args[2:])
+	case "sum":
+		res, err = sum(os.Args[2:])
+	case "api":
+		res, err = api(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fatal(err)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		fatal(err)
+	}
+	fmt.Printf("RESULT: %s\n", b)
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "e2e-tool:", err)
+	os.Exit(1)
+}
+
+// writeRandom writes n bytes from a ChaCha8 stream seeded by (seed, salt): incompressible, and
+// the same bytes for the same seed.
+func writeRandom(path string, n int64, seed, salt uint64, mode os.FileMode) error {
+	var key [32]byte
+	for i := 0; i < 8; i++ {
+		key[i] = byte(seed >> (8 * i))
+		key[8+i] = byte(salt >> (8 * i))
+	}
+	src := rand.NewChaCha8(key)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.CopyN(f, src, n); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil { // umask-proof
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+type genResult struct {
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"` // content bytes of all regular files
+}
+
+// gen writes a tree under dir: `files` random files spread over nested directories with sizes
+// summing to about `bytes`, plus what a restore must get right besides contents: an empty
+// file, an empty directory, a compressible text file, a relative symlink, an executable, a
+// private file owned by another user (when run as root) and a fixed old mtime.
+func gen(args []string) (any, error) {
+	fl := flag.NewFlagSet("gen", flag.ExitOnError)
+	dir := fl.String("dir", "/data", "target directory")
+	seed := fl.Uint64("seed", 1, "seed")
+	files := fl.Int("files", 16, "number of random files")
+	total := fl.Int64("bytes", 32<<20, "approximate total size of the random files")
+	_ = fl.Parse(args)
+	// Sizes: random weights scaled to the total, from a fixed stream: they depend on -files and
+	// -bytes only, so a tree's layout (and how much a mutate changes) is the same whatever the
+	// seed of its contents.
+	r := rand.New(rand.NewPCG(0x1a7, 0x5eed))
+	res := genResult{}
+	w := make([]float64, *files)
+	sumW := 0.0
+	for i := range w {
+		w[i] = 0.25 + r.Float64()
+		sumW += w[i]
+	}
+	for i := 0; i < *files; i++ {
+		sub := filepath.Join(*dir, fmt.Sprintf("d%d", i%4), fmt.Sprintf("e%d", i%3))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			return nil, err
+		}
+		n := int64(float64(*total) * w[i] / sumW)
+		if err := writeRandom(filepath.Join(sub, fmt.Sprintf("f%03d.bin", i)), n, *seed, uint64(i), 0o644); err != nil {
+			return nil, err
+		}
+		res.Files++
+		res.Bytes += n
+	}
+	var text bytes.Buffer
+	for i := 0; text.Len() < 256<<10; i++ {
+		fmt.Fprintf(&text, "line %d of a compressible text file, seed %d\n", i, *seed)
+	}
+	extra := []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{
+		{"README.txt", text.Bytes(), 0o644},
+		{"empty", nil, 0o644},
+		{"bin/run.sh", []byte("#!/bin/sh\necho restored\n"), 0o755},
+		{"private/secret.key", []byte("not really a key\n"), 0o600},
+	}
+	for _, e := range extra {
+		p := filepath.Join(*dir, e.name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(p, e.data, e.mode); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(p, e.mode); err != nil {
+			return nil, err
+		}
+		res.Files++
+		res.Bytes += int64(len(e.data))
+	}
+	if err := os.MkdirAll(filepath.Join(*dir, "empty-dir"), 0o750); err != nil {
+		return nil, err
+	}
+	if err := os.Symlink("../README.txt", filepath.Join(*dir, "bin", "readme")); err != nil {
+		return nil, err
+	}
+	old := time.Date(2020, 2, 29, 12, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(*dir, "README.txt"), old, old); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(filepath.Join(*dir, "private", "secret.key"), 1234, 2345); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(filepath.Join(*dir, "private"), 1234, 2345); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+type mutateResult struct {
+	Rewritten      []string `json:"rewritten"`
+	RewrittenBytes int64    `json:"rewrittenBytes"`
+	AddedBytes     int64    `json:"addedBytes"`
+	Removed        string   `json:"removed"`
+}
+
+// mutate changes part of a tree made by gen: the first `rewrite` random files (in path order)
+// get new random contents of the same size, one new random file of `add` bytes appears, and the
+// empty file is deleted.
+func mutate(args []string) (any, error) {
+	fl := flag.NewFlagSet("mutate", flag.ExitOnError)
+	dir := fl.String("dir", "/data", "tree to change")
+	seed := fl.Uint64("seed", 2, "seed of the new contents")
+	rewrite := fl.Int("rewrite", 2, "files to rewrite")
+	add := fl.Int64("add", 1<<20, "size of the added file")
+	_ = fl.Parse(args)
+	var bins []string
+	err := filepath.WalkDir(*dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && strings.HasSuffix(p, ".bin") {
+			bins = append(bins, p)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(bins)
+	if len(bins) < *rewrite {
+		return nil, fmt.Errorf("only %d files to rewrite", len(bins))
+	}
+	res := mutateResult{}
+	for i, p := range bins[:*rewrite] {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if err := writeRandom(p, st.Size(), *seed, uint64(1000+i), 0o644); err != nil {
+			return nil, err
+		}
+		rel, _ := filepath.Rel(*dir, p)
+		res.Rewritten = append(res.Rewritten, rel)
+		res.RewrittenBytes += st.Size()
+	}
+	if err := writeRandom(filepath.Join(*dir, "d0", "added.bin"), *add, *seed, 9999, 0o644); err != nil {
+		return nil, err
+	}
+	res.AddedBytes = *add
+	if err := os.Remove(filepath.Join(*dir, "empty")); err != nil {
+		return nil, err
+	}
+	res.Removed = "empty"
+	return res, nil
+}
+
+type sumResult struct {
+	Entries int      `json:"entries"`
+	Bytes   int64    `json:"bytes"`
+	Digest  string   `json:"digest"`
+	Lines   []string `json:"lines"`
+}
+
+// sum describes every entry below dir (not dir itself) as one line: type, path, permission
+// bits, owner, and for files size, mtime and SHA-256 of the contents, for symlinks the target.
+// Directory mtimes are left out (creating entries changes them). Digest covers all lines.
+func sum(args []string) (any, error) {
+	fl := flag.NewFlagSet("sum", flag.ExitOnError)
+	dir := fl.String("dir", "/data", "tree")
+	_ = fl.Parse(args)
+	res := sumResult{}
+	err := filepath.WalkDir(*dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == *dir {
+			return err
+		}
+		rel, _ := filepath.Rel(*dir, p)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no stat_t", p)
+		}
+		head := fmt.Sprintf("%s mode=%04o uid=%d gid=%d", rel, fi.Mode().Perm()|fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky), st.Uid, st.Gid)
+		var line string
+		switch {
+		case fi.Mode().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			h := sha256.New()
+			n, err := io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return err
+			}
+			res.Bytes += n
+			line = fmt.Sprintf("f %s size=%d mtime=%d sha256=%s", head, n, fi.ModTime().Unix(), hex.EncodeToString(h.Sum(nil)))
+		case fi.IsDir():
+			line = "d " + head
+		case fi.Mode()&fs.ModeSymlink != 0:
+			t, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			line = fmt.Sprintf("l %s -> %s", head, t)
+		default:
+			line = fmt.Sprintf("o %s type=%s", head, fi.Mode().Type())
+		}
+		res.Lines = append(res.Lines, line)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(res.Lines)
+	h := sha256.New()
+	for _, l := range res.Lines {
+		h.Write([]byte(l + "\n"))
+	}
+	res.Entries = len(res.Lines)
+	res.Digest = hex.EncodeToString(h.Sum(nil))
+	return res, nil
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+type apiCall struct {
+	Request string `json:"request"`
+	Status  int    `json:"status"`
+	Code    string `json:"code,omitempty"`
+	Body    string `json:"body"`
+}
+
+// api sends each request ("METHOD PATH") to the worker with the token from token-file and
+// records the status, the error code of a JSON error body, and the start of the body. PUT and
+// POST send a small octet-stream body.
+func api(args []string) (any, error) {
+	fl := flag.NewFlagSet("api", flag.ExitOnError)
+	server := fl.String("server", "", "worker URL")
+	tokenFile := fl.String("token-file", "/etc/revault/token", "bearer token file")
+	var reqs multiFlag
+	fl.Var(&reqs, "req", `"METHOD PATH" (repeatable)`)
+	_ = fl.Parse(args)
+	tok, err := os.ReadFile(*tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	token := strings.TrimSpace(string(tok))
+	cl := &http.Client{Timeout: 60 * time.Second}
+	var out []apiCall
+	for _, r := range reqs {
+		method, path, ok := strings.Cut(r, " ")
+		if !ok {
+			return nil, fmt.Errorf("bad -req %q", r)
+		}
+		var body io.Reader
+		if method == http.MethodPut || method == http.MethodPost {
+			body = strings.NewReader("e2e probe data\n")
+		}
+		req, err := http.NewRequest(method, strings.TrimRight(*server, "/")+path, body)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		if body != nil {
+			req.Header.Set("Content-Type", "application/octet-stream")
+		}
+		resp, err := cl.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		call := apiCall{Request: r, Status: resp.StatusCode, Body: string(b)}
+		var e struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(b, &e) == nil {
+			call.Code = e.Code
+		}
+		out = append(out, call)
+	}
+	return out, nil
+}

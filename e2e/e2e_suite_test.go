@@ -1,0 +1,155 @@
+// Package e2e is Revault's end-to-end suite: the Helm chart installed on a real multi-node kind
+// cluster, real worker pods on labelled nodes, backup and restore Jobs moving real data between
+// local volumes, checked from inside the cluster. hack/e2e.sh (make e2e) builds the images,
+// brings the cluster up, runs this suite and tears the cluster down; see docs/e2e.md.
+//
+// Environment (hack/e2e.sh sets all of it):
+//
+//	KUBECONFIG               the cluster (hack/kind-up.sh)
+//	E2E_WORKER_IMAGE         worker image (revault), loaded into the nodes
+//	E2E_OPERATOR_IMAGE       operator image, loaded into the nodes
+//	E2E_TOOL_IMAGE           e2e/cmd/e2e-tool image, loaded into the nodes
+//	E2E_CHART                charts/revault (default ../charts/revault)
+//	E2E_HELM                 helm binary (default helm on PATH)
+//	E2E_RUN_ID               suffix of the test namespaces (default: from the clock)
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+)
+
+const (
+	systemNS    = "revault-system"
+	releaseName = "revault"
+	operatorDep = "revault-operator" // <release>-operator; the release name contains "revault"
+	// Labels of the nodes kind-up.sh labels; the test workloads' namespaces carry e2eLabel.
+	storageLabel = backupv1alpha1.StorageLabel
+	e2eLabel     = "revault.io/e2e-run"
+)
+
+var (
+	ctx = context.Background()
+	// k is a controller-runtime client with the Revault types, cs a clientset (logs, proxy).
+	k  client.Client
+	cs *kubernetes.Clientset
+
+	workerImage, operatorImage, toolImage string
+	runID                                 string
+	// anyFailed keeps the test namespaces of a failed run for the post-mortem (hack/e2e.sh
+	// prints their events; KEEP=1 keeps the cluster).
+	anyFailed atomic.Bool
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Revault e2e on kind")
+}
+
+func mustEnv(name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		Fail(fmt.Sprintf("%s is not set: run the suite with hack/e2e.sh (make e2e)", name))
+	}
+	return v
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+var _ = BeforeSuite(func() {
+	workerImage = mustEnv("E2E_WORKER_IMAGE")
+	operatorImage = mustEnv("E2E_OPERATOR_IMAGE")
+	toolImage = mustEnv("E2E_TOOL_IMAGE")
+	runID = envOr("E2E_RUN_ID", time.Now().UTC().Format("0102-150405"))
+	cfg, err := clientcmd.BuildConfigFromFlags("", mustEnv("KUBECONFIG"))
+	Expect(err).NotTo(HaveOccurred())
+	cfg.QPS, cfg.Burst = 50, 100
+	scheme := runtime.NewScheme()
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
+	k, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+	cs, err = kubernetes.NewForConfig(cfg)
+	Expect(err).NotTo(HaveOccurred())
+
+	By("the cluster has one worker node labelled ssd and one labelled hdd")
+	for _, media := range []string{"ssd", "hdd"} {
+		var nodes corev1.NodeList
+		Expect(k.List(ctx, &nodes, client.MatchingLabels{storageLabel: media})).To(Succeed())
+		Expect(nodes.Items).To(HaveLen(1), "nodes labelled %s=%s", storageLabel, media)
+	}
+
+	By("helm upgrade --install " + releaseName + " (images " + workerImage + ", " + operatorImage + ")")
+	// Workers run as root on hostPath volumes: the namespace needs the privileged PSA level.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}}}
+	if err := k.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		Expect(err).NotTo(HaveOccurred())
+	}
+	repo := func(ref string) string { return ref[:strings.LastIndex(ref, ":")] }
+	tag := func(ref string) string { return ref[strings.LastIndex(ref, ":")+1:] }
+	out, err := helm("upgrade", "--install", releaseName, envOr("E2E_CHART", "../charts/revault"),
+		"--namespace", systemNS, "--wait", "--timeout", "5m",
+		"--set", "operator.image.repository="+repo(operatorImage),
+		"--set", "operator.image.tag="+tag(operatorImage),
+		// Loaded with `kind load image-archive`: never pulled.
+		"--set", "operator.image.pullPolicy=Never",
+		"--set", "worker.image.repository="+repo(workerImage),
+		"--set", "worker.image.tag="+tag(workerImage),
+		"--set", "worker.image.pullPolicy=Never",
+		// Status is read back from the workers every syncPeriod (and on every backup Job
+		// change); a short period makes retention results visible sooner.
+		"--set", "operator.syncPeriod=10s",
+		// Job pods request less CPU than the default 100m (they have no CPU limit, so they run
+		// as fast as before): scenario 7 caps them at 25m to make a backup stream last long
+		// enough to kill its worker in the middle, and a limit cannot be below the request.
+		"--set", "jobs.resources.requests.cpu=25m")
+	Expect(err).NotTo(HaveOccurred(), "helm: %s", out)
+
+	// A failed run keeps its namespaces for the post-mortem (KEEP=1 keeps the cluster too);
+	// their PVCs hold local PVs that this run needs. The next run is past the post-mortem.
+	var old corev1.NamespaceList
+	Expect(k.List(ctx, &old, client.HasLabels{e2eLabel})).To(Succeed())
+	for i := range old.Items {
+		if n := &old.Items[i]; n.Labels[e2eLabel] != runID && n.DeletionTimestamp == nil {
+			By("deleting namespace " + n.Name + " of an earlier run")
+			Expect(client.IgnoreNotFound(k.Delete(ctx, n))).To(Succeed())
+		}
+	}
+})
+
+var _ = ReportAfterEach(func(r SpecReport) {
+	if r.Failed() {
+		anyFailed.Store(true)
+	}
+})
+
+func helm(args ...string) (string, error) {
+	cmd := exec.Command(envOr("E2E_HELM", "helm"), args...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

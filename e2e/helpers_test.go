@@ -1,0 +1,484 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+)
+
+// Bounds on waiting; none of them is an assertion about speed.
+const (
+	podTimeout    = 5 * time.Minute
+	backupTimeout = 8 * time.Minute
+	poll          = 2 * time.Second
+)
+
+// ---- namespaces, volumes -------------------------------------------------------------------
+
+// newNamespace creates a test namespace (prefix-runID) and deletes it when the container is
+// done, unless a spec of the run failed (hack/e2e.sh then prints its events).
+func newNamespace(prefix string) string {
+	name := prefix + "-" + runID
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{e2eLabel: runID}}}
+	Expect(k.Create(ctx, ns)).To(Succeed())
+	DeferCleanup(func() {
+		// Cleanup runs before ReportAfterEach: look at the current spec too.
+		if CurrentSpecReport().Failed() {
+			anyFailed.Store(true)
+		}
+		if anyFailed.Load() {
+			GinkgoWriter.Printf("keeping namespace %s (a spec failed)\n", name)
+			return
+		}
+		Expect(client.IgnoreNotFound(k.Delete(ctx, ns))).To(Succeed())
+	})
+	return name
+}
+
+// createPVC makes a 1Gi claim on the static local volumes kind-up.sh provides (bound when its
+// first pod is scheduled).
+func createPVC(ns, name string) {
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: ptr.To("revault-local"),
+			Resources: corev1.VolumeResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			},
+		},
+	}
+	Expect(k.Create(ctx, pvc)).To(Succeed())
+}
+
+// ---- pods ----------------------------------------------------------------------------------
+
+// runPod creates a pod that runs to completion and returns its log and final phase.
+func runPod(pod *corev1.Pod) (string, corev1.PodPhase) {
+	GinkgoHelper()
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	pod.Spec.TerminationGracePeriodSeconds = ptr.To(int64(1))
+	pod.Spec.AutomountServiceAccountToken = ptr.To(false)
+	Expect(k.Create(ctx, pod)).To(Succeed())
+	var phase corev1.PodPhase
+	Eventually(func(g Gomega) {
+		p := &corev1.Pod{}
+		g.Expect(k.Get(ctx, client.ObjectKeyFromObject(pod), p)).To(Succeed())
+		phase = p.Status.Phase
+		g.Expect(phase).To(BeElementOf(corev1.PodSucceeded, corev1.PodFailed), "pod %s/%s: %s", pod.Namespace, pod.Name, podSummary(p))
+	}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+	logs, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k.Delete(ctx, pod, client.GracePeriodSeconds(0))).To(Succeed())
+	return string(logs), phase
+}
+
+func podSummary(p *corev1.Pod) string {
+	s := string(p.Status.Phase)
+	for _, c := range p.Status.ContainerStatuses {
+		if w := c.State.Waiting; w != nil {
+			s += fmt.Sprintf(" %s: %s %s", c.Name, w.Reason, w.Message)
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			s += fmt.Sprintf(" %s: %s", c.Type, c.Message)
+		}
+	}
+	return s
+}
+
+// toolPod is a pod running e2e-tool as root (to read and write every file of the volumes and
+// set owners), with the PVC claim mounted at /data.
+func toolPod(ns, name, claim string, args ...string) *corev1.Pod {
+	return rootPod(ns, name, claim, toolImage, "/e2e-tool", args...)
+}
+
+// rootPod runs command from image as root with the PVC claim (if any) at /data.
+func rootPod(ns, name, claim, image, command string, args ...string) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "main", Image: image, ImagePullPolicy: corev1.PullNever,
+				Command: []string{command}, Args: args,
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To(int64(0)), RunAsGroup: ptr.To(int64(0))},
+			}},
+		},
+	}
+	if claim != "" {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}})
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
+			corev1.VolumeMount{Name: "data", MountPath: "/data"})
+	}
+	return pod
+}
+
+// withToken mounts the namespace's worker token (Secret revault-token, made by the operator)
+// at /etc/revault/token, as the operator's Job pods have it.
+func withToken(pod *corev1.Pod) *corev1.Pod {
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "token", VolumeSource: corev1.VolumeSource{
+		Secret: &corev1.SecretVolumeSource{SecretName: "revault-token", DefaultMode: ptr.To(int32(0o400))}}})
+	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
+		corev1.VolumeMount{Name: "token", MountPath: "/etc/revault", ReadOnly: true})
+	return pod
+}
+
+// tool runs e2e-tool in a pod and decodes its RESULT line into out.
+func tool(pod *corev1.Pod, out any) {
+	GinkgoHelper()
+	logs, phase := runPod(pod)
+	Expect(phase).To(Equal(corev1.PodSucceeded), "e2e-tool %v failed:\n%s", pod.Spec.Containers[0].Args, logs)
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "RESULT: "); ok {
+			Expect(json.Unmarshal([]byte(rest), out)).To(Succeed())
+			return
+		}
+	}
+	Fail("no RESULT line in the log of e2e-tool:\n" + logs)
+}
+
+// podSeq numbers the helper pods (specs run one at a time).
+var podSeq int
+
+func podName(what string) string { podSeq++; return fmt.Sprintf("%s-%d", what, podSeq) }
+
+type genResult struct {
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+}
+
+type mutateResult struct {
+	Rewritten      []string `json:"rewritten"`
+	RewrittenBytes int64    `json:"rewrittenBytes"`
+	AddedBytes     int64    `json:"addedBytes"`
+}
+
+type sumResult struct {
+	Entries int      `json:"entries"`
+	Bytes   int64    `json:"bytes"`
+	Digest  string   `json:"digest"`
+	Lines   []string `json:"lines"`
+}
+
+type apiCall struct {
+	Request string `json:"request"`
+	Status  int    `json:"status"`
+	Code    string `json:"code"`
+	Body    string `json:"body"`
+}
+
+// runSeed is the e2e-tool seed for contents number n of this run. Workers deduplicate against
+// everything they hold, so contents an earlier run left on a kept cluster (KEEP=1) would not be
+// stored again and the stored-bytes checks would fail: every run gets contents of its own.
+func runSeed(n int) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(runID))
+	return strconv.FormatUint(h.Sum64()+uint64(n), 10)
+}
+
+// genTree fills claim with a generated tree: `files` random files of `bytes` in total plus
+// the special entries of e2e-tool gen, with contents from runSeed(seed).
+func genTree(ns, claim string, seed, files int, bytes int64) genResult {
+	GinkgoHelper()
+	var r genResult
+	tool(toolPod(ns, podName("gen"), claim, "gen", "-dir", "/data", "-seed", runSeed(seed),
+		"-files", strconv.Itoa(files), "-bytes", strconv.FormatInt(bytes, 10)), &r)
+	return r
+}
+
+// sumTree is the checker: the manifest (type, mode, owner, size, mtime, SHA-256) of every
+// entry of claim.
+func sumTree(ns, claim string) sumResult {
+	GinkgoHelper()
+	var r sumResult
+	tool(toolPod(ns, podName("sum"), claim, "sum", "-dir", "/data"), &r)
+	Expect(r.Entries).To(BeNumerically(">", 0), "empty tree in %s/%s", ns, claim)
+	return r
+}
+
+// expectSameTree fails with the differing entries when two manifests differ.
+func expectSameTree(got, want sumResult, what string) {
+	GinkgoHelper()
+	if got.Digest == want.Digest {
+		return
+	}
+	Expect(got.Lines).To(Equal(want.Lines), "%s: the restored tree differs from the source", what)
+	Fail(what + ": digests differ but lines are equal")
+}
+
+// ---- Revault objects -----------------------------------------------------------------------
+
+func newSeries(ns, name, claim string, media backupv1alpha1.Media) *backupv1alpha1.BackupSeries {
+	return &backupv1alpha1.BackupSeries{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: backupv1alpha1.BackupSeriesSpec{
+			Source:  backupv1alpha1.BackupSource{PVC: &backupv1alpha1.PVCSource{ClaimName: claim}},
+			Storage: backupv1alpha1.StorageSpec{Media: media},
+		},
+	}
+}
+
+func getSeries(ns, name string) *backupv1alpha1.BackupSeries {
+	GinkgoHelper()
+	bs := &backupv1alpha1.BackupSeries{}
+	Expect(k.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, bs)).To(Succeed())
+	return bs
+}
+
+func condition(conds []metav1.Condition, t string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == t {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+// waitSeriesReady waits until the series is placed on a worker that accepts the namespace's
+// token (on-demand backups wait for that).
+func waitSeriesReady(ns, name string) *backupv1alpha1.BackupSeries {
+	GinkgoHelper()
+	var bs *backupv1alpha1.BackupSeries
+	Eventually(func(g Gomega) {
+		bs = &backupv1alpha1.BackupSeries{}
+		g.Expect(k.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, bs)).To(Succeed())
+		g.Expect(bs.Status.Worker).NotTo(BeNil(), "not placed: %v", bs.Status.Conditions)
+		c := condition(bs.Status.Conditions, backupv1alpha1.ConditionTokenReady)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "TokenReady: %s", c.Message)
+	}).WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
+	return bs
+}
+
+// backupNow asks for an on-demand backup (a new annotation value) and waits until the series
+// reports version `want` and no backup runs; it returns the series then.
+func backupNow(ns, name, request string, want int64) *backupv1alpha1.BackupSeries {
+	GinkgoHelper()
+	bs := getSeries(ns, name)
+	patch := client.MergeFrom(bs.DeepCopy())
+	if bs.Annotations == nil {
+		bs.Annotations = map[string]string{}
+	}
+	bs.Annotations[backupv1alpha1.BackupNowAnnotation] = request
+	Expect(k.Patch(ctx, bs, patch)).To(Succeed())
+	return waitVersion(ns, name, want)
+}
+
+func waitVersion(ns, name string, want int64) *backupv1alpha1.BackupSeries {
+	GinkgoHelper()
+	var bs *backupv1alpha1.BackupSeries
+	Eventually(func(g Gomega) {
+		bs = &backupv1alpha1.BackupSeries{}
+		g.Expect(k.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, bs)).To(Succeed())
+		if lj := bs.Status.LastJob; lj != nil && !lj.Succeeded {
+			StopTrying(fmt.Sprintf("backup Job %s failed: %s", lj.Name, lj.Message)).Now()
+		}
+		g.Expect(bs.Status.LatestVersion).To(Equal(want), "phase %s, conditions %v", bs.Status.Phase, bs.Status.Conditions)
+		g.Expect(bs.Status.Phase).To(Equal(backupv1alpha1.SeriesReady))
+	}).WithTimeout(backupTimeout).WithPolling(poll).Should(Succeed())
+	return bs
+}
+
+func version(bs *backupv1alpha1.BackupSeries, n int64) *backupv1alpha1.BackupVersion {
+	for i := range bs.Status.Versions {
+		if bs.Status.Versions[i].Number == n {
+			return &bs.Status.Versions[i]
+		}
+	}
+	return nil
+}
+
+func versionNumbers(bs *backupv1alpha1.BackupSeries) []int64 {
+	var ns []int64
+	for _, v := range bs.Status.Versions {
+		ns = append(ns, v.Number)
+	}
+	return ns
+}
+
+// restoreInto runs a RestoreJob of series@version into a new PVC and waits for its end.
+func restoreInto(ns, name, series, version, claim string) *backupv1alpha1.RestoreJob {
+	GinkgoHelper()
+	createPVC(ns, claim)
+	rj := &backupv1alpha1.RestoreJob{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: backupv1alpha1.RestoreJobSpec{
+			SeriesRef: backupv1alpha1.LocalObjectReference{Name: series},
+			Version:   version,
+			TargetPVC: backupv1alpha1.PVCTarget{ClaimName: claim},
+		},
+	}
+	Expect(k.Create(ctx, rj)).To(Succeed())
+	return waitRestoreDone(ns, name)
+}
+
+func waitRestoreDone(ns, name string) *backupv1alpha1.RestoreJob {
+	GinkgoHelper()
+	rj := &backupv1alpha1.RestoreJob{}
+	Eventually(func(g Gomega) {
+		g.Expect(k.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, rj)).To(Succeed())
+		g.Expect(rj.Status.Phase).To(BeElementOf(backupv1alpha1.RestoreSucceeded, backupv1alpha1.RestoreFailed),
+			"conditions %v", rj.Status.Conditions)
+	}).WithTimeout(backupTimeout).WithPolling(poll).Should(Succeed())
+	return rj
+}
+
+func expectRestoreSucceeded(rj *backupv1alpha1.RestoreJob, version int64) {
+	GinkgoHelper()
+	Expect(rj.Status.Phase).To(Equal(backupv1alpha1.RestoreSucceeded), "conditions %v", rj.Status.Conditions)
+	Expect(rj.Status.ResolvedVersion).To(Equal(version))
+	c := condition(rj.Status.Conditions, backupv1alpha1.ConditionComplete)
+	Expect(c).NotTo(BeNil())
+	Expect(c.Status).To(Equal(metav1.ConditionTrue))
+	Expect(rj.Status.RestoredBytes).To(Equal(rj.Status.TotalBytes))
+}
+
+// ---- workers -------------------------------------------------------------------------------
+
+// storageNode is the node labelled revault.io/storage=media.
+func storageNode(media string) string {
+	GinkgoHelper()
+	var nodes corev1.NodeList
+	Expect(k.List(ctx, &nodes, client.MatchingLabels{storageLabel: media})).To(Succeed())
+	Expect(nodes.Items).To(HaveLen(1))
+	return nodes.Items[0].Name
+}
+
+// workerPod is the ready worker pod of a pool on a node.
+func workerPod(media, node string) *corev1.Pod {
+	GinkgoHelper()
+	var pod *corev1.Pod
+	Eventually(func(g Gomega) {
+		var pods corev1.PodList
+		g.Expect(k.List(ctx, &pods, client.InNamespace(systemNS),
+			client.MatchingLabels{"app.kubernetes.io/component": "worker", "revault.io/pool": media})).To(Succeed())
+		pod = nil
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.Spec.NodeName == node && p.DeletionTimestamp == nil && podReady(p) {
+				pod = p
+			}
+		}
+		g.Expect(pod).NotTo(BeNil(), "no ready %s worker pod on %s", media, node)
+	}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+	return pod
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// workerService is the operator's per-node Service of a pool's worker.
+func workerService(media, node string) string { return "revault-worker-" + media + "-" + node }
+
+// workerEndpoint is what Job pods use to reach that worker.
+func workerEndpoint(media, node string) string {
+	return fmt.Sprintf("http://%s.%s.svc:8420", workerService(media, node), systemNS)
+}
+
+// workerMetrics reads a worker's /metrics (no token needed) through the API server's service
+// proxy and returns the samples by name (labels included as written).
+func workerMetrics(media, node string) (map[string]float64, error) {
+	raw, err := cs.CoreV1().Services(systemNS).ProxyGet("http", workerService(media, node), "8420", "/metrics", nil).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]float64{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		m[line[:i]] = v
+	}
+	return m, nil
+}
+
+// storedBytes is the worker's revault_stored_bytes: the bytes of all its containers on disk.
+func storedBytes(media, node string) int64 {
+	GinkgoHelper()
+	var v float64
+	Eventually(func(g Gomega) {
+		m, err := workerMetrics(media, node)
+		g.Expect(err).NotTo(HaveOccurred())
+		var ok bool
+		v, ok = m["revault_stored_bytes"]
+		g.Expect(ok).To(BeTrue(), "no revault_stored_bytes in the %s worker's metrics", media)
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+	return int64(v)
+}
+
+// ---- Jobs ------------------------------------------------------------------------------------
+
+// backupJobs lists the backup Jobs of a series.
+func backupJobs(ns, series string) []batchv1.Job {
+	GinkgoHelper()
+	var jobs batchv1.JobList
+	Expect(k.List(ctx, &jobs, client.InNamespace(ns),
+		client.MatchingLabels{"app.kubernetes.io/component": "backup", "revault.io/series": series})).To(Succeed())
+	return jobs.Items
+}
+
+// expectInvalid asserts the API server rejected obj as invalid with msg in the message.
+func expectInvalid(err error, msg string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the API server accepted an invalid object (wanted %q)", msg)
+	Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
+	Expect(err.Error()).To(ContainSubstring(msg))
+}
+
+// events lists the events of an object.
+func events(ns, name string) []corev1.Event {
+	GinkgoHelper()
+	var evs corev1.EventList
+	Expect(k.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+	var out []corev1.Event
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func eventReasons(evs []corev1.Event) []string {
+	var r []string
+	for _, e := range evs {
+		r = append(r, e.Reason)
+	}
+	return r
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
