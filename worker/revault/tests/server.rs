@@ -1060,3 +1060,45 @@ fn retention_runs_after_backups_and_on_schedule() {
     assert!(s["latest"].as_u64().unwrap() > 1, "{s}");
     srv.stop();
 }
+
+#[test]
+fn a_new_server_waits_for_the_store_lock_of_an_exiting_one() {
+    // A force-deleted worker pod's process can still hold the store while its
+    // replacement starts: the new server waits, not ready, and takes over.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let old = Server::start(&store, &[]);
+    let input = dir.path().join("in");
+    std::fs::write(&input, random(1 << 20, 41)).unwrap();
+    let url = old.url();
+    client_ok(
+        &push_args(&url, "default/db", input.to_str().unwrap()),
+        None,
+    );
+
+    let store2 = store.clone();
+    let new = std::thread::spawn(move || Server::start(&store2, &["--lock-wait", "60s"]));
+    old.wait_for("the new server to wait", Duration::from_secs(30), |_| {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+            .any(|log| log.contains("the store is locked; waiting for its holder to exit"))
+    });
+    old.signal(libc::SIGKILL);
+    let new = new.join().expect("the new server becomes ready");
+    let out = dir.path().join("out");
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &new.url(),
+            "--series",
+            "default/db",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
+    new.stop();
+}

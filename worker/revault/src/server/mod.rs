@@ -84,6 +84,11 @@ pub struct ServeArgs {
     /// How often the token file is checked for changes.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub token_reload: Duration,
+    /// When another process holds the store (e.g. the previous worker pod of
+    /// a force-deleted one, still exiting), wait this long for it before
+    /// failing; readiness stays false meanwhile.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub lock_wait: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -365,12 +370,28 @@ async fn serve(a: ServeArgs) -> Result<()> {
     // Open the store (readiness stays false until then).
     let root = a.store.clone();
     let init = a.init;
+    let lock_wait = a.lock_wait;
     let opened = tokio::task::spawn_blocking(move || -> Result<Store> {
         if init && !root.join("revault.store").exists() {
             Store::init(&root, &InitOptions::default())?;
             tracing::info!(store = %root.display(), "initialised a new store");
         }
-        Ok(Store::open(&root, OpenMode::ReadWrite, "revault serve")?)
+        let deadline = std::time::Instant::now() + lock_wait;
+        let mut said = false;
+        loop {
+            match Store::open(&root, OpenMode::ReadWrite, "revault serve") {
+                Err(revault_engine::error::Error::Locked { holder, .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    if !said {
+                        tracing::warn!(%holder, wait = ?lock_wait, "the store is locked; waiting for its holder to exit");
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                r => return Ok(r?),
+            }
+        }
     })
     .await
     .context("opening the store")??;
