@@ -380,15 +380,7 @@ func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1al
 				ref.Message = out.Error
 			}
 		}
-		isNew := st.LastJob == nil || st.LastJob.Name != newest.Name
 		st.LastJob = ref
-		if isNew {
-			result := "succeeded"
-			if !ref.Succeeded {
-				result = "failed"
-			}
-			metrics.BackupJobs.WithLabelValues(result).Inc()
-		}
 	}
 	if st.LastJob != nil {
 		if st.LastJob.Succeeded {
@@ -565,7 +557,19 @@ func (r *BackupSeriesReconciler) writeStatus(ctx context.Context, bs *backupv1al
 	if equality.Semantic.DeepEqual(orig, &bs.Status) {
 		return nil
 	}
-	return r.Status().Update(ctx, bs)
+	if err := r.Status().Update(ctx, bs); err != nil {
+		return err
+	}
+	// Count a finished backup Job once its record is stored: a conflicting
+	// update is retried by a new reconcile, which would count it again.
+	if j := bs.Status.LastJob; j != nil && (orig.LastJob == nil || orig.LastJob.Name != j.Name) {
+		result := "succeeded"
+		if !j.Succeeded {
+			result = "failed"
+		}
+		metrics.BackupJobs.WithLabelValues(result).Inc()
+	}
+	return nil
 }
 
 // finalize honours deletionPolicy and lets the BackupSeries go.
