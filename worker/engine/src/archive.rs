@@ -60,7 +60,7 @@ pub(crate) fn load_with_links(r: &impl MetaRead, ids: &[u64]) -> Result<HashMap<
 }
 
 /// Where chunk `idx` of a unit starts in its container's data space.
-fn chunk_vaddr(u: &UnitRecord, idx: usize) -> u64 {
+pub(crate) fn chunk_vaddr(u: &UnitRecord, idx: usize) -> u64 {
     u.vbase + u.chunks[..idx].iter().map(|c| c.stored_len()).sum::<u64>()
 }
 
@@ -256,11 +256,16 @@ pub(crate) fn resolve_archival(
     parts: Vec<Vec<Entry>>,
 ) -> Result<(Vec<Extent>, u32)> {
     let (locs, depth) = resolve_positions(r, series, v, parts)?;
+    Ok((loc_extents(&locs), depth))
+}
+
+/// Chunk positions as extents, adjacent ones merged.
+pub(crate) fn loc_extents(locs: &[Loc]) -> Vec<Extent> {
     let mut out = Vec::with_capacity(locs.len() / 4 + 1);
     for l in locs {
         push_extent(&mut out, l.extent());
     }
-    Ok((out, depth))
+    out
 }
 
 /// One chunk position of a recipe, as a reference.

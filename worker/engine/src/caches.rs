@@ -48,6 +48,7 @@ pub enum CachePolicy {
 }
 
 impl CachePolicy {
+    /// The cache engines (what the benchmarks compare); `auto` runs one of them.
     pub const ALL: [CachePolicy; 5] = [
         CachePolicy::LruContainer,
         CachePolicy::LruChunk,
@@ -135,10 +136,7 @@ impl<'s> Loader<'s> {
     /// One container read: the whole data space, decoded.
     fn load(&mut self, id: ContainerId) -> Result<Vec<u8>> {
         let f = self.file(id, false)?;
-        let mut data = vec![0u8; f.footer.vbytes as usize];
-        if !data.is_empty() {
-            f.read_range(0, &mut data)?;
-        }
+        let data = f.read_all()?;
         self.stats.reads += 1;
         self.stats.bytes_read += f
             .footer
@@ -423,9 +421,9 @@ fn dasm(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result
     Ok(ld.stats)
 }
 
-fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
-    let mut ld = Loader::new(store);
-    // next[i]: the next position after i using the same container.
+/// next[i]: the next position after i using the same container
+/// (`usize::MAX` when none does, and for zero chunks).
+fn next_uses(locs: &[Loc]) -> Vec<usize> {
     let mut next = vec![usize::MAX; locs.len()];
     let mut last: HashMap<ContainerId, usize> = HashMap::new();
     for (i, l) in locs.iter().enumerate().rev() {
@@ -436,6 +434,12 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
             last.insert(container, i);
         }
     }
+    next
+}
+
+fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+    let mut ld = Loader::new(store);
+    let next = next_uses(locs);
     let mut cache: HashMap<ContainerId, (Vec<u8>, usize)> = HashMap::new();
     let mut by_next: BTreeSet<(usize, ContainerId)> = BTreeSet::new();
     let mut held = 0u64;
@@ -449,10 +453,11 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
             len,
         } = *l
         else {
+            // Zeros do not end a run: the chunks after them are often in
+            // the blocks already read.
             if let Loc::Zero { len } = *l {
                 write_zeros(out, u64::from(len))?;
             }
-            direct = None;
             continue;
         };
         if let Some((_, nu)) = cache.get(&container) {
@@ -540,7 +545,7 @@ pub(crate) fn choose(locs: &[Loc], budget: u64, container_bytes: u64) -> CachePo
 
 /// Container reads of the forward assembly area: the distinct containers of
 /// each `budget`-byte window of output.
-pub(crate) fn faa_reads(locs: &[Loc], budget: u64) -> u64 {
+fn faa_reads(locs: &[Loc], budget: u64) -> u64 {
     let window = budget.max(1 << 20);
     let mut reads = 0u64;
     let mut seen: std::collections::HashSet<ContainerId> = std::collections::HashSet::new();
@@ -572,34 +577,25 @@ pub(crate) fn faa_reads(locs: &[Loc], budget: u64) -> u64 {
 /// Container reads of Belady's container cache holding `budget /
 /// container_bytes` containers (a run of chunks from one container when
 /// none fits).
-pub(crate) fn opt_reads(locs: &[Loc], budget: u64, container_bytes: u64) -> u64 {
+fn opt_reads(locs: &[Loc], budget: u64, container_bytes: u64) -> u64 {
     let slots = (budget / container_bytes.max(1)) as usize;
-    let ids: Vec<ContainerId> = locs
-        .iter()
-        .filter_map(|l| match *l {
-            Loc::Stored { container, .. } => Some(container),
-            Loc::Zero { .. } => None,
-        })
-        .collect();
+    let stored = locs.iter().enumerate().filter_map(|(i, l)| match *l {
+        Loc::Stored { container, .. } => Some((i, container)),
+        Loc::Zero { .. } => None,
+    });
     if slots == 0 {
-        let repeats = ids.windows(2).filter(|w| w[0] == w[1]).count();
-        return (ids.len() - repeats) as u64;
+        // One read per run of chunks from the same container.
+        let mut prev = None;
+        return stored.filter(|&(_, c)| prev.replace(c) != Some(c)).count() as u64;
     }
-    let mut next = vec![usize::MAX; ids.len()];
-    let mut last: HashMap<ContainerId, usize> = HashMap::new();
-    for (i, c) in ids.iter().enumerate().rev() {
-        if let Some(&n) = last.get(c) {
-            next[i] = n;
-        }
-        last.insert(*c, i);
-    }
+    let next = next_uses(locs);
     let mut cached: HashMap<ContainerId, usize> = HashMap::new();
     let mut by_next: BTreeSet<(usize, ContainerId)> = BTreeSet::new();
     let mut reads = 0u64;
-    for (i, c) in ids.iter().enumerate() {
-        match cached.get(c) {
+    for (i, c) in stored {
+        match cached.get(&c) {
             Some(&nu) => {
-                by_next.remove(&(nu, *c));
+                by_next.remove(&(nu, c));
             }
             None => {
                 reads += 1;
@@ -609,8 +605,8 @@ pub(crate) fn opt_reads(locs: &[Loc], budget: u64, container_bytes: u64) -> u64 
                 }
             }
         }
-        cached.insert(*c, next[i]);
-        by_next.insert((next[i], *c));
+        cached.insert(c, next[i]);
+        by_next.insert((next[i], c));
     }
     reads
 }

@@ -302,10 +302,7 @@ fn verify_container(
             ),
         });
     }
-    let mut data = vec![0u8; cf.footer.vbytes as usize];
-    if !data.is_empty() {
-        cf.read_range(0, &mut data)?;
-    }
+    let data = cf.read_all()?;
     for uid in ids {
         let u = &units[uid];
         let mut off = u.vbase as usize;

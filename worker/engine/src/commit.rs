@@ -136,7 +136,7 @@ fn apply(v: u64, d: i64) -> u64 {
 }
 
 impl Store {
-    pub(crate) fn commit(&self, txn: Txn) -> Result<CommitOutcome> {
+    pub(crate) fn commit(&self, mut txn: Txn) -> Result<CommitOutcome> {
         self.require_writable()?;
         self.failpoint("commit.before_write")?;
         let _g = self.commit_lock.lock();
@@ -171,7 +171,6 @@ impl Store {
         // Moved or trimmed units: the old copy's container loses them. New
         // containers already count what was packed into them.
         let mut updated: HashMap<u64, UnitRecord> = HashMap::new();
-        let mut link_changes: Vec<(u64, i64)> = Vec::new();
         for (id, new) in &txn.unit_updates {
             let old = meta
                 .unit(*id)?
@@ -192,10 +191,10 @@ impl Store {
             // Links a move keeps cost nothing; links a trim drops release their targets.
             let (before, after) = (link_targets(&old), link_targets(new));
             for t in before.difference(&after) {
-                link_changes.push((*t, -1));
+                txn.ref_deltas.entry(*t).or_default()[2] -= 1;
             }
             for t in after.difference(&before) {
-                link_changes.push((*t, 1));
+                txn.ref_deltas.entry(*t).or_default()[2] += 1;
             }
             b.put_unit(*id, new);
             updated.insert(*id, new.clone());
@@ -204,12 +203,8 @@ impl Store {
         // Reference deltas; units left unreferenced are freed unless a backup
         // in flight pinned them (then gc frees them later). Freeing a unit
         // releases the units its links point into, which may free them too.
-        let mut deltas = txn.ref_deltas.clone();
-        for (t, d) in link_changes {
-            deltas.entry(t).or_default()[2] += d;
-        }
         let mut now: HashMap<u64, Refs> = HashMap::new();
-        let mut ids: Vec<_> = deltas.iter().collect();
+        let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
         for (&id, d) in ids {
             let cur = match new_units.get(&id) {

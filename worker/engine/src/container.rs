@@ -577,6 +577,15 @@ impl ContainerFile {
         Ok(end - start)
     }
 
+    /// The whole data space, decoded (empty for a container without data).
+    pub fn read_all(&self) -> Result<Vec<u8>> {
+        let mut data = vec![0u8; self.footer.vbytes as usize];
+        if !data.is_empty() {
+            self.read_range(0, &mut data)?;
+        }
+        Ok(data)
+    }
+
     /// Decodes data-space range `[vaddr, vaddr+out.len())` into `out`: one
     /// read, blocks checksummed and decompressed in parallel (a whole
     /// container is decoded by every core; restores wait on this).

@@ -455,8 +455,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             continue;
         }
         // Compact: repack what is marked, drop the rest.
-        let mut data = vec![0u8; cf.footer.vbytes as usize];
-        cf.read_range(0, &mut data)?;
+        let data = cf.read_all()?;
         rep.containers_compacted += 1;
         for (id, u) in &units {
             let Some(m) = keep.get(id) else { continue };

@@ -681,13 +681,17 @@ impl Refs {
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
-        if b.len() != 12 {
+        // 8 bytes: written before links existed (none link to the unit).
+        if b.len() != 12 && b.len() != 8 {
             return Err(corrupt_meta(
                 format!("reference counts of unit {id}"),
                 "bad length",
             ));
         }
-        let n = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let n = |i: usize| {
+            b.get(i..i + 4)
+                .map_or(0, |f| u32::from_le_bytes(f.try_into().unwrap()))
+        };
         Ok(Refs {
             live: n(0),
             arch: n(4),
@@ -799,6 +803,19 @@ mod tests {
         b[10] ^= 4;
         let e = UnitRecord::decode(1, &b).unwrap_err().to_string();
         assert!(e.contains("unit 1"), "{e}");
+    }
+
+    #[test]
+    fn refs_round_trip_and_read_counts_written_before_links() {
+        let r = Refs {
+            live: 3,
+            arch: 1,
+            links: 2,
+        };
+        assert_eq!(Refs::decode(1, &r.encode()).unwrap(), r);
+        let old = Refs::decode(1, &r.encode()[..8]).unwrap();
+        assert_eq!((old.live, old.arch, old.links), (3, 1, 0));
+        assert!(Refs::decode(1, &r.encode()[..10]).is_err());
     }
 
     #[test]

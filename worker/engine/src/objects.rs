@@ -48,10 +48,11 @@ use crate::catalog;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::expire::{expire, ExpireReport, ExpireSel};
-use crate::meta::MetaRead;
+use crate::meta::{MetaRead, SeriesRecord};
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use crate::source::{CancelledInput, Source};
+use crate::source::{input_error, Source};
 use crate::store::{check_series_name, now_unix, Store, VersionSel};
+use crate::tarsource::{header_sum, pad};
 
 /// Longest key accepted (as S3).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -206,6 +207,14 @@ fn record(r: &impl MetaRead, bucket: &str, key: &str) -> Result<Option<ObjectRec
     }
 }
 
+/// Whether `version` of a bucket's series (`None`: it has none) still exists.
+fn version_exists(r: &impl MetaRead, series: Option<&SeriesRecord>, version: u32) -> Result<bool> {
+    Ok(match series {
+        Some(s) => r.version(s, version)?.is_some(),
+        None => false,
+    })
+}
+
 /// Version numbers of the bucket's series (empty if it has none).
 fn live_versions(store: &Store, bucket: &str) -> Result<HashSet<u32>> {
     match store.meta().series(bucket)? {
@@ -224,11 +233,8 @@ pub fn head(store: &Store, bucket: &str, key: &str) -> ObjResult<ObjectInfo> {
         key: key.to_string(),
     };
     let rec = record(store.meta(), bucket, key)?.ok_or_else(not_found)?;
-    let exists = match store.meta().series(bucket)? {
-        Some(s) => store.meta().version(&s, rec.version)?.is_some(),
-        None => false,
-    };
-    if !exists {
+    let series = store.meta().series(bucket)?;
+    if !version_exists(store.meta(), series.as_ref(), rec.version)? {
         return Err(not_found());
     }
     Ok(ObjectInfo {
@@ -293,16 +299,18 @@ pub fn list(
 ) -> ObjResult<Listing> {
     check_series_name(bucket)?;
     let delimiter = delimiter.filter(|d| !d.is_empty());
-    let live = live_versions(store, bucket)?;
+    // Entries are checked against their version one by one, as `head` does:
+    // a page holds far fewer keys than the bucket may have versions.
+    let series = store.meta().series(bucket)?;
     let base = keys_prefix(bucket);
-    let mut from = [base.as_slice(), prefix.as_bytes()].concat();
+    let scan_prefix = [base.as_slice(), prefix.as_bytes()].concat();
+    let mut from = scan_prefix.clone();
     if let Some(s) = start_after {
         let after = [base.as_slice(), s.as_bytes()].concat();
         if after > from {
             from = after;
         }
     }
-    let scan_prefix = [base.as_slice(), prefix.as_bytes()].concat();
     let meta = store.meta();
     let it = meta.db().iterator_cf(
         meta.cf(CF),
@@ -342,7 +350,7 @@ pub fn list(
             }
         }
         let rec = decode_record(bucket, &k, &v)?;
-        if !live.contains(&rec.version) {
+        if !version_exists(meta, series.as_ref(), rec.version)? {
             continue;
         }
         if out.objects.len() + out.common_prefixes.len() == limit {
@@ -695,55 +703,31 @@ impl<R: Read> Read for Counting<R> {
 
 const BLOCK: usize = 512;
 
-/// Kinds of tar members whose header's size field counts data blocks that follow.
-fn has_data(typeflag: u8) -> bool {
-    matches!(typeflag, b'0' | 0 | b'7' | b'x' | b'g' | b'L' | b'K' | b'S')
-}
-
-fn octal(field: &[u8]) -> Option<u64> {
-    if field.first().is_some_and(|b| b & 0x80 != 0) {
-        // GNU base-256: big-endian binary, the top bit marks it.
-        let mut v: u64 = u64::from(field[0] & 0x7f);
-        for &b in &field[1..] {
-            v = v.checked_mul(256)?.checked_add(u64::from(b))?;
-        }
-        return Some(v);
-    }
-    let s = std::str::from_utf8(field).ok()?;
-    let s = s.trim_matches(|c: char| c == '\0' || c == ' ');
-    if s.is_empty() {
-        return Some(0);
-    }
-    u64::from_str_radix(s, 8).ok()
-}
-
 /// The data bytes (padding included) after a valid tar header, or `None`
-/// when the block is not a tar header.
+/// when the block is not a tar header. Read with the `tar` crate's header
+/// fields and checked as [`crate::tarsource`] checks them.
 fn tar_header(block: &[u8]) -> Option<u64> {
-    if block.len() != BLOCK || block.iter().all(|&b| b == 0) {
+    let block: &[u8; BLOCK] = block.try_into().ok()?;
+    if block.iter().all(|&b| b == 0) {
         return None;
     }
-    let want = octal(&block[148..156])?;
-    let sum: u64 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                u64::from(b)
-            }
-        })
-        .sum();
-    if sum != want {
+    let h = tar::Header::from_byte_slice(block);
+    if h.cksum().ok()? != header_sum(block) {
         return None;
     }
-    let size = if has_data(block[156]) {
-        octal(&block[124..136])?
-    } else {
-        0
+    // Kinds of members whose size field counts the data blocks that follow.
+    use tar::EntryType as T;
+    let size = match h.entry_type() {
+        T::Regular
+        | T::Continuous
+        | T::XHeader
+        | T::XGlobalHeader
+        | T::GNULongName
+        | T::GNULongLink
+        | T::GNUSparse => h.entry_size().ok()?,
+        _ => 0,
     };
-    Some(size.div_ceil(BLOCK as u64) * BLOCK as u64)
+    size.checked_add(pad(size))
 }
 
 /// The piece being read.
@@ -818,11 +802,8 @@ impl ObjectSource {
     }
 
     fn err(&self, e: io::Error) -> Error {
-        if e.get_ref()
-            .is_some_and(|inner| inner.is::<CancelledInput>())
-        {
-            return Error::Cancelled;
-        }
+        // What the gzip decoder reports for a corrupt or truncated stream (a
+        // cancelled input is `Other`, so `input_error` still sees it).
         if self.gzip
             && matches!(
                 e.kind(),
@@ -833,10 +814,7 @@ impl ObjectSource {
         {
             return Error::Invalid(format!("{GZIP_ERROR}{e}"));
         }
-        Error::Io {
-            context: format!("reading {}", self.name),
-            source: e,
-        }
+        input_error(&self.name, e)
     }
 
     /// Reads from the content, hashing and counting it.
@@ -1074,14 +1052,14 @@ mod tests {
         assert_eq!(ps.concat(), cut);
     }
 
-    fn put(
+    fn try_put(
         o: &Objects,
         s: &Store,
         bucket: &str,
         key: &str,
         body: Vec<u8>,
         enc: Encoding,
-    ) -> PutReport {
+    ) -> ObjResult<PutReport> {
         o.put(
             s,
             bucket,
@@ -1092,7 +1070,17 @@ mod tests {
                 ..Default::default()
             },
         )
-        .unwrap()
+    }
+
+    fn put(
+        o: &Objects,
+        s: &Store,
+        bucket: &str,
+        key: &str,
+        body: Vec<u8>,
+        enc: Encoding,
+    ) -> PutReport {
+        try_put(o, s, bucket, key, body, enc).unwrap()
     }
 
     fn get(s: &Store, bucket: &str, key: &str, decoded: bool) -> Vec<u8> {
@@ -1207,18 +1195,15 @@ mod tests {
         assert_eq!(gunzip(&served), t);
         assert_eq!(get(&s, "velero/bsl", "backups/x/x.tar.gz", true), t);
 
-        let e = o
-            .put(
-                &s,
-                "velero/bsl",
-                "bad.gz",
-                Box::new(io::Cursor::new(b"not gzip at all".to_vec())),
-                &PutOptions {
-                    encoding: Encoding::Gzip,
-                    ..Default::default()
-                },
-            )
-            .unwrap_err();
+        let e = try_put(
+            &o,
+            &s,
+            "velero/bsl",
+            "bad.gz",
+            b"not gzip at all".to_vec(),
+            Encoding::Gzip,
+        )
+        .unwrap_err();
         assert_eq!(e.code(), "bad_gzip", "{e}");
         assert!(matches!(
             head(&s, "velero/bsl", "bad.gz"),
@@ -1280,15 +1265,7 @@ mod tests {
             &BackupOptions::default(),
         )
         .unwrap();
-        let e = o
-            .put(
-                &s,
-                "team/db",
-                "k",
-                Box::new(io::Cursor::new(b"x".to_vec())),
-                &PutOptions::default(),
-            )
-            .unwrap_err();
+        let e = try_put(&o, &s, "team/db", "k", b"x".to_vec(), Encoding::Identity).unwrap_err();
         assert_eq!(e.code(), "not_a_bucket");
         assert_eq!(check_key("").unwrap_err().code(), "bad_key");
         assert_eq!(check_key("a\nb").unwrap_err().code(), "bad_key");

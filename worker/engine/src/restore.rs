@@ -236,6 +236,15 @@ pub(crate) struct Extents {
 }
 
 impl Extents {
+    /// Extents resolved up front (an archival version, or positions `auto` resolved).
+    fn resolved(extents: Vec<Extent>) -> Self {
+        Extents {
+            parts: VecDeque::new(),
+            ready: extents.into(),
+            resolved: true,
+        }
+    }
+
     fn next(&mut self, r: &impl MetaRead) -> Result<Option<Extent>> {
         loop {
             if let Some(e) = self.ready.pop_front() {
@@ -271,14 +280,7 @@ pub(crate) fn version_extents(
         )),
         RecipeForm::Archival => {
             let (extents, depth) = crate::archive::resolve_archival(r, series, v, parts)?;
-            Ok((
-                Extents {
-                    parts: VecDeque::new(),
-                    ready: extents.into(),
-                    resolved: true,
-                },
-                depth,
-            ))
+            Ok((Extents::resolved(extents), depth))
         }
     }
 }
@@ -562,9 +564,10 @@ pub fn restore(
         ..Default::default()
     };
     // Every cache but the FAA runs on the version's resolved chunk positions;
-    // `auto` counts on them which of faa and opt reads fewer containers.
+    // `auto` counts on them which of faa and opt reads fewer containers (and
+    // when it picks faa, the FAA runs on them rather than resolving again).
     let mut policy = opts.cache;
-    let mut locs = Vec::new();
+    let mut locs = None;
     if policy != CachePolicy::Faa {
         let parts = recipe_entries(&view, &s, &v)?;
         let (l, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
@@ -573,7 +576,7 @@ pub fn restore(
             policy = crate::caches::choose(&l, rep.cache_bytes, store.config().container_bytes);
             rep.cache_auto = true;
         }
-        locs = l;
+        locs = Some(l);
     }
     rep.cache = policy.name().to_string();
     let run = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
@@ -583,13 +586,19 @@ pub fn restore(
             next: PROGRESS_STEP,
             progress: opts.progress.clone(),
         };
-        match policy {
-            CachePolicy::Faa => {
+        match (policy, locs) {
+            (CachePolicy::Faa, Some(locs)) => {
+                let extents = Extents::resolved(crate::archive::loc_extents(&locs));
+                drop(locs); // before the FAA allocates its area
+                run_faa(&view, extents, opts, &mut out, rep)
+            }
+            (CachePolicy::Faa, None) => {
                 let (extents, depth) = version_extents(&view, &s, &v)?;
                 rep.chain_depth = depth;
                 run_faa(&view, extents, opts, &mut out, rep)
             }
-            policy => {
+            (policy, locs) => {
+                let locs = locs.expect("resolved for every cache but faa");
                 let st = crate::caches::run(store, policy, &locs, rep.cache_bytes, &mut out)?;
                 rep.container_reads = st.reads;
                 rep.bytes_read = st.bytes_read;

@@ -241,7 +241,7 @@ fn slide_one(
     }
     for cid in &touched {
         let cf = ContainerFile::open(store.data_dir(), *cid, true)?;
-        let data = read_all(&cf)?;
+        let data = cf.read_all()?;
         // Exclusive units of V in this container: keep what V needs.
         for u in exclusive.iter().filter(|u| v_units[u].container == *cid) {
             let old = &v_units[u];
@@ -349,16 +349,8 @@ fn slide_one(
     Ok(())
 }
 
-fn read_all(cf: &ContainerFile) -> Result<Vec<u8>> {
-    let mut data = vec![0u8; cf.footer.vbytes as usize];
-    if !data.is_empty() {
-        cf.read_range(0, &mut data)?;
-    }
-    Ok(data)
-}
-
 fn read_container(store: &Store, cid: ContainerId) -> Result<Vec<u8>> {
-    read_all(&ContainerFile::open(store.data_dir(), cid, true)?)
+    ContainerFile::open(store.data_dir(), cid, true)?.read_all()
 }
 
 /// The bytes of every chunk `fills` links to, read container by container.
@@ -386,13 +378,8 @@ fn read_linked_chunks(
                     format!("chunk {j} is linked to but holds no bytes"),
                 ));
             }
-            let off = u.vbase
-                + u.chunks[..j as usize]
-                    .iter()
-                    .map(|c| c.stored_len())
-                    .sum::<u64>();
             let mut buf = vec![0u8; c.stored_len() as usize];
-            cf.read_range(off, &mut buf)?;
+            cf.read_range(crate::archive::chunk_vaddr(u, j as usize), &mut buf)?;
             out.insert((t, j), buf);
         }
     }

@@ -43,25 +43,28 @@ impl<R: Read + Send> Source for StreamSource<R> {
             match self.reader.read(buf) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // Readers that carry an engine error (e.g. a cancelled upload)
-                    // keep it; anything else is an I/O error on the input.
-                    if e.get_ref()
-                        .is_some_and(|inner| inner.is::<CancelledInput>())
-                    {
-                        return Err(Error::Cancelled);
-                    }
-                    return Err(Error::Io {
-                        context: format!("reading {}", self.name),
-                        source: e,
-                    });
-                }
+                Err(e) => return Err(input_error(&self.name, e)),
             }
         }
     }
 
     fn finish(self: Box<Self>) -> Result<Option<Vec<catalog::Entry>>> {
         Ok(None)
+    }
+}
+
+/// An error reading a source's input `name`: a reader whose producer went
+/// away ([`CancelledInput`]) cancels the backup; anything else is an I/O
+/// error on the input.
+pub(crate) fn input_error(name: &str, e: std::io::Error) -> Error {
+    if e.get_ref()
+        .is_some_and(|inner| inner.is::<CancelledInput>())
+    {
+        return Error::Cancelled;
+    }
+    Error::Io {
+        context: format!("reading {name}"),
+        source: e,
     }
 }
 

@@ -13,7 +13,7 @@ use std::io::Read;
 
 use crate::catalog::{Entry, Kind};
 use crate::error::{Error, Result};
-use crate::source::{CancelledInput, Source};
+use crate::source::{input_error, Source};
 
 pub struct TarSource<R> {
     name: String,
@@ -70,15 +70,7 @@ impl<R: Read + Send> TarSource<R> {
     }
 
     fn io_err(&self, e: std::io::Error) -> Error {
-        if e.get_ref()
-            .is_some_and(|inner| inner.is::<CancelledInput>())
-        {
-            return Error::Cancelled;
-        }
-        Error::Io {
-            context: format!("reading {}", self.name),
-            source: e,
-        }
+        input_error(&self.name, e)
     }
 
     fn skip(&mut self, mut n: u64) -> Result<()> {
@@ -124,8 +116,25 @@ impl<R: Read + Send> TarSource<R> {
     }
 }
 
-fn pad(n: u64) -> u64 {
+/// Zero bytes after `n` bytes of member data, up to the next 512-byte block.
+pub(crate) fn pad(n: u64) -> u64 {
     (512 - n % 512) % 512
+}
+
+/// The checksum a header block should carry: the sum of its bytes, with the
+/// checksum field itself counted as spaces.
+pub(crate) fn header_sum(block: &[u8; 512]) -> u32 {
+    block
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                u32::from(b)
+            }
+        })
+        .sum()
 }
 
 fn parse_pax(data: &[u8]) -> Option<HashMap<String, Vec<u8>>> {
@@ -171,18 +180,7 @@ impl<R: Read + Send> Source for TarSource<R> {
                 break;
             }
             let h = tar::Header::from_byte_slice(&block);
-            let sum: u32 = block
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| {
-                    if (148..156).contains(&i) {
-                        32
-                    } else {
-                        u32::from(b)
-                    }
-                })
-                .sum();
-            if h.cksum().map_err(|e| self.bad(e))? != sum {
+            if h.cksum().map_err(|e| self.bad(e))? != header_sum(&block) {
                 return Err(self.bad("a header checksum does not match"));
             }
             let mut size = h.entry_size().map_err(|e| self.bad(e))?;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::catalog::{Entry, Kind};
 use crate::error::{Error, IoContext, Result};
 use crate::source::Source;
+use crate::tarsource::pad;
 
 fn join(root: &Path, rel: &[u8]) -> PathBuf {
     if rel.is_empty() {
@@ -657,10 +658,6 @@ impl<W: Write> TarHandler<W> {
         self.zeros(1)?;
         self.zeros(pad(value.len() as u64 + 1))
     }
-}
-
-fn pad(n: u64) -> u64 {
-    (512 - n % 512) % 512
 }
 
 impl<W: Write> EntryHandler for TarHandler<W> {

@@ -26,6 +26,14 @@ fn history(n: usize, seed: u64) -> Vec<Vec<u8>> {
     out
 }
 
+/// A history's versions with their numbers (the first is version 1).
+fn numbered(h: &[Vec<u8>]) -> Vec<(u32, &Vec<u8>)> {
+    h.iter()
+        .enumerate()
+        .map(|(i, v)| (i as u32 + 1, v))
+        .collect()
+}
+
 fn unit_bytes(st: &Store) -> u64 {
     st.totals().unwrap().unit_vbytes
 }
@@ -77,11 +85,7 @@ fn slide_brings_segment_storage_near_chunk_dedup_and_keeps_every_version() {
             RecipeForm::Live
         ]
     );
-    let vs: Vec<(u32, &Vec<u8>)> = h
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (i as u32 + 1, v))
-        .collect();
+    let vs = numbered(&h);
     assert_all_restore(&seg, "default/db", &vs);
     // The oldest version resolves through a chain of four indirect levels.
     assert_eq!(restore_bytes(&seg, "default/db", 1).1.chain_depth, 4);
@@ -300,11 +304,7 @@ fn duplicates_inside_a_version_are_stored_once_in_segment_mode() {
         "after slides {slid} bytes against chunk dedup's {fine}"
     );
     assert!(inline > slid);
-    let vs: Vec<(u32, &Vec<u8>)> = h
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (i as u32 + 1, v))
-        .collect();
+    let vs = numbered(&h);
     assert_all_restore(&seg, "default/db", &vs);
     // Links keep their targets alive through expiry and gc.
     expire(&seg, "default/db", &ExpireSel::Version(4)).unwrap();

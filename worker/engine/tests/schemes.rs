@@ -246,6 +246,35 @@ fn the_default_cache_restores_with_less_memory_than_one_container() {
 }
 
 #[test]
+fn zero_chunks_do_not_split_opt_reads_of_a_container_larger_than_the_budget() {
+    // 4 MiB containers, 1 MiB of restore memory: opt serves each container
+    // from its blocks, one read per run of its chunks, and the zero chunks
+    // between them (stored nowhere) do not end the run.
+    let (_d, store) = new_store(revault_engine::config::StoreConfig::default());
+    let mut data = random(9 << 20, 8);
+    for k in 1..9 {
+        data[k << 20..(k << 20) + (200 << 10)].fill(0);
+    }
+    backup_bytes(&store, "default/s", &data, DedupUnit::Segment);
+    let mut out = Vec::new();
+    let opts = RestoreOptions {
+        cache: CachePolicy::Opt,
+        cache_bytes: MIB,
+        ..Default::default()
+    };
+    let rep = restore(
+        &store,
+        "default/s",
+        VersionSel::Latest,
+        &opts,
+        RestoreTarget::Writer(&mut out),
+    )
+    .unwrap();
+    assert!(out == data, "restored wrong");
+    assert_eq!(rep.container_reads, store.totals().unwrap().containers);
+}
+
+#[test]
 fn repeats_of_existing_data_inside_a_version_are_referenced_by_every_policy() {
     // Version 2 is version 1 with a region of it repeated: all old data. With
     // budgets that allow no rewriting, no policy may store anything new, even
