@@ -735,7 +735,7 @@ fn report(
             "\nContainer reads of the latest version against restore memory ({}):\n",
             memory[0].scheme
         );
-        let mems: Vec<u64> = a.memory.clone();
+        let mems = &a.memory;
         let _ = writeln!(
             s,
             "| cache | {} |",
@@ -818,12 +818,7 @@ fn lines_chart(
         .label_style(("sans-serif", 14))
         .draw()?;
     for (i, (name, pts)) in series.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))?;
+        draw_line(&mut chart, i, name, pts)?;
     }
     chart
         .configure_series_labels()
@@ -836,6 +831,23 @@ fn lines_chart(
     Ok(())
 }
 
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One line with its points marked, in the `i`-th colour, named in the legend.
+fn draw_line(chart: &mut Chart, i: usize, name: &str, pts: &[(f64, f64)]) -> Result<()> {
+    let c = COLORS[i % COLORS.len()];
+    chart
+        .draw_series(LineSeries::new(pts.to_vec(), c.stroke_width(2)))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))?;
+    Ok(())
+}
+
 /// One panel per dedup unit, one line per rewrite policy (FAA restores).
 fn plot_per_version(
     path: &Path,
@@ -844,7 +856,6 @@ fn plot_per_version(
     f: impl Fn(&SchemeRow) -> f64,
 ) -> Result<()> {
     let mut units: Vec<String> = rows.iter().map(|r| r.unit.clone()).collect();
-    units.dedup();
     let mut seen = std::collections::HashSet::new();
     units.retain(|u| seen.insert(u.clone()));
     let mut policies: Vec<String> = rows.iter().map(|r| r.policy.clone()).collect();
@@ -880,19 +891,12 @@ fn plot_per_version(
             .label_style(("sans-serif", 13))
             .draw()?;
         for (i, p) in policies.iter().enumerate() {
-            let c = COLORS[i % COLORS.len()];
             let pts: Vec<(f64, f64)> = dflt
                 .iter()
                 .filter(|r| &r.unit == unit && &r.policy == p)
                 .map(|r| (f64::from(r.version), f(r)))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
-                .label(p.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                });
-            chart.draw_series(pts.iter().map(|pt| Circle::new(*pt, 3, c.filled())))?;
+            draw_line(&mut chart, i, p, &pts)?;
         }
         chart
             .configure_series_labels()
@@ -944,8 +948,6 @@ fn plot_tradeoff(path: &Path, knobs: &[KnobRow], stores: &[StoreRow]) -> Result<
 }
 
 fn plot_memory(path: &Path, memory: &[MemoryRow]) -> Result<()> {
-    let mut caches: Vec<String> = memory.iter().map(|m| m.cache.clone()).collect();
-    caches.dedup();
     let series: Vec<(String, Vec<(f64, f64)>)> = CachePolicy::ALL
         .iter()
         .map(|c| {

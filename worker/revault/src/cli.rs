@@ -52,6 +52,18 @@ pub struct InitArgs {
 pub struct BackupArgs {
     #[command(flatten)]
     pub store: StoreArg,
+    #[command(flatten)]
+    pub version: NewVersionArgs,
+    #[command(flatten)]
+    pub rewrite: RewriteArgs,
+    /// A file, a directory, or `-` for stdin.
+    pub input: String,
+}
+
+/// The series a backup adds a version to, and how: the same flags for a
+/// local store (`backup`) and a worker (`push`).
+#[derive(Args, Clone, Debug)]
+pub struct NewVersionArgs {
     /// Series name, NAMESPACE/NAME.
     #[arg(long)]
     pub series: String,
@@ -61,10 +73,19 @@ pub struct BackupArgs {
     /// Backup time (RFC 3339), e.g. for importing old backups; default now.
     #[arg(long)]
     pub time: Option<String>,
-    #[command(flatten)]
-    pub rewrite: RewriteArgs,
-    /// A file, a directory, or `-` for stdin.
-    pub input: String,
+}
+
+impl NewVersionArgs {
+    /// The unit and the time (Unix seconds), checked.
+    pub fn parse(&self) -> Result<(Option<DedupUnit>, Option<i64>)> {
+        let unit = self
+            .unit
+            .as_deref()
+            .map(str::parse::<DedupUnit>)
+            .transpose()?;
+        let time_unix = self.time.as_deref().map(parse_time).transpose()?;
+        Ok((unit, time_unix))
+    }
 }
 
 /// Rewrite selection flags; a policy given here is stored with the series.
@@ -356,15 +377,15 @@ pub fn open_input(input: &str) -> Result<(Box<dyn Source>, Option<u64>)> {
 }
 
 fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
-    let unit = a.unit.as_deref().map(str::parse::<DedupUnit>).transpose()?;
-    let time_unix = a.time.as_deref().map(parse_time).transpose()?;
+    let (unit, time_unix) = a.version.parse()?;
+    let series = &a.version.series;
     let (source, size) = open_input(&a.input)?;
     let store = open(
         &a.store,
         OpenMode::ReadWrite,
-        &format!("revault backup {}", a.series),
+        &format!("revault backup {series}"),
     )?;
-    let pb = output::progress(size, quiet, &format!("backup {}", a.series));
+    let pb = output::progress(size, quiet, &format!("backup {series}"));
     let pb2 = pb.clone();
     let opts = BackupOptions {
         unit,
@@ -374,7 +395,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
         cancel: None,
         on_commit: None,
     };
-    let rep = backup(&store, &a.series, source, &opts);
+    let rep = backup(&store, series, source, &opts);
     pb.finish_and_clear();
     let rep = rep?;
     if json {

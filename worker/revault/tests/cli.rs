@@ -380,13 +380,7 @@ fn restoring_to_a_device_writes_it_in_place() {
         input.to_str().unwrap(),
     ]);
     let fifo = dir.path().join("pipe");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: valid C string.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || std::fs::read(fifo).unwrap())
-    };
+    let reader = fifo_reader(&fifo);
     ok_json(&[
         "restore",
         "--store",

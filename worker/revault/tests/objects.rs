@@ -7,10 +7,9 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::server::{Response, Server};
+use common::server::{slow_push, wait_child, Response, Server};
 use common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -529,14 +528,7 @@ fn a_running_backup_reports_its_progress() {
     let (_d, s) = start();
     let idle = call(&s, "GET", "/v1/series/velero/db/backup", VELERO, b"").json();
     assert_eq!(idle["running"], false);
-    let mut c = Command::new(bin());
-    c.args(["push", "--server", &s.url(), "--series", "velero/db", "-"])
-        .env("REVAULT_LOG", "warn")
-        .env("REVAULT_TOKEN", VELERO)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut child = c.spawn().unwrap();
+    let mut child = slow_push(&s.url(), "velero/db", Some(VELERO));
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(&random(24 << 20, 5)).unwrap();
     stdin.flush().unwrap();
@@ -549,7 +541,8 @@ fn a_running_backup_reports_its_progress() {
         },
     );
     drop(stdin);
-    assert!(child.wait().unwrap().success());
+    let o = wait_child(child, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let done = call(&s, "GET", "/v1/series/velero/db/backup", VELERO, b"").json();
     assert_eq!(done["running"], false);
     call(&s, "GET", "/v1/series/velero/db/backup", OTHER, b"").assert_error(403, "forbidden");

@@ -8,46 +8,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::server::{client, client_ok, Server};
+use common::server::{client, client_ok, slow_push, wait_child, Server};
 use common::*;
 use sha2::{Digest, Sha256};
 
 fn push_args<'a>(url: &'a str, series: &'a str, input: &'a str) -> Vec<&'a str> {
     vec!["push", "--server", url, "--series", series, input]
-}
-
-/// A push reading stdin, so the test controls when the body ends.
-fn slow_push(url: &str, series: &str, token: Option<&str>) -> Child {
-    let mut c = Command::new(bin());
-    c.args(["push", "--server", url, "--series", series, "-"])
-        .env("REVAULT_LOG", "warn")
-        .env_remove("REVAULT_TOKEN")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(t) = token {
-        c.env("REVAULT_TOKEN", t);
-    }
-    c.spawn().expect("start revault push")
-}
-
-fn wait_child(c: Child, limit: Duration) -> std::process::Output {
-    let pid = c.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(c.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            // SAFETY: killing our own child process.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("revault push did not finish in {limit:?}");
-        }
-    }
 }
 
 /// Every entry under `root`: type, mode, mtime, size, content hash, link.
@@ -186,13 +154,7 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     assert_eq!(out.stdout, data);
     // latest into a FIFO (like -o /dev/null): written in place, not replaced
     let fifo = dir.path().join("pipe");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: valid C string.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || std::fs::read(fifo).unwrap())
-    };
+    let reader = fifo_reader(&fifo);
     client_ok(
         &[
             "pull",
@@ -456,11 +418,7 @@ fn an_interrupted_push_leaves_no_version() {
     srv.stop();
     let l = ok_json(&["list", "--store", store.to_str().unwrap()]);
     assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
-    assert!(
-        ok_json(&["check", "--store", store.to_str().unwrap()])["ok"]
-            .as_bool()
-            .unwrap()
-    );
+    assert_check_ok(&store);
 }
 
 #[test]
@@ -528,11 +486,7 @@ fn sigterm_drains_in_flight_backups() {
     );
     assert_eq!(out.stdout, [a, b].concat());
     srv.stop();
-    assert!(
-        ok_json(&["check", "--store", store.to_str().unwrap()])["ok"]
-            .as_bool()
-            .unwrap()
-    );
+    assert_check_ok(&store);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use clap::Args;
 use tokio::sync::mpsc;
 
@@ -222,7 +222,7 @@ impl Read for ChannelRead {
         }
         let n = self.cur.len().min(buf.len());
         buf[..n].copy_from_slice(&self.cur[..n]);
-        let _ = self.cur.split_to(n);
+        self.cur.advance(n);
         Ok(n)
     }
 }

@@ -13,21 +13,15 @@ use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 
 use super::{check, runtime, series_path, ChannelWrite, Conn, ServerArgs, CHUNK, QUEUE};
+use crate::cli::NewVersionArgs;
 use crate::output::{self, mib, rate};
 
 #[derive(Args, Clone, Debug)]
 pub struct PushArgs {
     #[command(flatten)]
     pub server: ServerArgs,
-    /// Series name, NAMESPACE/NAME.
-    #[arg(long)]
-    pub series: String,
-    /// Dedup unit of a new series: `segment` (default) or `chunk`.
-    #[arg(long)]
-    pub unit: Option<String>,
-    /// Backup time (RFC 3339); default now.
-    #[arg(long)]
-    pub time: Option<String>,
+    #[command(flatten)]
+    pub version: NewVersionArgs,
     /// A file, a directory (sent as a tar stream), or `-` for stdin.
     pub input: String,
 }
@@ -95,7 +89,8 @@ fn produce(input: Input, tx: mpsc::Sender<io::Result<Bytes>>, pb: ProgressBar) {
 }
 
 pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
-    let path = series_path(&a.series)?;
+    let NewVersionArgs { series, unit, time } = &a.version;
+    let path = series_path(series)?;
     let input = if a.input == "-" {
         Input::Stdin
     } else {
@@ -106,22 +101,15 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
             Input::File(PathBuf::from(&a.input), m.len())
         }
     };
-    if let Some(t) = &a.time {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-            .with_context(|| {
-                format!("--time {t:?}: expected RFC 3339, e.g. 2026-01-31T02:00:00Z")
-            })?;
-    }
-    if let Some(u) = &a.unit {
-        u.parse::<revault_engine::config::DedupUnit>()?;
-    }
+    // Bad flags fail here, before anything is sent; the server gets them as given.
+    a.version.parse()?;
     let conn = Conn::new(&a.server)?;
     let (ct, size) = match &input {
         Input::Dir(_) => ("application/x-tar", None),
         Input::File(_, n) => ("application/octet-stream", Some(*n)),
         Input::Stdin => ("application/octet-stream", None),
     };
-    let pb = output::progress(size, quiet, &format!("push {}", a.series));
+    let pb = output::progress(size, quiet, &format!("push {series}"));
     let started = Instant::now();
     let rt = runtime()?;
     let rep: serde_json::Value = rt.block_on(async {
@@ -136,10 +124,10 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
                 rx.recv().await.map(|x| (x, rx))
             }));
         let mut q: Vec<(&str, String)> = Vec::new();
-        if let Some(u) = &a.unit {
+        if let Some(u) = unit {
             q.push(("unit", u.clone()));
         }
-        if let Some(t) = &a.time {
+        if let Some(t) = time {
             q.push(("time", t.clone()));
         }
         let mut req = conn
@@ -171,7 +159,7 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
         let bytes = rep["logical_bytes"].as_u64().unwrap_or(0);
         println!(
             "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} MiB new data ({} MiB on disk)",
-            rep["series"].as_str().unwrap_or(&a.series),
+            rep["series"].as_str().unwrap_or(series),
             rep["version"],
             mib(bytes),
             secs,

@@ -19,15 +19,16 @@ use revault_engine::caches::CachePolicy;
 use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::expire::{expire, ExpireReport, ExpireSel};
 use revault_engine::meta::{Retention, SeriesRecord, VersionKind, VersionRecord};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
+use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{check_series_name, VersionSel};
 use revault_engine::tarsource::TarSource;
 
-use super::auth::Principal;
+use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
-use super::stream::{BodyPump, ChannelWriter};
-use super::{App, RestoreEntry};
+use super::stream::{BodyPump, BodyReader, ChannelWriter};
+use super::{App, InflightBackup, RestoreEntry};
+use crate::cli::format_time;
 
 type AppState = State<Arc<App>>;
 type SeriesPath = Result<Path<(String, String)>, PathRejection>;
@@ -35,7 +36,7 @@ type VersionPath = Result<Path<(String, String, String)>, PathRejection>;
 
 /// Largest JSON request body accepted.
 const JSON_LIMIT: usize = 64 << 10;
-/// How long a backup waits for a slide or expiry of its series to finish.
+/// How long an upload waits for a slide or expiry of its series to finish.
 const BUSY_WAIT: Duration = Duration::from_secs(120);
 
 // ---- helpers ---------------------------------------------------------------
@@ -48,21 +49,24 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))?
 }
 
-fn path_err(e: PathRejection) -> ApiError {
+pub(crate) fn path_err(e: PathRejection) -> ApiError {
     ApiError::bad_request("bad_path", format!("bad path: {}", e.body_text()))
 }
 
-fn query_err(e: QueryRejection) -> ApiError {
+pub(crate) fn query_err(e: QueryRejection) -> ApiError {
     ApiError::bad_request("bad_query", format!("bad query: {}", e.body_text()))
 }
 
 fn check_namespace(ns: &str) -> ApiResult<()> {
-    check_series_name(&format!("{ns}/x")).map_err(|_| {
-        ApiError::bad_request(
-            "bad_series_name",
-            format!("invalid namespace {ns:?}: expected a DNS label (lowercase letters, digits and '-')"),
-        )
-    })
+    if auth::is_namespace(ns) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "bad_series_name",
+        format!(
+            "invalid namespace {ns:?}: expected a DNS label (lowercase letters, digits and '-')"
+        ),
+    ))
 }
 
 /// Validates `{ns}/{name}` and the caller's access to `ns`.
@@ -117,14 +121,95 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_request("bad_json", format!("invalid JSON body: {e}")))
 }
 
-pub fn rfc3339(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| unix.to_string())
+/// The Content-Length a request declared, if any: a body that ends short of
+/// it is cut, not complete.
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// Runs an upload's `attempt` again while a slide or expiry holds its series
+/// (`busy`), for at most [`BUSY_WAIT`]: only while nothing of the body has been
+/// read (retries share one body reader) and not once the server drains.
+pub(crate) fn retry_while_busy<T, E>(
+    app: &App,
+    reader: &BodyReader,
+    busy: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let waited = Instant::now();
+    loop {
+        match attempt() {
+            Err(e)
+                if busy(&e)
+                    && !reader.started()
+                    && waited.elapsed() < BUSY_WAIT
+                    && !app.draining.load(Ordering::SeqCst) =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The response to a failed upload. The rest of the body is let in first
+/// (bounded) so the client reads the error instead of a reset connection; an
+/// upload cancelled by shutdown answers 503, saying what was `lost`.
+pub(crate) async fn upload_failed(
+    app: &App,
+    pump: BodyPump,
+    mut err: ApiError,
+    lost: &str,
+) -> ApiError {
+    pump.settle().await;
+    if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
+        err = ApiError::unavailable(format!("the server shut down before {lost}"));
+    }
+    err
+}
+
+/// Streams a restore (`run`, on the blocking pool) into a response body. A
+/// failure ends the body with an error, so a client never takes a short body
+/// for a whole one; `done` sees the outcome after that (reports, logs).
+pub(crate) fn restore_body(
+    app: &Arc<App>,
+    mut opts: RestoreOptions,
+    sending: &'static str,
+    run: impl FnOnce(&RestoreOptions, &mut ChannelWriter) -> revault_engine::Result<RestoreReport>
+        + Send
+        + 'static,
+    done: impl FnOnce(&App, revault_engine::Result<RestoreReport>) + Send + 'static,
+) -> Body {
+    let (mut writer, body) = ChannelWriter::new(app.metrics.clone());
+    let cancel = Arc::new(AtomicBool::new(false));
+    opts.cancel = Some(cancel.clone());
+    let guard = app.begin(Some(cancel));
+    let a = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let _g = guard;
+        let r = run(&opts, &mut writer).and_then(|rep| {
+            std::io::Write::flush(&mut writer).map_err(|e| revault_engine::Error::Io {
+                context: sending.into(),
+                source: e,
+            })?;
+            Ok(rep)
+        });
+        match &r {
+            Ok(rep) => {
+                a.metrics.container_reads.inc_by(rep.container_reads);
+                a.metrics.restore_bytes_read.inc_by(rep.bytes_read);
+            }
+            Err(e) => {
+                a.metrics.error(e.code());
+                writer.fail(e.to_string());
+            }
+        }
+        done(&a, r);
+    });
+    body
 }
 
 fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
@@ -200,7 +285,7 @@ impl From<&VersionRecord> for VersionJson {
     fn from(v: &VersionRecord) -> Self {
         VersionJson {
             number: v.number,
-            time: rfc3339(v.time_unix),
+            time: format_time(v.time_unix),
             kind: kind_name(v.kind).to_string(),
             form: format!("{:?}", v.form).to_lowercase(),
             logical_bytes: v.logical_bytes,
@@ -224,7 +309,7 @@ fn series_json(s: &SeriesRecord, vs: &[VersionRecord]) -> SeriesJson {
         unit: s.unit.to_string(),
         versions: vs.len(),
         latest: vs.last().map(|v| v.number),
-        latest_time: vs.last().map(|v| rfc3339(v.time_unix)),
+        latest_time: vs.last().map(|v| format_time(v.time_unix)),
         logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
         retention: RetentionJson::from(&s.retention),
     }
@@ -324,12 +409,9 @@ pub async fn gc(
             compact_below,
             full: req.full,
         };
-        let r = revault_engine::gc::gc(&store, &opts);
-        if let Ok(rep) = &r {
-            a.metrics.maintenance("gc", rep.seconds);
-            a.refresh_totals(&store);
-        }
-        Ok(r?)
+        let rep = revault_engine::gc::gc(&store, &opts)?;
+        a.metrics.maintenance("gc", rep.seconds);
+        Ok(rep)
     })
     .await?;
     Ok(Json(rep).into_response())
@@ -442,7 +524,6 @@ async fn run_expire(app: &Arc<App>, name: String, sels: Vec<ExpireSel>) -> ApiRe
             Ok(())
         })();
         a.refresh_series(&store, &name);
-        a.refresh_totals(&store);
         r.map(|_| total)
     })
     .await
@@ -504,7 +585,7 @@ pub async fn get_backup_progress(
             series: name,
             running: true,
             logical_bytes: Some(b.logical_bytes.load(Ordering::Relaxed)),
-            started_at: Some(rfc3339(b.started_unix)),
+            started_at: Some(format_time(b.started_unix)),
         },
         None => InflightJson {
             series: name,
@@ -563,7 +644,6 @@ pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiR
         let _g = guard;
         let rep = revault_engine::slide::slide(&store, &name)?;
         a.metrics.maintenance("slide", rep.seconds);
-        a.refresh_totals(&store);
         Ok(rep)
     })
     .await?;
@@ -630,16 +710,17 @@ enum Upload {
     Tar,
 }
 
-/// Releases the server's one-backup-per-series claim.
+/// The server's one-backup-per-series claim (an entry of `App::backups`),
+/// released when dropped.
 struct WriterClaim {
     app: Arc<App>,
     name: String,
+    progress: Arc<InflightBackup>,
 }
 
 impl Drop for WriterClaim {
     fn drop(&mut self) {
         self.app.backups.lock().unwrap().remove(&self.name);
-        self.app.writers.lock().unwrap().remove(&self.name);
     }
 }
 
@@ -686,63 +767,61 @@ pub async fn put_version(
         }
     }
     let claim = {
-        let mut w = app.writers.lock().unwrap();
-        if !w.insert(name.clone()) {
+        let mut backups = app.backups.lock().unwrap();
+        if backups.contains_key(&name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "series_busy",
                 format!("series {name} already has a backup in progress"),
             ));
         }
-        let progress = Arc::new(super::InflightBackup {
+        let progress = Arc::new(InflightBackup {
             started_unix: revault_engine::store::now_unix(),
             logical_bytes: std::sync::atomic::AtomicU64::new(0),
         });
-        app.backups.lock().unwrap().insert(name.clone(), progress);
+        backups.insert(name.clone(), progress.clone());
         WriterClaim {
             app: app.clone(),
             name: name.clone(),
+            progress,
         }
     };
-    let expected = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let (pump, reader) =
-        BodyPump::start(body, expected, app.abort.subscribe(), app.metrics.clone());
+    let (pump, reader) = BodyPump::start(
+        body,
+        content_length(&headers),
+        app.abort.subscribe(),
+        app.metrics.clone(),
+    );
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = app.begin(Some(cancel.clone()));
     let a = app.clone();
     app.metrics.inflight_backups.inc();
     let result = tokio::task::spawn_blocking(move || {
         let _g = guard;
+        let progress = claim.progress.clone();
         let _claim = claim;
-        let counter = a.backups.lock().unwrap().get(&name).cloned();
         let opts = BackupOptions {
             unit,
             time_unix,
             cancel: Some(cancel),
-            progress: counter.map(|c| -> revault_engine::backup::Progress {
-                Arc::new(move |n| c.logical_bytes.store(n, Ordering::Relaxed))
-            }),
+            progress: Some(Arc::new(move |n| {
+                progress.logical_bytes.store(n, Ordering::Relaxed)
+            })),
             ..Default::default()
         };
-        let waited = Instant::now();
-        let r = loop {
-            let src: Box<dyn Source> = match upload {
-                Upload::Stream => Box::new(StreamSource::new(format!("the upload of {name}"), reader.clone())),
-                Upload::Tar => Box::new(TarSource::new(format!("the upload of {name}"), reader.clone())),
-            };
-            match backup(&store, &name, src, &opts) {
-                // A slide or expiry of the series holds it briefly: wait.
-                Err(revault_engine::Error::SeriesBusy { .. })
-                    if !reader.started() && waited.elapsed() < BUSY_WAIT && !a.draining.load(Ordering::SeqCst) =>
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                r => break r,
-            }
-        };
+        let r = retry_while_busy(
+            &a,
+            &reader,
+            |e| matches!(e, revault_engine::Error::SeriesBusy { .. }),
+            || {
+                let what = format!("the upload of {name}");
+                let src: Box<dyn Source> = match upload {
+                    Upload::Stream => Box::new(StreamSource::new(what, reader.clone())),
+                    Upload::Tar => Box::new(TarSource::new(what, reader.clone())),
+                };
+                backup(&store, &name, src, &opts)
+            },
+        );
         drop(reader);
         a.metrics.inflight_backups.dec();
         match &r {
@@ -756,7 +835,6 @@ pub async fn put_version(
                     a.metrics.maintenance("expire", e.seconds);
                 }
                 a.refresh_series(&store, &name);
-                a.refresh_totals(&store);
                 tracing::info!(series = %name, version = rep.version, bytes = rep.logical_bytes, new = rep.new_vbytes, secs = rep.seconds, "backup committed");
             }
             Err(e) => tracing::info!(series = %name, error = %e, "backup failed; no version created"),
@@ -768,18 +846,13 @@ pub async fn put_version(
     .map_err(|e| ApiError::internal(format!("the backup task failed: {e}")));
     match result? {
         Ok(rep) => Ok((StatusCode::CREATED, Json(rep)).into_response()),
-        Err(e) => {
-            // Let the rest of the body arrive (bounded) so the client reads
-            // the error instead of a reset connection.
-            pump.settle().await;
-            let mut err = ApiError::from(e);
-            if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
-                err = ApiError::unavailable(
-                    "the server shut down before the backup completed; no version was created",
-                );
-            }
-            Err(err)
-        }
+        Err(e) => Err(upload_failed(
+            &app,
+            pump,
+            e.into(),
+            "the backup completed; no version was created",
+        )
+        .await),
     }
 }
 
@@ -833,63 +906,48 @@ pub async fn get_version(
             report: report_rx,
         },
     );
-    let (mut writer, body) = ChannelWriter::new(app.metrics.clone());
-    let cancel = Arc::new(AtomicBool::new(false));
-    let guard = app.begin(Some(cancel.clone()));
-    let a = app.clone();
     let number = v.number;
     let rid = id.clone();
+    let opts = RestoreOptions {
+        cache,
+        cache_bytes: cache_mib * MIB,
+        ..Default::default()
+    };
+    let n2 = name.clone();
     app.metrics.inflight_restores.inc();
-    tokio::task::spawn_blocking(move || {
-        let _g = guard;
-        let opts = RestoreOptions {
-            cache,
-            cache_bytes: cache_mib * MIB,
-            cancel: Some(cancel),
-            ..Default::default()
-        };
-        let sel = VersionSel::Number(number);
-        let r = restore(
-            &store,
-            &name,
-            sel,
-            &opts,
-            RestoreTarget::Writer(&mut writer),
-        )
-        .and_then(|rep| {
-            std::io::Write::flush(&mut writer).map_err(|e| revault_engine::Error::Io {
-                context: "sending restored data".into(),
-                source: e,
-            })?;
-            Ok(rep)
-        });
-        a.metrics.inflight_restores.dec();
-        super::metrics::Metrics::result(&a.metrics.restores, r.is_ok());
-        let report = match r {
-            Ok(rep) => {
-                a.metrics.container_reads.inc_by(rep.container_reads);
-                a.metrics.restore_bytes_read.inc_by(rep.bytes_read);
-                if let Some(sf) = rep.speed_factor {
-                    a.metrics.speed_factor.observe(sf);
+    let body = restore_body(
+        &app,
+        opts,
+        "sending restored data",
+        move |opts, w| {
+            let sel = VersionSel::Number(number);
+            restore(&store, &n2, sel, opts, RestoreTarget::Writer(w))
+        },
+        move |a, r| {
+            a.metrics.inflight_restores.dec();
+            super::metrics::Metrics::result(&a.metrics.restores, r.is_ok());
+            let report = match r {
+                Ok(rep) => {
+                    if let Some(sf) = rep.speed_factor {
+                        a.metrics.speed_factor.observe(sf);
+                    }
+                    tracing::info!(series = %name, version = number, restore = %rid, bytes = rep.logical_bytes, reads = rep.container_reads, secs = rep.seconds, "restore finished");
+                    let mut j = serde_json::to_value(&rep).unwrap_or_default();
+                    j["state"] = "done".into();
+                    j["id"] = rid.into();
+                    j
                 }
-                tracing::info!(series = %name, version = number, restore = %rid, bytes = rep.logical_bytes, reads = rep.container_reads, secs = rep.seconds, "restore finished");
-                let mut j = serde_json::to_value(&rep).unwrap_or_default();
-                j["state"] = "done".into();
-                j["id"] = rid.into();
-                j
-            }
-            Err(e) => {
-                tracing::info!(series = %name, version = number, restore = %rid, error = %e, "restore failed");
-                a.metrics.error(e.code());
-                writer.fail(e.to_string());
-                serde_json::json!({
-                    "id": rid, "series": name, "version": number, "state": "failed",
-                    "error": { "code": e.code(), "message": e.to_string() },
-                })
-            }
-        };
-        let _ = report_tx.send(Some(report));
-    });
+                Err(e) => {
+                    tracing::info!(series = %name, version = number, restore = %rid, error = %e, "restore failed");
+                    serde_json::json!({
+                        "id": rid, "series": name, "version": number, "state": "failed",
+                        "error": { "code": e.code(), "message": e.to_string() },
+                    })
+                }
+            };
+            let _ = report_tx.send(Some(report));
+        },
+    );
 
     let ct = match v.kind {
         VersionKind::Stream => "application/octet-stream",

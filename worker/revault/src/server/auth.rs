@@ -118,6 +118,11 @@ fn stamp(p: &Path) -> Option<Stamp> {
     })
 }
 
+/// A namespace name: the first half of a series name (a DNS label).
+pub fn is_namespace(ns: &str) -> bool {
+    revault_engine::store::check_series_name(&format!("{ns}/x")).is_ok()
+}
+
 fn digest(token: &[u8]) -> [u8; 32] {
     Sha256::digest(token).into()
 }
@@ -148,7 +153,7 @@ pub fn parse_token_file(text: &str) -> Result<Vec<(String, Scope)>> {
         } else {
             let mut set = BTreeSet::new();
             for n in ns.split(',') {
-                if revault_engine::store::check_series_name(&format!("{n}/x")).is_err() {
+                if !is_namespace(n) {
                     bail!("line {}: {n:?} is not a namespace name", i + 1);
                 }
                 set.insert(n.to_string());

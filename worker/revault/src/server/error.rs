@@ -52,7 +52,7 @@ impl ApiError {
 
 /// The status for an engine error: the caller's mistakes are 4xx, storage
 /// faults 5xx.
-pub fn engine_status(e: &revault_engine::Error) -> StatusCode {
+fn engine_status(e: &revault_engine::Error) -> StatusCode {
     match e.code() {
         "unknown_series" | "unknown_version" => StatusCode::NOT_FOUND,
         "bad_series_name" | "invalid_argument" | "unit_mismatch" | "cancelled" => {
@@ -63,20 +63,21 @@ pub fn engine_status(e: &revault_engine::Error) -> StatusCode {
     }
 }
 
+impl ApiError {
+    /// An engine error as it is: its status, code and message.
+    pub fn from_engine(e: &revault_engine::Error) -> Self {
+        ApiError::new(engine_status(e), e.code(), e.to_string())
+    }
+}
+
+/// Backups: a cancelled run says why the body is gone.
 impl From<revault_engine::Error> for ApiError {
     fn from(e: revault_engine::Error) -> Self {
-        let status = engine_status(&e);
-        let message = match &e {
-            revault_engine::Error::Cancelled => {
-                "the request body ended before it was complete (or the backup was cancelled); no version was created".to_string()
-            }
-            other => other.to_string(),
-        };
-        ApiError {
-            status,
-            code: e.code().to_string(),
-            message,
+        let mut err = ApiError::from_engine(&e);
+        if matches!(e, revault_engine::Error::Cancelled) {
+            err.message = "the request body ended before it was complete (or the backup was cancelled); no version was created".to_string();
         }
+        err
     }
 }
 

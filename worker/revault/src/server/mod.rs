@@ -15,7 +15,7 @@ pub mod routes;
 pub mod scheduler;
 pub mod stream;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -183,9 +183,8 @@ pub struct App {
     pub ready: AtomicBool,
     pub draining: AtomicBool,
     pub reports: Mutex<Reports>,
-    /// Series with a backup in progress through this server.
-    pub writers: Mutex<HashSet<String>>,
-    /// Progress of the backups in `writers`.
+    /// Backups in progress through this server (at most one per series),
+    /// with how far each got.
     pub backups: Mutex<HashMap<String, Arc<InflightBackup>>>,
     /// Object buckets (one writer per bucket).
     pub objects: revault_engine::objects::Objects,
@@ -204,7 +203,6 @@ impl App {
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             reports: Mutex::new(Reports::default()),
-            writers: Mutex::new(HashSet::new()),
             backups: Mutex::new(HashMap::new()),
             objects: revault_engine::objects::Objects::new(),
             inflight: Inflight::default(),
@@ -258,7 +256,9 @@ impl App {
         }
     }
 
-    /// Refreshes the store-wide gauges (cheap: one metadata read).
+    /// Refreshes the store-wide gauges (cheap: one metadata read). Done on
+    /// every scrape of `/metrics`, the only reader of these gauges, so the
+    /// operations that change the totals need not refresh them.
     pub fn refresh_totals(&self, store: &Store) {
         if let Ok(t) = store.totals() {
             let m = &self.metrics;
@@ -400,7 +400,6 @@ async fn serve(a: ServeArgs) -> Result<()> {
         let st = store.clone();
         let app2 = app.clone();
         tokio::task::spawn_blocking(move || {
-            app2.refresh_totals(&st);
             if let Ok(all) = st.list_series() {
                 for s in all {
                     app2.refresh_series(&st, &s.name);

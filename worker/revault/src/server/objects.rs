@@ -3,9 +3,8 @@
 //! short-lived signed URLs for reading one object without a token. This is
 //! what Velero's ObjectStore plugin talks to.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -19,17 +18,19 @@ use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOption
 use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
 
-use super::api::{blocking, json_body, rfc3339};
+use super::api::{
+    blocking, content_length, json_body, path_err, query_err, restore_body, retry_while_busy,
+    upload_failed,
+};
 use super::auth::Principal;
-use super::error::{engine_status, ApiError, ApiResult};
-use super::stream::{BodyPump, ChannelWriter};
+use super::error::{ApiError, ApiResult};
+use super::stream::BodyPump;
 use super::App;
+use crate::cli::format_time;
 
 type AppState = State<Arc<App>>;
 type BucketPath = Result<Path<(String, String)>, PathRejection>;
 
-/// How long a put waits for a slide or expiry of the bucket's series.
-const BUSY_WAIT: Duration = Duration::from_secs(120);
 /// Signed URLs live at most this long.
 pub const MAX_URL_TTL: u64 = 12 * 3600;
 const DEFAULT_URL_TTL: u64 = 600;
@@ -49,35 +50,23 @@ impl From<ObjectError> for ApiError {
     }
 }
 
-impl ApiError {
-    fn from_engine(e: &revault_engine::Error) -> Self {
-        ApiError::new(engine_status(e), e.code(), e.to_string())
-    }
-}
-
-fn path_err(e: PathRejection) -> ApiError {
-    ApiError::bad_request("bad_path", format!("bad path: {}", e.body_text()))
-}
-
-fn query_err(e: QueryRejection) -> ApiError {
-    ApiError::bad_request("bad_query", format!("bad query: {}", e.body_text()))
-}
-
 /// `NS/BUCKET` for a request, after checking names and the caller's scope.
 fn bucket_of(p: &Principal, path: BucketPath) -> ApiResult<String> {
-    let Path((ns, bucket)) = path.map_err(path_err)?;
-    bucket_name(&ns, &bucket)?;
+    let (ns, bucket) = bucket_parts(path)?;
     p.check_ns(&ns)?;
     Ok(format!("{ns}/{bucket}"))
 }
 
-fn bucket_name(ns: &str, bucket: &str) -> ApiResult<()> {
+/// The namespace and bucket of a request path, checked as a series name.
+fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
+    let Path((ns, bucket)) = path.map_err(path_err)?;
     check_series_name(&format!("{ns}/{bucket}")).map_err(|_| {
         ApiError::bad_request(
             "bad_series_name",
             format!("invalid bucket {ns}/{bucket}: the namespace is a DNS label, the bucket lowercase letters, digits, '-' and '.'"),
         )
-    })
+    })?;
+    Ok((ns, bucket))
 }
 
 fn key_of(key: &str) -> ApiResult<()> {
@@ -106,7 +95,7 @@ impl From<&ObjectInfo> for ObjectJson {
             uploaded_bytes: o.record.uploaded_bytes,
             etag: o.record.etag.clone(),
             version: o.record.version,
-            time: rfc3339(o.record.time_unix),
+            time: format_time(o.record.time_unix),
             tar_members: o.record.tar_members,
         }
     }
@@ -135,7 +124,7 @@ pub async fn get_bucket(
     let s = blocking(move || Ok(objects::summary(&store, &bucket)?)).await?;
     Ok(Json(BucketJson {
         bucket: s.bucket,
-        created: rfc3339(s.created_unix),
+        created: format_time(s.created_unix),
         objects: s.objects,
         size: s.size,
         uploaded_bytes: s.uploaded_bytes,
@@ -250,12 +239,12 @@ pub async fn put_object(
             .map_err(|m| ApiError::bad_request("invalid_argument", m))?,
     };
     let store = app.store()?;
-    let expected = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let (pump, reader) =
-        BodyPump::start(body, expected, app.abort.subscribe(), app.metrics.clone());
+    let (pump, reader) = BodyPump::start(
+        body,
+        content_length(&headers),
+        app.abort.subscribe(),
+        app.metrics.clone(),
+    );
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = app.begin(Some(cancel.clone()));
     let a = app.clone();
@@ -267,23 +256,20 @@ pub async fn put_object(
             cancel: Some(cancel),
             ..Default::default()
         };
-        let waited = Instant::now();
-        let r = loop {
-            match a
-                .objects
-                .put(&store, &bucket, &key, Box::new(reader.clone()), &opts)
-            {
-                // A slide or expiry of the bucket's series holds it briefly: wait.
-                Err(ObjectError::Engine(revault_engine::Error::SeriesBusy { .. }))
-                    if !reader.started()
-                        && waited.elapsed() < BUSY_WAIT
-                        && !a.draining.load(Ordering::SeqCst) =>
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                r => break r,
-            }
-        };
+        let r = retry_while_busy(
+            &a,
+            &reader,
+            |e| {
+                matches!(
+                    e,
+                    ObjectError::Engine(revault_engine::Error::SeriesBusy { .. })
+                )
+            },
+            || {
+                a.objects
+                    .put(&store, &bucket, &key, Box::new(reader.clone()), &opts)
+            },
+        );
         drop(reader);
         match &r {
             Ok(rep) => {
@@ -292,7 +278,6 @@ pub async fn put_object(
                     .inc_by(rep.backup.logical_bytes);
                 a.metrics.backup_new_bytes.inc_by(rep.backup.new_vbytes);
                 a.refresh_series(&store, &bucket);
-                a.refresh_totals(&store);
                 tracing::info!(bucket = %bucket, key = %key, version = rep.object.record.version, bytes = rep.object.record.size, new = rep.backup.new_vbytes, "object stored");
             }
             Err(e) => tracing::info!(bucket = %bucket, key = %key, error = %e, "object not stored"),
@@ -308,16 +293,13 @@ pub async fn put_object(
             j["storedBytes"] = rep.backup.new_container_bytes.into();
             Ok((StatusCode::CREATED, Json(j)).into_response())
         }
-        Err(e) => {
-            pump.settle().await;
-            let mut err = ApiError::from(e);
-            if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
-                err = ApiError::unavailable(
-                    "the server shut down before the upload completed; the object was not stored",
-                );
-            }
-            Err(err)
-        }
+        Err(e) => Err(upload_failed(
+            &app,
+            pump,
+            e.into(),
+            "the upload completed; the object was not stored",
+        )
+        .await),
     }
 }
 
@@ -355,11 +337,8 @@ pub async fn get_object(
 /// Streams an object's body (restored on the blocking pool).
 fn serve(app: &Arc<App>, info: ObjectInfo, decoded: bool) -> ApiResult<Response> {
     let store = app.store()?;
-    let (mut writer, body) = ChannelWriter::new(app.metrics.clone());
-    let cancel = Arc::new(AtomicBool::new(false));
-    let guard = app.begin(Some(cancel.clone()));
     let gzip = info.record.encoding == Encoding::Gzip && !decoded;
-    let mut resp = Response::new(body);
+    let mut resp = Response::new(Body::empty());
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -381,32 +360,18 @@ fn serve(app: &Arc<App>, info: ObjectInfo, decoded: bool) -> ApiResult<Response>
     );
     h.insert("x-revault-size", HeaderValue::from(info.record.size));
     h.insert("x-revault-version", HeaderValue::from(info.record.version));
-    let a = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let _g = guard;
-        let opts = RestoreOptions {
-            cancel: Some(cancel),
-            ..Default::default()
-        };
-        let r = objects::read(&store, &info, decoded, &opts, &mut writer).and_then(|rep| {
-            std::io::Write::flush(&mut writer).map_err(|e| revault_engine::Error::Io {
-                context: "sending the object".into(),
-                source: e,
-            })?;
-            Ok(rep)
-        });
-        match r {
-            Ok(rep) => {
-                a.metrics.container_reads.inc_by(rep.container_reads);
-                a.metrics.restore_bytes_read.inc_by(rep.bytes_read);
+    let (bucket, key) = (info.bucket.clone(), info.key.clone());
+    *resp.body_mut() = restore_body(
+        app,
+        RestoreOptions::default(),
+        "sending the object",
+        move |opts, w| objects::read(&store, &info, decoded, opts, w),
+        move |_, r| {
+            if let Err(e) = r {
+                tracing::info!(bucket = %bucket, key = %key, error = %e, "object read failed");
             }
-            Err(e) => {
-                tracing::info!(bucket = %info.bucket, key = %info.key, error = %e, "object read failed");
-                a.metrics.error(e.code());
-                writer.fail(e.to_string());
-            }
-        }
-    });
+        },
+    );
     Ok(resp)
 }
 
@@ -427,7 +392,6 @@ pub async fn delete_object(
         let r = a.objects.delete(&store, &bucket, &q.key);
         if r.is_ok() {
             a.refresh_series(&store, &bucket);
-            a.refresh_totals(&store);
         }
         Ok(r?)
     })
@@ -473,8 +437,7 @@ pub async fn sign_url(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path((ns, bucket)) = path.map_err(path_err)?;
-    bucket_name(&ns, &bucket)?;
+    let (ns, bucket) = bucket_parts(path)?;
     p.check_ns(&ns)?;
     let Some(req) = json_body::<SignJson>(&headers, body).await? else {
         return Err(ApiError::bad_request(
@@ -500,7 +463,7 @@ pub async fn sign_url(
         "/v1/signed/{ns}/{bucket}?key={}&expires={expires}&id={id}&sig={sig}",
         pct(&req.key)
     );
-    Ok(Json(serde_json::json!({ "url": url, "expiresAt": rfc3339(expires) })).into_response())
+    Ok(Json(serde_json::json!({ "url": url, "expiresAt": format_time(expires) })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -519,8 +482,7 @@ pub async fn get_signed(
     path: BucketPath,
     q: Result<Query<SignedQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let Path((ns, bucket)) = path.map_err(path_err)?;
-    bucket_name(&ns, &bucket)?;
+    let (ns, bucket) = bucket_parts(path)?;
     let Query(q) = q.map_err(query_err)?;
     key_of(&q.key)?;
     let valid_form = q.id.len() == 16
@@ -544,7 +506,7 @@ pub async fn get_signed(
     if q.expires < revault_engine::store::now_unix() {
         return Err(ApiError::forbidden(format!(
             "the signed URL expired at {}",
-            rfc3339(q.expires)
+            format_time(q.expires)
         )));
     }
     if !scope.allows(&ns) {

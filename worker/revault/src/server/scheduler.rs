@@ -70,7 +70,6 @@ pub fn spawn(app: Arc<App>, every: Duration, gc_every: Duration) -> tokio::task:
                             Metrics::result(&a.metrics.maintenance_runs, false);
                         }
                     }
-                    a.refresh_totals(&store);
                 }
             })
             .await;
@@ -91,7 +90,7 @@ pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
         if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        if app.writers.lock().unwrap().contains(&s.name) {
+        if app.backups.lock().unwrap().contains_key(&s.name) {
             continue; // its backup will slide and expire when it commits
         }
         let r = revault_engine::slide::slide(store, &s.name).and_then(|sl| {
@@ -115,5 +114,4 @@ pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
             }
         }
     }
-    app.refresh_totals(store);
 }

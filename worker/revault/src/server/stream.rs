@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
 use revault_engine::source::CancelledInput;
 use tokio::sync::{mpsc, watch};
@@ -155,7 +155,7 @@ impl Read for BodyReader {
             if !s.cur.is_empty() {
                 let n = s.cur.len().min(buf.len());
                 buf[..n].copy_from_slice(&s.cur[..n]);
-                let _ = s.cur.split_to(n);
+                s.cur.advance(n);
                 return Ok(n);
             }
             if s.ended || buf.is_empty() {

@@ -54,4 +54,21 @@ pub fn sha256_file(p: &Path) -> String {
 pub fn init(store: &Path) {
     ok_json(&["init", "--store", store.to_str().unwrap()]);
 }
+
+/// Asserts that `revault check` finds nothing wrong with the store.
+pub fn assert_check_ok(store: &Path) {
+    let c = ok_json(&["check", "--store", store.to_str().unwrap()]);
+    assert!(c["ok"].as_bool().unwrap(), "{c}");
+}
+
+/// Makes a FIFO at `path` (as a device like /dev/null, it must be written in
+/// place) and starts a thread that reads it to the end.
+pub fn fifo_reader(path: &Path) -> std::thread::JoinHandle<Vec<u8>> {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let path = path.to_path_buf();
+    std::thread::spawn(move || std::fs::read(path).unwrap())
+}
+
 pub mod server;

@@ -329,6 +329,38 @@ pub fn client(args: &[&str], token: Option<&str>) -> Output {
     c.output().expect("run revault")
 }
 
+/// A push reading stdin, so the test controls when the body ends.
+pub fn slow_push(url: &str, series: &str, token: Option<&str>) -> Child {
+    let mut c = Command::new(bin());
+    c.args(["push", "--server", url, "--series", series, "-"])
+        .env("REVAULT_LOG", "warn")
+        .env_remove("REVAULT_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(t) = token {
+        c.env("REVAULT_TOKEN", t);
+    }
+    c.spawn().expect("start revault push")
+}
+
+/// Waits (bounded) for a client to exit; kills it past `limit`.
+pub fn wait_child(c: Child, limit: Duration) -> Output {
+    let pid = c.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: killing our own child process.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("revault push did not finish in {limit:?}");
+        }
+    }
+}
+
 pub fn client_ok(args: &[&str], token: Option<&str>) -> Output {
     let out = client(args, token);
     assert!(
