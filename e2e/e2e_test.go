@@ -444,13 +444,7 @@ func isolationSpecs() {
 				"GET /v1/series/" + nsA + "/no-such-series", "GET /v1/stats",
 				"GET /v1/series", "GET /v1/series/" + nsB + "/" + series,
 			}
-			args := []string{"api", "-server", bsB.Status.Worker.Endpoint, "-token-file", "/etc/revault/token"}
-			for _, r := range reqs {
-				args = append(args, "-req", r)
-			}
-			var calls []apiCall
-			tool(withToken(toolPod(nsB, podName("api"), "", args...)), &calls)
-			Expect(calls).To(HaveLen(len(reqs)))
+			calls := workerAPI(nsB, bsB.Status.Worker.Endpoint, reqs...)
 			for _, c := range calls[:9] {
 				Expect(c.Status).To(Equal(403), "%s with %s's token: %d %s", c.Request, nsB, c.Status, c.Body)
 				Expect(c.Code).To(Equal("forbidden"))
@@ -470,9 +464,7 @@ func isolationSpecs() {
 			Expect(logs).To(ContainSubstring("forbidden"))
 
 			By("the other namespace's series is intact")
-			var own []apiCall
-			tool(withToken(toolPod(nsA, podName("api"), "", "api", "-server", bsA.Status.Worker.Endpoint,
-				"-req", "GET "+a)), &own)
+			own := workerAPI(nsA, bsA.Status.Worker.Endpoint, "GET "+a)
 			Expect(own[0].Status).To(Equal(200), own[0].Body)
 			Expect(own[0].Body).To(ContainSubstring(`"versions":1`))
 		})
@@ -499,12 +491,7 @@ func deletionSpecs() {
 		It("removes every version and frees its bytes on the worker", func() {
 			w := bs.Status.Worker
 			path := "/v1/series/" + ns + "/" + series
-			probe := func() []apiCall {
-				var calls []apiCall
-				tool(withToken(toolPod(ns, podName("api"), "", "api", "-server", w.Endpoint,
-					"-req", "GET "+path, "-req", "GET "+path+"/versions/1")), &calls)
-				return calls
-			}
+			probe := func() []apiCall { return workerAPI(ns, w.Endpoint, "GET "+path, "GET "+path+"/versions/1") }
 			calls := probe()
 			Expect(calls[0].Status).To(Equal(200), "before: %s", calls[0].Body)
 			Expect(calls[0].Body).To(ContainSubstring(`"versions":1`))

@@ -54,7 +54,12 @@ func newNamespace(prefix string) string {
 // createPVC makes a 1Gi claim on the static local volumes kind-up.sh provides (bound when its
 // first pod is scheduled).
 func createPVC(ns, name string) {
-	pvc := &corev1.PersistentVolumeClaim{
+	Expect(k.Create(ctx, newPVC(ns, name))).To(Succeed())
+}
+
+// newPVC is the claim createPVC makes.
+func newPVC(ns, name string) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -64,7 +69,6 @@ func createPVC(ns, name string) {
 			},
 		},
 	}
-	Expect(k.Create(ctx, pvc)).To(Succeed())
 }
 
 // ---- pods ----------------------------------------------------------------------------------
@@ -139,6 +143,20 @@ func withToken(pod *corev1.Pod) *corev1.Pod {
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
 		corev1.VolumeMount{Name: "token", MountPath: "/etc/revault", ReadOnly: true})
 	return pod
+}
+
+// workerAPI calls a worker's API from a pod in ns with that namespace's token (e2e-tool api)
+// and returns one answer per request.
+func workerAPI(ns, endpoint string, reqs ...string) []apiCall {
+	GinkgoHelper()
+	args := []string{"api", "-server", endpoint}
+	for _, r := range reqs {
+		args = append(args, "-req", r)
+	}
+	var calls []apiCall
+	tool(withToken(toolPod(ns, podName("api"), "", args...)), &calls)
+	Expect(calls).To(HaveLen(len(reqs)))
+	return calls
 }
 
 // tool runs e2e-tool in a pod and decodes its RESULT line into out.

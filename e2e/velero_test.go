@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -73,19 +72,6 @@ func nestedString(u *unstructured.Unstructured, path ...string) string {
 func nestedInt(u *unstructured.Unstructured, path ...string) int64 {
 	n, _, _ := unstructured.NestedInt64(u.Object, path...)
 	return n
-}
-
-// workerAPI calls a worker's API from a pod in ns with that namespace's token.
-func workerAPI(ns, endpoint string, reqs ...string) []apiCall {
-	GinkgoHelper()
-	args := []string{"api", "-server", endpoint}
-	for _, r := range reqs {
-		args = append(args, "-req", r)
-	}
-	var calls []apiCall
-	tool(withToken(toolPod(ns, podName("api"), "", args...)), &calls)
-	Expect(calls).To(HaveLen(len(reqs)))
-	return calls
 }
 
 // bucketSummary is GET /v1/buckets/{ns}/{bucket}: content, uploaded (gzip) and stored bytes.
@@ -205,16 +191,8 @@ var _ = Describe("10. Velero with the Revault plugin", Ordered, func() {
 
 		By("a namespace with a workload and a PVC of generated files, selected for Revault")
 		app = newNamespace("velero-app")
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: app, Labels: map[string]string{veleroSelect: "true"}},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				StorageClassName: ptr.To("revault-local"),
-				Resources: corev1.VolumeResourceRequirements{
-					Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				},
-			},
-		}
+		pvc := newPVC(app, claim)
+		pvc.Labels = map[string]string{veleroSelect: "true"}
 		Expect(k.Create(ctx, pvc)).To(Succeed())
 		// A seed of its own: the worker deduplicates against every series it holds, and this
 		// scenario measures what one backup stores.

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -11,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -109,7 +109,7 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			cs.setTrue(backupv1alpha1.ConditionRetentionPolicyFound, "Found", "RetentionPolicy "+ref.Name)
 		}
 	} else {
-		apimetaRemove(&st.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
+		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
 	}
 
 	if err := r.Tokens.EnsureNamespace(ctx, bs.Namespace); err != nil {
@@ -453,11 +453,7 @@ func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, bs *backupv
 			continue
 		}
 		e.Phase = backupv1alpha1.BackupNowSucceeded
-		var rep struct {
-			Version      *int64 `json:"version"`
-			LogicalBytes int64  `json:"logical_bytes"`
-		}
-		if out.Report != nil && json.Unmarshal(out.Report, &rep) == nil && rep.Version != nil {
+		if rep, err := plan.ParsePushReport(out.Report); err == nil && rep.Version != nil {
 			e.Version, e.LogicalBytes, e.Message = *rep.Version, rep.LogicalBytes, ""
 		} else {
 			e.Message = "the backup succeeded but its pod's report could not be read, so its version is unknown"
@@ -540,7 +536,7 @@ func (r *BackupSeriesReconciler) finishStatus(bs *backupv1alpha1.BackupSeries, p
 	cs := conditionSetter{rec: r.Recorder, obj: bs, conds: &st.Conditions, generation: bs.Generation}
 	for _, t := range []string{backupv1alpha1.ConditionPlaced, backupv1alpha1.ConditionScheduleValid,
 		backupv1alpha1.ConditionTokenReady, backupv1alpha1.ConditionSynced, backupv1alpha1.ConditionBackupSucceeded} {
-		if c := apimetaFind(st.Conditions, t); c != nil && c.Status != metav1.ConditionTrue {
+		if c := apimeta.FindStatusCondition(st.Conditions, t); c != nil && c.Status != metav1.ConditionTrue {
 			cs.setFalse(backupv1alpha1.ConditionReady, c.Reason, c.Message)
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -154,7 +155,7 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		// Cluster-wide, the operator may read only Secrets named revault-token (the namespace
 		// token copies it writes); it reads other Secrets only in its own namespace (the Role).
 		for _, r := range genRules["ClusterRole"] {
-			if containsStr(r.Resources, "secrets") && len(r.ResourceNames) == 0 {
+			if slices.Contains(r.Resources, "secrets") && len(r.ResourceNames) == 0 {
 				Expect(r.Verbs).NotTo(ContainElement(BeElementOf("get", "list", "watch")),
 					"cluster-wide secret read in %v", r)
 			}
@@ -189,12 +190,3 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		dryRun(out)
 	})
 })
-
-func containsStr(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}

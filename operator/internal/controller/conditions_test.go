@@ -3,10 +3,13 @@ package controller
 import (
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/plan"
 )
 
 // Every transition of a condition (status or reason) is one event; repeating the same state is
@@ -46,7 +49,7 @@ func TestConditionEvents(t *testing.T) {
 			t.Errorf("condition %s has observedGeneration %d", c.Type, c.ObservedGeneration)
 		}
 	}
-	if c := apimetaFind(bs.Status.Conditions, backupv1alpha1.ConditionSynced); c.Message != "timeout" {
+	if c := apimeta.FindStatusCondition(bs.Status.Conditions, backupv1alpha1.ConditionSynced); c.Message != "timeout" {
 		t.Errorf("the message must follow the latest state: %q", c.Message)
 	}
 }
@@ -59,6 +62,26 @@ func TestParseOverrides(t *testing.T) {
 	for _, bad := range []string{"node-1", "=http://x", "node=ftp://x"} {
 		if _, err := ParseOverrides(bad); err == nil {
 			t.Errorf("ParseOverrides(%q) accepted", bad)
+		}
+	}
+}
+
+// A Job or RestoreJob annotated with plan.DataMoverRef maps back to its DataUpload or
+// DataDownload, and to nothing else.
+func TestDataMoverOwner(t *testing.T) {
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+		plan.AnnotationDataMover: plan.DataMoverRef("DataUpload", "velero", "backup-1-abcde")}}}
+	reqs := dataMoverOwner(job, "DataUpload")
+	if len(reqs) != 1 || reqs[0].Namespace != "velero" || reqs[0].Name != "backup-1-abcde" {
+		t.Fatalf("dataMoverOwner = %v", reqs)
+	}
+	if reqs := dataMoverOwner(job, "DataDownload"); reqs != nil {
+		t.Errorf("another kind's owner: %v", reqs)
+	}
+	for _, ann := range []string{"", "DataUpload", "DataUpload velero"} {
+		job.Annotations[plan.AnnotationDataMover] = ann
+		if reqs := dataMoverOwner(job, "DataUpload"); reqs != nil {
+			t.Errorf("annotation %q: %v", ann, reqs)
 		}
 	}
 }

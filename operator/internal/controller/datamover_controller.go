@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -90,7 +92,7 @@ func seriesReady(ctx context.Context, c client.Client, ns, name string, media ba
 		return nil, fmt.Sprintf("waiting for BackupSeries %s/%s to be placed on a worker", ns, name), nil
 	}
 	for _, t := range []string{backupv1alpha1.ConditionPlaced, backupv1alpha1.ConditionTokenReady} {
-		if c := apimetaFind(bs.Status.Conditions, t); c == nil || c.Status != metav1.ConditionTrue {
+		if c := apimeta.FindStatusCondition(bs.Status.Conditions, t); c == nil || c.Status != metav1.ConditionTrue {
 			why := "not reported yet"
 			if c != nil {
 				why = c.Message
@@ -122,21 +124,11 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	orig := du.DeepCopy()
 	st := &du.Status
 	now := metav1.NewTime(r.Now())
-	// Velero's CRDs have no status subresource: status is written with the object.
-	update := func() error {
-		if equalJSON(orig, du) {
-			return nil
-		}
-		return r.Update(ctx, du)
-	}
+	update := func() error { return writeIfChanged(ctx, r.Client, orig, du) }
 	end := func(phase velerov2alpha1.DataUploadPhase, msg string) (ctrl.Result, error) {
 		st.Phase, st.Message, st.CompletionTimestamp = phase, msg, &now
 		r.cleanup(ctx, du)
-		kind := "Normal"
-		if phase != velerov2alpha1.DataUploadPhaseCompleted {
-			kind = "Warning"
-		}
-		r.Recorder.Event(du, kind, "DataUpload"+string(phase), msg)
+		r.Recorder.Event(du, endEventType(phase == velerov2alpha1.DataUploadPhaseCompleted), "DataUpload"+string(phase), msg)
 		return ctrl.Result{}, update()
 	}
 
@@ -228,12 +220,8 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		}
 		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf("backup Job %s/%s failed: %s", ns, job.Name, why))
 	}
-	var rep struct {
-		Version      *int64 `json:"version"`
-		LogicalBytes int64  `json:"logical_bytes"`
-		NewBytes     int64  `json:"new_vbytes"`
-	}
-	if out.Report == nil || json.Unmarshal(out.Report, &rep) != nil || rep.Version == nil {
+	rep, err := plan.ParsePushReport(out.Report)
+	if err != nil || rep.Version == nil {
 		why := "its pod printed no JSON report"
 		if oerr != nil {
 			why = oerr.Error()
@@ -280,24 +268,34 @@ func (r *DataUploadReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// dataMoverOwner maps a Job or RestoreJob back to the DataUpload/DataDownload it serves.
+// dataMoverOwner maps a Job or RestoreJob back to the DataUpload/DataDownload it serves (its
+// annotation is plan.DataMoverRef's "KIND NAMESPACE/NAME").
 func dataMoverOwner(o client.Object, kind string) []reconcile.Request {
-	var k, ref string
-	if n, _ := fmt.Sscanf(o.GetAnnotations()[plan.AnnotationDataMover], "%s %s", &k, &ref); n != 2 || k != kind {
+	k, ref, _ := strings.Cut(o.GetAnnotations()[plan.AnnotationDataMover], " ")
+	ns, name, ok := strings.Cut(ref, "/")
+	if k != kind || !ok {
 		return nil
 	}
-	for i := 0; i < len(ref); i++ {
-		if ref[i] == '/' {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ref[:i], Name: ref[i+1:]}}}
-		}
-	}
-	return nil
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 }
 
-func equalJSON(a, b any) bool {
-	x, err1 := json.Marshal(a)
-	y, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && string(x) == string(y)
+// writeIfChanged writes a DataUpload or DataDownload back when it changed. Velero's CRDs have no
+// status subresource: status is written with the object.
+func writeIfChanged(ctx context.Context, c client.Client, orig, obj client.Object) error {
+	x, err1 := json.Marshal(orig)
+	y, err2 := json.Marshal(obj)
+	if err1 == nil && err2 == nil && string(x) == string(y) {
+		return nil
+	}
+	return c.Update(ctx, obj)
+}
+
+// endEventType is the type of the event a data movement ends with.
+func endEventType(completed bool) string {
+	if completed {
+		return "Normal"
+	}
+	return "Warning"
 }
 
 // DataDownloadReconciler restores Revault versions for Velero.
@@ -322,22 +320,14 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	orig := dd.DeepCopy()
 	st := &dd.Status
 	now := metav1.NewTime(r.Now())
-	update := func() error {
-		if equalJSON(orig, dd) {
-			return nil
-		}
-		return r.Update(ctx, dd)
-	}
+	update := func() error { return writeIfChanged(ctx, r.Client, orig, dd) }
 	end := func(phase velerov2alpha1.DataDownloadPhase, msg string) (ctrl.Result, error) {
 		st.Phase, st.Message, st.CompletionTimestamp = phase, msg, &now
-		if phase != velerov2alpha1.DataDownloadPhaseCompleted {
+		completed := phase == velerov2alpha1.DataDownloadPhaseCompleted
+		if !completed {
 			r.cleanup(ctx, dd)
 		}
-		kind := "Normal"
-		if phase != velerov2alpha1.DataDownloadPhaseCompleted {
-			kind = "Warning"
-		}
-		r.Recorder.Event(dd, kind, "DataDownload"+string(phase), msg)
+		r.Recorder.Event(dd, endEventType(completed), "DataDownload"+string(phase), msg)
 		return ctrl.Result{}, update()
 	}
 
@@ -419,7 +409,7 @@ func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	switch rj.Status.Phase {
 	case backupv1alpha1.RestoreFailed:
 		why := "the RestoreJob failed"
-		if c := apimetaFind(rj.Status.Conditions, backupv1alpha1.ConditionFailed); c != nil && c.Message != "" {
+		if c := apimeta.FindStatusCondition(rj.Status.Conditions, backupv1alpha1.ConditionFailed); c != nil && c.Message != "" {
 			why = c.Message
 		}
 		return end(velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf("RestoreJob %s/%s failed: %s", ns, name, why))

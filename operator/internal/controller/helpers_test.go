@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -86,6 +87,50 @@ func push(ns, name, node, dir string, extra ...string) string {
 	out, errOut, ok := runRevault(append(args, dir)...)
 	Expect(ok).To(BeTrue(), "revault push: %s%s", out, errOut)
 	return out
+}
+
+// runJobPod plays a backup or restore Job's pod: the Job's own arguments, with the worker's
+// loopback URL, a token file and dir in place of the in-cluster ones.
+func runJobPod(job *batchv1.Job, ns, node, dir string) (string, bool) {
+	args := append([]string(nil), job.Spec.Template.Spec.Containers[0].Args...)
+	for i := range args {
+		switch {
+		case i > 0 && args[i-1] == "--server":
+			args[i] = workerURL[node]
+		case i > 0 && args[i-1] == "--token-file":
+			args[i] = nsTokenFile(ns)
+		case args[i] == plan.JobDataDir: // a backup's source
+			args[i] = dir
+		case args[i] == plan.JobDataDir+"/": // a restore's target
+			args[i] = dir + "/"
+		}
+	}
+	out, errOut, ok := runRevault(args...)
+	return out + errOut, ok
+}
+
+// startStdinPush starts `revault push -` of ns/series on node's worker and writes it 24 MiB,
+// byte j of MiB i being fill(i, j), leaving stdin open: the push is still running when this
+// returns. finish ends it (and expects it to succeed).
+func startStdinPush(ns, series, node string, fill func(i, j int) byte) (finish func()) {
+	cmd := exec.CommandContext(ctx, revault, "--quiet", "push", "--server", workerURL[node],
+		"--token-file", nsTokenFile(ns), "--series", plan.SeriesID(ns, series), "-")
+	stdin, err := cmd.StdinPipe()
+	Expect(err).NotTo(HaveOccurred())
+	cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
+	Expect(cmd.Start()).To(Succeed())
+	block := make([]byte, 1<<20)
+	for i := 0; i < 24; i++ {
+		for j := range block {
+			block[j] = fill(i, j)
+		}
+		_, err := stdin.Write(block)
+		Expect(err).NotTo(HaveOccurred())
+	}
+	return func() {
+		Expect(stdin.Close()).To(Succeed())
+		Expect(cmd.Wait()).To(Succeed())
+	}
 }
 
 // randomTree writes a directory of files with fresh random content (about kib KiB in all).
@@ -227,7 +272,7 @@ func metricValue(name string, labels ...string) float64 {
 	return 0
 }
 
-// condition returns a condition of a list (Fail if absent).
+// condition returns a condition of a list (one with Status "Absent" if there is none).
 func condition(conds []metav1.Condition, typ string) metav1.Condition {
 	for _, c := range conds {
 		if c.Type == typ {

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"os/exec"
 	"strings"
 	"time"
 
@@ -48,24 +47,6 @@ func backupNowEntry(ns, series, request string) *backupv1alpha1.BackupNowResult 
 		}
 	}
 	return nil
-}
-
-// runJobPush plays a backup Job's pod: its own arguments, with the loopback worker, a token file
-// and dir for the in-cluster paths.
-func runJobPush(job *batchv1.Job, ns, node, dir string) (string, bool) {
-	args := append([]string(nil), job.Spec.Template.Spec.Containers[0].Args...)
-	for i := range args {
-		switch {
-		case i > 0 && args[i-1] == "--server":
-			args[i] = workerURL[node]
-		case i > 0 && args[i-1] == "--token-file":
-			args[i] = nsTokenFile(ns)
-		case args[i] == plan.JobDataDir:
-			args[i] = dir
-		}
-	}
-	out, errOut, ok := runRevault(args...)
-	return out + errOut, ok
 }
 
 func pvcWithSize(ns, name, size string, selector map[string]string) *corev1.PersistentVolumeClaim {
@@ -152,20 +133,7 @@ var _ = Describe("Velero integration", func() {
 		}).Should(Succeed())
 
 		By("showing the bytes the worker has read while the Job's push runs")
-		cmd := exec.CommandContext(ctx, revault, "--quiet", "push", "--server", workerURL[node],
-			"--token-file", nsTokenFile(ns), "--series", ns+"/data", "-")
-		stdin, err := cmd.StdinPipe()
-		Expect(err).NotTo(HaveOccurred())
-		cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
-		Expect(cmd.Start()).To(Succeed())
-		block := make([]byte, 1<<20)
-		for i := 0; i < 24; i++ {
-			for j := range block {
-				block[j] = byte(i*7 + j*13 + j>>9)
-			}
-			_, err := stdin.Write(block)
-			Expect(err).NotTo(HaveOccurred())
-		}
+		finishPush := startStdinPush(ns, "data", node, func(i, j int) byte { return byte(i*7 + j*13 + j>>9) })
 		Eventually(func() int64 {
 			e := backupNowEntry(ns, "data", "velero-backup-1")
 			if e == nil {
@@ -173,8 +141,7 @@ var _ = Describe("Velero integration", func() {
 			}
 			return e.LogicalBytes
 		}).WithTimeout(30 * time.Second).Should(BeNumerically(">=", 8<<20))
-		Expect(stdin.Close()).To(Succeed())
-		Expect(cmd.Wait()).To(Succeed())
+		finishPush()
 
 		By("recording the version from the Job's report when it ends")
 		report := push(ns, "data", node, randomTree(128))
@@ -236,29 +203,15 @@ var _ = Describe("Velero integration", func() {
 		By("reporting the bytes the worker has read while a push into the series runs")
 		node := getSeries(ns, "data").Status.Worker.Node
 		waitToken(ns, node)
-		cmd := exec.CommandContext(ctx, revault, "--quiet", "push", "--server", workerURL[node],
-			"--token-file", nsTokenFile(ns), "--series", ns+"/data", "-")
-		stdin, err := cmd.StdinPipe()
-		Expect(err).NotTo(HaveOccurred())
-		cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
-		Expect(cmd.Start()).To(Succeed())
-		block := make([]byte, 1<<20)
-		for i := 0; i < 24; i++ {
-			for j := range block {
-				block[j] = byte(i*11 + j*7 + j>>10)
-			}
-			_, err := stdin.Write(block)
-			Expect(err).NotTo(HaveOccurred())
-		}
+		finishPush := startStdinPush(ns, "data", node, func(i, j int) byte { return byte(i*11 + j*7 + j>>10) })
 		Eventually(func() int64 { return getDU(du.Name).Status.Progress.BytesDone }).
 			WithTimeout(30 * time.Second).Should(BeNumerically(">=", 8<<20))
 		Expect(getDU(du.Name).Status.Phase).To(Equal(velerov2alpha1.DataUploadPhaseInProgress))
-		Expect(stdin.Close()).To(Succeed())
-		Expect(cmd.Wait()).To(Succeed())
+		finishPush()
 
 		By("completing with the snapshot ID once the Job's push committed")
 		src := randomTree(256)
-		out, ok := runJobPush(&job, ns, node, src)
+		out, ok := runJobPod(&job, ns, node, src)
 		Expect(ok).To(BeTrue(), out)
 		finishJob(&job, true, out)
 		Eventually(func(g Gomega) {
@@ -309,7 +262,7 @@ var _ = Describe("Velero integration", func() {
 		restoreJob := &batchv1.Job{}
 		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: rj.Status.JobName}, restoreJob)).To(Succeed())
 		into := GinkgoT().TempDir()
-		pullOut, ok := runPull(restoreJob, ns, node, into)
+		pullOut, ok := runJobPod(restoreJob, ns, node, into)
 		Expect(ok).To(BeTrue(), pullOut)
 		sameTree(src, into)
 		finishJob(restoreJob, true, pullOut)

@@ -41,7 +41,6 @@ type Workers struct {
 	Config    *config.Config
 	Tokens    *tokens.Manager
 	Overrides map[string]string
-	HTTP      *http.Client
 }
 
 // ParseOverrides reads "node=url,node2=url2".
@@ -134,21 +133,24 @@ func (w *Workers) Placement(x Worker) *backupv1alpha1.WorkerPlacement {
 	return &backupv1alpha1.WorkerPlacement{Media: x.Media, Node: x.Node, Pod: x.Pod, Endpoint: x.Endpoint}
 }
 
+// url is where the operator itself reaches the worker on node: its override, else its Service.
+func (w *Workers) url(media backupv1alpha1.Media, node string) string {
+	if u, ok := w.Overrides[node]; ok {
+		return u
+	}
+	return w.endpoint(media, node)
+}
+
+// workerHTTP is the HTTP client of the operator's worker calls.
+var workerHTTP = &http.Client{Timeout: 60 * time.Second}
+
 // API returns a client for the worker on node (with the operator's admin token).
 func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node string) (*instrumented, error) {
 	token, err := w.Tokens.AdminToken(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the operator's worker token: %w", err)
 	}
-	url, ok := w.Overrides[node]
-	if !ok {
-		url = w.endpoint(media, node)
-	}
-	hc := w.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: 60 * time.Second}
-	}
-	return &instrumented{workerapi.New(url, token, hc)}, nil
+	return &instrumented{workerapi.New(w.url(media, node), token, workerHTTP)}, nil
 }
 
 // TokenAccepted reports whether the worker on node already accepts namespace ns's token. The
@@ -159,11 +161,8 @@ func (w *Workers) TokenAccepted(ctx context.Context, media backupv1alpha1.Media,
 	if err != nil || !ok {
 		return false, err
 	}
-	api, err := w.API(ctx, media, node)
-	if err != nil {
-		return false, err
-	}
-	scoped := workerapi.New(api.c.BaseURL, tok, api.c.HTTP)
+	// Only the namespace's token is used here: no admin client (and no read of its token).
+	scoped := workerapi.New(w.url(media, node), tok, workerHTTP)
 	_, err = call("list_series", func() ([]workerapi.Series, error) { return scoped.ListSeries(ctx, ns) })
 	switch {
 	case err == nil:
@@ -214,8 +213,4 @@ func (i *instrumented) ExpireByRetention(ctx context.Context, ns, name string) (
 
 func (i *instrumented) BackupProgress(ctx context.Context, ns, name string) (*workerapi.BackupProgress, error) {
 	return call("backup_progress", func() (*workerapi.BackupProgress, error) { return i.c.BackupProgress(ctx, ns, name) })
-}
-
-func (i *instrumented) ExpireVersion(ctx context.Context, ns, name string, version int64) (*workerapi.ExpireReport, error) {
-	return call("expire_version", func() (*workerapi.ExpireReport, error) { return i.c.ExpireVersion(ctx, ns, name, version) })
 }

@@ -294,6 +294,18 @@ func TestParseJobOutput(t *testing.T) {
 	}
 }
 
+func TestParsePushReport(t *testing.T) {
+	out := ParseJobOutput("{\n  \"logical_bytes\": 524288,\n  \"new_vbytes\": 4096,\n  \"series\": \"ns/db\",\n  \"version\": 3\n}\n")
+	r, err := ParsePushReport(out.Report)
+	if err != nil || r.Version == nil || *r.Version != 3 || r.LogicalBytes != 524288 || r.NewBytes != 4096 {
+		t.Fatalf("ParsePushReport = %+v, %v", r, err)
+	}
+	// No report at all (the pod printed none) is an error, not a version-less success.
+	if _, err := ParsePushReport(ParseJobOutput("error: disk full\n").Report); err == nil {
+		t.Fatalf("a missing report parsed")
+	}
+}
+
 func TestFormat(t *testing.T) {
 	if got := Ratio(742, 100); got != "7.42" {
 		t.Errorf("Ratio = %q", got)

@@ -71,6 +71,21 @@ func ParseJobOutput(text string) JobOutput {
 	return JobOutput{Error: lastNonEmpty}
 }
 
+// PushReport is the part of `revault push --json`'s report the operator uses: the version the
+// backup made (nil when the report names none) and its sizes.
+type PushReport struct {
+	Version      *int64 `json:"version"`
+	LogicalBytes int64  `json:"logical_bytes"`
+	NewBytes     int64  `json:"new_vbytes"`
+}
+
+// ParsePushReport decodes a backup report.
+func ParsePushReport(raw json.RawMessage) (PushReport, error) {
+	var r PushReport
+	err := json.Unmarshal(raw, &r)
+	return r, err
+}
+
 // PullReport is the part of `revault pull --json`'s report the operator shows: what the client
 // received and the worker's restore report (container reads, speed factor).
 type PullReport struct {

@@ -126,12 +126,6 @@ func (c *Client) BackupProgress(ctx context.Context, ns, name string) (*BackupPr
 	return &p, c.do(ctx, http.MethodGet, seriesPath(ns, name)+"/backup", nil, &p)
 }
 
-// ExpireVersion deletes one version of a series.
-func (c *Client) ExpireVersion(ctx context.Context, ns, name string, version int64) (*ExpireReport, error) {
-	var r ExpireReport
-	return &r, c.do(ctx, http.MethodDelete, fmt.Sprintf("%s/versions/%d", seriesPath(ns, name), version), nil, &r)
-}
-
 func seriesPath(ns, name string) string {
 	return "/v1/series/" + url.PathEscape(ns) + "/" + url.PathEscape(name)
 }

@@ -583,10 +583,13 @@ func TestDeleteActionExpiresTheBackupsVersions(t *testing.T) {
 	if exists(3) || !exists(1) {
 		t.Fatal("the DataUpload's version is expired")
 	}
+	// Another data mover's DataUpload is ignored. Its snapshot ID names version 1, which still
+	// exists: expiring it by mistake would show.
 	kopia := du.DeepCopy()
 	_ = unstructured.SetNestedField(kopia.Object, "velero", "spec", "datamover")
-	if err := a.Execute(&velero.DeleteItemActionExecuteInput{Item: kopia, Backup: backup}); err != nil {
-		t.Fatal("other data movers' DataUploads are ignored")
+	_ = unstructured.SetNestedField(kopia.Object, "app/data@1", "status", "snapshotID")
+	if err := a.Execute(&velero.DeleteItemActionExecuteInput{Item: kopia, Backup: backup}); err != nil || !exists(1) {
+		t.Fatalf("other data movers' DataUploads are ignored: %v", err)
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -136,17 +135,12 @@ func (a *PVCBackup) Execute(item runtime.Unstructured, backup *velerov1.Backup) 
 	}
 	log.WithField("series", bs.Namespace+"/"+bs.Name).Info("requested a Revault backup of the volume")
 
-	u := &unstructured.Unstructured{Object: item.UnstructuredContent()}
-	ann := u.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[kube.AnnSeries], ann[kube.AnnRequest] = bs.Name, request
-	ann[kube.AnnMedia] = string(bs.Spec.Storage.Media)
-	// The BackupSeries carries the version: it must be in the backup even when the backup's
-	// resource filters leave custom resources out.
-	ann[velerov1.MustIncludeAdditionalItemAnnotation] = "true"
-	u.SetAnnotations(ann)
+	u := annotated(item, map[string]string{
+		kube.AnnSeries: bs.Name, kube.AnnRequest: request, kube.AnnMedia: string(bs.Spec.Storage.Media),
+		// The BackupSeries carries the version: it must be in the backup even when the backup's
+		// resource filters leave custom resources out.
+		velerov1.MustIncludeAdditionalItemAnnotation: "true",
+	})
 	series := seriesResource(bs.Namespace, bs.Name)
 	return u, []velero.ResourceIdentifier{series}, bs.Namespace + "/" + bs.Name + "/" + request,
 		[]velero.ResourceIdentifier{series}, nil
@@ -173,18 +167,15 @@ func (a *PVCBackup) recordVersion(item runtime.Unstructured, backup *velerov1.Ba
 		log.Warn("the volume's backup did not succeed: the backup records no Revault version")
 		return item, nil
 	}
-	u := &unstructured.Unstructured{Object: item.UnstructuredContent()}
-	ann := u.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
+	ann := map[string]string{
+		kube.AnnRequest: request,
+		kube.AnnVersion: strconv.FormatInt(e.Version, 10),
+		kube.AnnPVC:     bs.Spec.Source.PVC.ClaimName,
 	}
-	ann[kube.AnnRequest] = request
-	ann[kube.AnnVersion] = strconv.FormatInt(e.Version, 10)
-	ann[kube.AnnPVC] = bs.Spec.Source.PVC.ClaimName
 	if bs.Status.Worker != nil {
 		ann[kube.AnnWorker] = bs.Status.Worker.Endpoint
 	}
-	u.SetAnnotations(ann)
+	u := annotated(item, ann)
 	log.WithField("version", e.Version).Info("recorded the Revault version in the backup")
 	return u, nil
 }
@@ -218,14 +209,7 @@ func (a *PVCBackup) markVolume(item runtime.Unstructured) (runtime.Unstructured,
 	if !selected(pvc) || (ref.UID != "" && ref.UID != pvc.UID) {
 		return item, nil
 	}
-	u := &unstructured.Unstructured{Object: item.UnstructuredContent()}
-	ann := u.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[kube.AnnData] = ref.Namespace + "/" + ref.Name
-	u.SetAnnotations(ann)
-	return u, nil
+	return annotated(item, map[string]string{kube.AnnData: ref.Namespace + "/" + ref.Name}), nil
 }
 
 // seriesOf is the BackupSeries backing up pvc (the one named after it first), or nil.

@@ -8,10 +8,13 @@ package actions
 import (
 	"context"
 	"fmt"
+	"maps"
+	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,6 +45,32 @@ func selected(obj interface {
 	GetAnnotations() map[string]string
 }) bool {
 	return obj.GetLabels()[kube.Select] == "true" || obj.GetAnnotations()[kube.Select] == "true"
+}
+
+// annotated returns item with the annotations kv added (or replaced).
+func annotated(item runtime.Unstructured, kv map[string]string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: item.UnstructuredContent()}
+	ann := u.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	maps.Copy(ann, kv)
+	u.SetAnnotations(ann)
+	return u
+}
+
+// recordedVersion is the Revault version a backed-up BackupSeries records in its annotations
+// (recorded false when it records none).
+func recordedVersion(u *unstructured.Unstructured) (version int64, recorded bool, _ error) {
+	v := u.GetAnnotations()[kube.AnnVersion]
+	if v == "" {
+		return 0, false, nil
+	}
+	version, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || version < 1 {
+		return 0, false, fmt.Errorf("BackupSeries %s/%s: annotation %s=%q is not a version number", u.GetNamespace(), u.GetName(), kube.AnnVersion, v)
+	}
+	return version, true, nil
 }
 
 // workerClient reaches the worker of a series in namespace ns with that namespace's token (the

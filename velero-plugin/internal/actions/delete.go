@@ -48,15 +48,11 @@ func (a *PVCDelete) Execute(in *velero.DeleteItemActionExecuteInput) error {
 	var version int64
 	switch u.GetKind() {
 	case "BackupSeries":
-		ann := u.GetAnnotations()
-		if ann[kube.AnnVersion] == "" {
-			return nil
+		v, recorded, err := recordedVersion(u)
+		if !recorded {
+			return err
 		}
-		v, err := strconv.ParseInt(ann[kube.AnnVersion], 10, 64)
-		if err != nil || v < 1 {
-			return fmt.Errorf("BackupSeries %s/%s: annotation %s=%q is not a version number", u.GetNamespace(), u.GetName(), kube.AnnVersion, ann[kube.AnnVersion])
-		}
-		ns, series, version, hint = u.GetNamespace(), u.GetName(), v, ann[kube.AnnWorker]
+		ns, series, version, hint = u.GetNamespace(), u.GetName(), v, u.GetAnnotations()[kube.AnnWorker]
 	case "DataUpload":
 		mover, _, _ := unstructured.NestedString(u.Object, "spec", "datamover")
 		id, _, _ := unstructured.NestedString(u.Object, "status", "snapshotID")

@@ -120,14 +120,16 @@ func (a *PVCRestore) restoreSeries(u, from *unstructured.Unstructured, restore *
 	}
 	u.SetAnnotations(a2)
 	out := velero.NewRestoreItemActionExecuteOutput(u)
-	ann := from.GetAnnotations()
-	v, claim := ann[kube.AnnVersion], ann[kube.AnnPVC]
-	if v == "" || claim == "" {
+	claim := from.GetAnnotations()[kube.AnnPVC]
+	if claim == "" {
 		return out, nil
 	}
-	version, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || version < 1 {
-		return nil, fmt.Errorf("BackupSeries %s/%s: annotation %s=%q is not a version number", from.GetNamespace(), from.GetName(), kube.AnnVersion, v)
+	version, recorded, err := recordedVersion(from)
+	if err != nil {
+		return nil, err
+	}
+	if !recorded {
+		return out, nil
 	}
 	if err := mapped("BackupSeries", u, from, from.GetName()); err != nil {
 		return nil, err
