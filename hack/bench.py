@@ -13,11 +13,13 @@
    mark-and-sweep).
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
-Options: --quick (fewer runs, no sweeps) for a smoke test.
+Options: --quick (fewer runs, no sweeps) for a smoke test; --only STEP,... runs some
+steps (criterion, throughput, chunk-sizes, schemes, expire) and keeps the others' results.
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,6 +51,14 @@ def timed(*args):
     t = time.perf_counter()
     rv(*args)
     return time.perf_counter() - t
+
+
+def timed_cpu(*args):
+    """Wall seconds and CPU seconds (user + system) of one revault run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = timed(*args)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def criterion():
@@ -89,7 +99,7 @@ def throughput(name, tars, runs):
     and warm restores of the latest version, per mode."""
     res = {}
     logical = tars[-1].stat().st_size
-    for mode, extra in (("segment", []), ("chunk", []), ("segment-rev", [])):
+    for mode in ("segment", "chunk", "segment-rev"):
         unit = "chunk" if mode == "chunk" else "segment"
         base = WORK / f"tp-{mode}"
         shutil.rmtree(base, ignore_errors=True)
@@ -100,12 +110,15 @@ def throughput(name, tars, runs):
         for t in tars[:-1]:
             rv("backup", "--store", base, "--series", series, "--unit", unit, t, "--json")
         backup_s = []
+        backup_cpu_s = []
         for i in range(runs):
             trial = WORK / f"tp-{mode}-trial"
             shutil.rmtree(trial, ignore_errors=True)
             shutil.copytree(base, trial)
             subprocess.run(["sync"])
-            backup_s.append(timed("backup", "--store", trial, "--series", series, tars[-1], "--json"))
+            wall, cpu = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
+            backup_s.append(wall)
+            backup_cpu_s.append(cpu)
         last = WORK / f"tp-{mode}-trial"
         restore_s = []
         reports = []
@@ -119,6 +132,9 @@ def throughput(name, tars, runs):
         res[mode] = {
             "backup_mb_s": logical / 1e6 / statistics.median(backup_s),
             "backup_runs_s": backup_s,
+            # CPU seconds per wall second of the backup: how well its stages overlap.
+            "backup_cores_used": statistics.median(c / w for c, w in zip(backup_cpu_s, backup_s)),
+            "backup_cpu_s": statistics.median(backup_cpu_s),
             "restore_mb_s": logical / 1e6 / statistics.median(restore_s),
             "restore_runs_s": restore_s,
             "restore_engine_mb_s": statistics.median(r["logical_bytes"] / 1e6 / r["seconds"] for r in reports),
@@ -129,6 +145,28 @@ def throughput(name, tars, runs):
         log(f"{name} {mode}: backup {res[mode]['backup_mb_s']:.0f} MB/s, restore {res[mode]['restore_mb_s']:.0f} MB/s")
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(last, ignore_errors=True)
+    return res
+
+
+def chunk_sizes(tars, kibs=(2, 8)):
+    """Stored bytes of exact chunk dedup and of segment-rev (after every
+    slide) at several average chunk sizes (`revault init --chunk-kib`)."""
+    res = {}
+    for kib in kibs:
+        for mode in ("chunk", "segment-rev"):
+            store = WORK / f"cs-{kib}-{mode}"
+            shutil.rmtree(store, ignore_errors=True)
+            rv("init", "--store", store, "--chunk-kib", kib, "--json")
+            series = "bench/cs"
+            if mode == "segment-rev":
+                rv("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
+            unit = "chunk" if mode == "chunk" else "segment"
+            for t in tars:
+                rv("backup", "--store", store, "--series", series, "--unit", unit, t, "--json")
+            st = rv("stats", "--store", store, "--json")
+            res[f"{kib}KiB/{mode}"] = {"dedup_ratio": st["dedup_ratio"], "total_ratio": st["total_ratio"]}
+            log(f"chunk {kib} KiB {mode}: dedup {st['dedup_ratio']:.2f}x, with compression {st['total_ratio']:.2f}x")
+            shutil.rmtree(store, ignore_errors=True)
     return res
 
 
@@ -143,35 +181,54 @@ def schemes(name, series_dir, quick):
     return str(out.relative_to(ROOT))
 
 
+STEPS = ("criterion", "throughput", "chunk-sizes", "schemes", "expire")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default=",".join(STEPS),
+                    help=f"comma-separated steps to run ({', '.join(STEPS)}); "
+                         "their results replace those in docs/bench/results.json")
     args = ap.parse_args()
+    steps = args.only.split(",")
+    unknown = [x for x in steps if x not in STEPS]
+    if unknown:
+        sys.exit(f"bench: unknown step(s) {', '.join(unknown)}; expected some of {', '.join(STEPS)}")
     OUT.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    results = {"machine": os.uname().nodename, "cores": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}
-    results["criterion_gb_s"] = criterion()
+    results_file = OUT / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    results.update({"machine": os.uname().nodename, "cores": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M"),
+                    "load_average": os.getloadavg()})
+    if "criterion" in steps:
+        results["criterion_gb_s"] = criterion()
     name, tars = dataset()
     results["dataset"] = name
-    results["throughput"] = throughput(name, tars, 2 if args.quick else 5)
-    results["schemes"] = {name: schemes(name, tars[0].parent, args.quick)}
-    # A 20-version synthetic series in the style of RevDedup's SG1.
-    syn20 = CACHE / "datasets" / "synthetic-20"
-    if not (syn20 / ".complete").exists():
-        shutil.rmtree(syn20, ignore_errors=True)
-        rv("gen-series", "--out", syn20, "--versions", 20, "--initial-mib", 64, capture=False)
-        (syn20 / ".complete").touch()
-    if not args.quick:
-        results["schemes"]["synthetic-20"] = schemes("synthetic-20", syn20, False)
-    log("expiry cost as the store grows")
-    exp = OUT / "expire"
-    shutil.rmtree(exp, ignore_errors=True)
-    rv("bench", "expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
-    results["expire"] = str(exp.relative_to(ROOT))
-    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    if "throughput" in steps:
+        results["throughput"] = throughput(name, tars, 2 if args.quick else 5)
+    if "chunk-sizes" in steps:
+        results["chunk_sizes"] = chunk_sizes(tars)
+    if "schemes" in steps:
+        results["schemes"] = {name: schemes(name, tars[0].parent, args.quick)}
+        # A 20-version synthetic series in the style of RevDedup's SG1.
+        syn20 = CACHE / "datasets" / "synthetic-20"
+        if not (syn20 / ".complete").exists():
+            shutil.rmtree(syn20, ignore_errors=True)
+            rv("gen-series", "--out", syn20, "--versions", 20, "--initial-mib", 64, capture=False)
+            (syn20 / ".complete").touch()
+        if not args.quick:
+            results["schemes"]["synthetic-20"] = schemes("synthetic-20", syn20, False)
+    if "expire" in steps:
+        log("expiry cost as the store grows")
+        exp = OUT / "expire"
+        shutil.rmtree(exp, ignore_errors=True)
+        rv("bench", "expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
+        results["expire"] = str(exp.relative_to(ROOT))
+    results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
-    log(f"wrote {OUT}/results.json")
-    print(json.dumps({k: results[k] for k in ("criterion_gb_s", "throughput")}, indent=2))
+    log(f"wrote {results_file}")
+    print(json.dumps({k: results[k] for k in ("criterion_gb_s", "throughput", "chunk_sizes") if k in results}, indent=2))
 
 
 if __name__ == "__main__":
