@@ -292,7 +292,6 @@ impl Store {
                 }
             }
         }
-        drop(pin_state);
         drop(zombies);
         for (id, r) in &now {
             if !freed.contains(id) {
@@ -357,6 +356,11 @@ impl Store {
             b.delete(CF_SESSIONS, &s.to_be_bytes());
         }
         meta.write(b, true)?;
+        // Held from the pin check to here: a backup that pinned a unit after
+        // the check must, when it reads the unit again, see it gone. Released
+        // before the write, a backup could pin and re-read a unit this batch
+        // was about to delete, and reference it (tests/concurrent.rs).
+        drop(pin_state);
 
         // Durable: now the files can go, once no reader that started before
         // this commit can still need them.
