@@ -206,10 +206,22 @@ impl Store {
         let mut now: HashMap<u64, Refs> = HashMap::new();
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
+        // One batched read for the counts of every existing unit touched (a
+        // backup touches one per distinct chunk or segment it references).
+        let old_ids: Vec<u64> = ids
+            .iter()
+            .map(|(id, _)| **id)
+            .filter(|id| !new_units.contains_key(id))
+            .collect();
+        let old_refs: HashMap<u64, Refs> = old_ids
+            .iter()
+            .copied()
+            .zip(meta.refs_many(&old_ids)?)
+            .collect();
         for (&id, d) in ids {
             let cur = match new_units.get(&id) {
                 Some((_, r)) => *r,
-                None => meta.refs(id)?,
+                None => old_refs[&id],
             };
             let v = [
                 i64::from(cur.live) + d[0],

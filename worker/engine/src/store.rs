@@ -336,6 +336,58 @@ impl Store {
         Ok(None)
     }
 
+    /// [`Store::lookup_pin`] for many fingerprints at once, with batched reads
+    /// (a chunk-mode backup looks up every chunk; one read per key was half of
+    /// its dedup stage). Every usable copy of each fingerprint is pinned, the
+    /// same way: pinned first, then read again to check it still exists. The
+    /// ids of everything pinned are appended to `pinned` for the caller to
+    /// unpin when it is done; the candidates of each fingerprint come newest
+    /// first, and an empty list means no usable copy.
+    pub(crate) fn lookup_pin_many(
+        &self,
+        kind: DedupUnit,
+        fps: &[Fp],
+        pinned: &mut Vec<u64>,
+    ) -> Result<HashMap<Fp, Vec<(u64, UnitRecord)>>> {
+        let copies = self.meta.index_copies_many(kind, fps)?;
+        let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let usable: Vec<u64> = ids
+            .iter()
+            .zip(self.meta.units_many(&ids)?)
+            .filter(|(_, u)| u.as_ref().is_some_and(|u| !u.trimmed))
+            .map(|(id, _)| *id)
+            .collect();
+        let start = pinned.len();
+        {
+            let mut p = self.pins.lock();
+            for id in usable {
+                if !p.doomed.contains(&id) {
+                    *p.pins.entry(id).or_default() += 1;
+                    pinned.push(id);
+                }
+            }
+        }
+        let held = &pinned[start..];
+        let verified: HashMap<u64, UnitRecord> = held
+            .iter()
+            .zip(self.meta.units_many(held)?)
+            .filter_map(|(id, u)| u.filter(|u| !u.trimmed).map(|u| (*id, u)))
+            .collect();
+        Ok(fps
+            .iter()
+            .zip(copies)
+            .map(|(fp, ids)| {
+                let cands = ids
+                    .iter()
+                    .filter_map(|id| verified.get(id).map(|u| (*id, u.clone())))
+                    .collect();
+                (*fp, cands)
+            })
+            .collect())
+    }
+
     /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
     pub(crate) fn try_doom(&self, id: u64) -> bool {
         let mut p = self.pins.lock();
