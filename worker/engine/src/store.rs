@@ -292,58 +292,19 @@ impl Store {
         })
     }
 
-    /// Finds the copies new data with fingerprint `fp` may dedup to, lets
-    /// `choose` pick one, and pins it. Only complete units that no slide or gc
-    /// is about to trim or free are offered.
+    /// Finds the copies new data with these fingerprints may dedup to and
+    /// pins every one of them: only complete units that no slide or gc is
+    /// about to trim or free are offered. The ids of everything pinned are
+    /// appended to `pinned` for the caller to unpin when it is done; each
+    /// fingerprint's candidates come newest first, and an empty list means no
+    /// usable copy.
     ///
-    /// No lock is held while reading: the chosen unit is pinned first (a commit
-    /// never frees a pinned unit) and then checked to still exist, which also
-    /// covers a commit that freed it between the read and the pin.
+    /// No lock is held while reading: the copies are pinned first (a commit
+    /// never frees a pinned unit) and then read again, which covers a commit
+    /// that freed one between the first read and the pin. Reads are batched
+    /// (a chunk-mode backup looks up a whole buffer's chunks at once; one read
+    /// per key was half of its dedup stage).
     pub(crate) fn lookup_pin(
-        &self,
-        kind: DedupUnit,
-        fp: &Fp,
-        choose: impl Fn(&[(u64, UnitRecord)]) -> usize,
-    ) -> Result<Option<(u64, UnitRecord)>> {
-        let ids = self.meta.index_copies(kind, fp)?;
-        let mut cands = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(u) = self.meta.unit(id)? {
-                if !u.trimmed {
-                    cands.push((id, u));
-                }
-            }
-        }
-        while !cands.is_empty() {
-            let i = choose(&cands).min(cands.len() - 1);
-            let id = cands[i].0;
-            {
-                let mut p = self.pins.lock();
-                if p.doomed.contains(&id) {
-                    cands.swap_remove(i);
-                    continue;
-                }
-                *p.pins.entry(id).or_default() += 1;
-            }
-            match self.meta.unit(id)? {
-                Some(u) if !u.trimmed => return Ok(Some((id, u))),
-                _ => {
-                    self.unpin([id]);
-                    cands.swap_remove(i);
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// [`Store::lookup_pin`] for many fingerprints at once, with batched reads
-    /// (a chunk-mode backup looks up every chunk; one read per key was half of
-    /// its dedup stage). Every usable copy of each fingerprint is pinned, the
-    /// same way: pinned first, then read again to check it still exists. The
-    /// ids of everything pinned are appended to `pinned` for the caller to
-    /// unpin when it is done; the candidates of each fingerprint come newest
-    /// first, and an empty list means no usable copy.
-    pub(crate) fn lookup_pin_many(
         &self,
         kind: DedupUnit,
         fps: &[Fp],
