@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/revault-io/revault/e2e/internal/toolresult"
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
 
@@ -104,9 +105,9 @@ func seriesSpecs() {
 		const series, src = "data", "src"
 		var (
 			ns         string
-			gen        genResult
-			mut        mutateResult
-			sum1, sum2 sumResult
+			gen        toolresult.Gen
+			mut        toolresult.Mutate
+			sum1, sum2 toolresult.Sum
 			v1, v2     backupv1alpha1.BackupVersion
 			node       string
 		)
@@ -172,14 +173,9 @@ func seriesSpecs() {
 		})
 
 		It("4. restores version 1 and latest into new PVCs byte-exact", func() {
-			rj := restoreInto(ns, "restore-v1", series, "1", "restore-v1")
-			expectRestoreSucceeded(rj, 1)
+			rj := expectRestore(ns, "restore-v1", series, "1", 1, sum1, "version 1")
 			Expect(rj.Status.TotalBytes).To(Equal(v1.LogicalBytes))
-			expectSameTree(sumTree(ns, "restore-v1"), sum1, "version 1")
-
-			rj = restoreInto(ns, "restore-latest", series, "latest", "restore-latest")
-			expectRestoreSucceeded(rj, 2)
-			expectSameTree(sumTree(ns, "restore-latest"), sum2, "latest (version 2)")
+			expectRestore(ns, "restore-latest", series, "latest", 2, sum2, "latest (version 2)")
 		})
 
 		It("5. a RetentionPolicy with keepVersions 1 removes version 1 and the worker's stored bytes drop", func() {
@@ -221,9 +217,7 @@ func seriesSpecs() {
 			Expect(before - after).To(BeNumerically(">=", mut.RewrittenBytes*9/10))
 
 			By("the kept version still restores byte-exact after the slide and expiry")
-			rj := restoreInto(ns, "restore-after-retention", series, "latest", "restore-after-retention")
-			expectRestoreSucceeded(rj, 2)
-			expectSameTree(sumTree(ns, "restore-after-retention"), sum2, "version 2 after retention")
+			expectRestore(ns, "restore-after-retention", series, "latest", 2, sum2, "version 2 after retention")
 		})
 	})
 }
@@ -324,7 +318,7 @@ func workerKillSpecs() {
 		const series, src = "big", "src"
 		var (
 			ns   string
-			sum0 sumResult
+			sum0 toolresult.Sum
 			node string
 		)
 		BeforeAll(func() {
@@ -359,10 +353,7 @@ func workerKillSpecs() {
 				}}},
 			}
 			Expect(k.Create(ctx, lr)).To(Succeed())
-			bs := getSeries(ns, series)
-			patch := client.MergeFrom(bs.DeepCopy())
-			bs.Annotations = map[string]string{backupv1alpha1.BackupNowAnnotation: "killed"}
-			Expect(k.Patch(ctx, bs, patch)).To(Succeed())
+			requestBackup(ns, series, "killed")
 
 			By("waiting until the worker receives the backup stream")
 			Eventually(func(g Gomega) {
@@ -380,7 +371,7 @@ func workerKillSpecs() {
 			}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
 
 			By("the Job retries and the series ends with exactly one complete version")
-			bs = waitVersion(ns, series, 1)
+			bs := waitVersion(ns, series, 1)
 			Expect(bs.Status.VersionCount).To(Equal(int32(1)), "the interrupted attempt must leave no version")
 			Expect(version(bs, 1).LogicalBytes).To(Equal(sum0.Bytes))
 			Expect(bs.Status.Worker.Pod).NotTo(Equal(old.Name))
@@ -407,9 +398,7 @@ func workerKillSpecs() {
 			GinkgoWriter.Printf("failed attempt: %s\n", strings.Join(messages, " | "))
 
 			By("restoring the version byte-exact")
-			rj := restoreInto(ns, "restore", series, "latest", "restore")
-			expectRestoreSucceeded(rj, 1)
-			expectSameTree(sumTree(ns, "restore"), sum0, "version 1 after the kill")
+			expectRestore(ns, "restore", series, "latest", 1, sum0, "version 1 after the kill")
 		})
 	})
 }
@@ -491,7 +480,7 @@ func deletionSpecs() {
 		It("removes every version and frees its bytes on the worker", func() {
 			w := bs.Status.Worker
 			path := "/v1/series/" + ns + "/" + series
-			probe := func() []apiCall { return workerAPI(ns, w.Endpoint, "GET "+path, "GET "+path+"/versions/1") }
+			probe := func() []toolresult.APICall { return workerAPI(ns, w.Endpoint, "GET "+path, "GET "+path+"/versions/1") }
 			calls := probe()
 			Expect(calls[0].Status).To(Equal(200), "before: %s", calls[0].Body)
 			Expect(calls[0].Body).To(ContainSubstring(`"versions":1`))

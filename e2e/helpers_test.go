@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/revault-io/revault/e2e/internal/toolresult"
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
 
@@ -147,13 +148,13 @@ func withToken(pod *corev1.Pod) *corev1.Pod {
 
 // workerAPI calls a worker's API from a pod in ns with that namespace's token (e2e-tool api)
 // and returns one answer per request.
-func workerAPI(ns, endpoint string, reqs ...string) []apiCall {
+func workerAPI(ns, endpoint string, reqs ...string) []toolresult.APICall {
 	GinkgoHelper()
 	args := []string{"api", "-server", endpoint}
 	for _, r := range reqs {
 		args = append(args, "-req", r)
 	}
-	var calls []apiCall
+	var calls []toolresult.APICall
 	tool(withToken(toolPod(ns, podName("api"), "", args...)), &calls)
 	Expect(calls).To(HaveLen(len(reqs)))
 	return calls
@@ -167,7 +168,7 @@ func tool(pod *corev1.Pod, out any) {
 	sc := bufio.NewScanner(strings.NewReader(logs))
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "RESULT: "); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), toolresult.Prefix); ok {
 			Expect(json.Unmarshal([]byte(rest), out)).To(Succeed())
 			return
 		}
@@ -180,31 +181,6 @@ var podSeq int
 
 func podName(what string) string { podSeq++; return fmt.Sprintf("%s-%d", what, podSeq) }
 
-type genResult struct {
-	Files int   `json:"files"`
-	Bytes int64 `json:"bytes"`
-}
-
-type mutateResult struct {
-	Rewritten      []string `json:"rewritten"`
-	RewrittenBytes int64    `json:"rewrittenBytes"`
-	AddedBytes     int64    `json:"addedBytes"`
-}
-
-type sumResult struct {
-	Entries int      `json:"entries"`
-	Bytes   int64    `json:"bytes"`
-	Digest  string   `json:"digest"`
-	Lines   []string `json:"lines"`
-}
-
-type apiCall struct {
-	Request string `json:"request"`
-	Status  int    `json:"status"`
-	Code    string `json:"code"`
-	Body    string `json:"body"`
-}
-
 // runSeed is the e2e-tool seed for contents number n of this run. Workers deduplicate against
 // everything they hold, so contents an earlier run left on a kept cluster (KEEP=1) would not be
 // stored again and the stored-bytes checks would fail: every run gets contents of its own.
@@ -216,9 +192,9 @@ func runSeed(n int) string {
 
 // genTree fills claim with a generated tree: `files` random files of `bytes` in total plus
 // the special entries of e2e-tool gen, with contents from runSeed(seed).
-func genTree(ns, claim string, seed, files int, bytes int64) genResult {
+func genTree(ns, claim string, seed, files int, bytes int64) toolresult.Gen {
 	GinkgoHelper()
-	var r genResult
+	var r toolresult.Gen
 	tool(toolPod(ns, podName("gen"), claim, "gen", "-dir", "/data", "-seed", runSeed(seed),
 		"-files", strconv.Itoa(files), "-bytes", strconv.FormatInt(bytes, 10)), &r)
 	return r
@@ -226,16 +202,16 @@ func genTree(ns, claim string, seed, files int, bytes int64) genResult {
 
 // sumTree is the checker: the manifest (type, mode, owner, size, mtime, SHA-256) of every
 // entry of claim.
-func sumTree(ns, claim string) sumResult {
+func sumTree(ns, claim string) toolresult.Sum {
 	GinkgoHelper()
-	var r sumResult
+	var r toolresult.Sum
 	tool(toolPod(ns, podName("sum"), claim, "sum", "-dir", "/data"), &r)
 	Expect(r.Entries).To(BeNumerically(">", 0), "empty tree in %s/%s", ns, claim)
 	return r
 }
 
 // expectSameTree fails with the differing entries when two manifests differ.
-func expectSameTree(got, want sumResult, what string) {
+func expectSameTree(got, want toolresult.Sum, what string) {
 	GinkgoHelper()
 	if got.Digest == want.Digest {
 		return
@@ -288,9 +264,8 @@ func waitSeriesReady(ns, name string) *backupv1alpha1.BackupSeries {
 	return bs
 }
 
-// backupNow asks for an on-demand backup (a new annotation value) and waits until the series
-// reports version `want` and no backup runs; it returns the series then.
-func backupNow(ns, name, request string, want int64) *backupv1alpha1.BackupSeries {
+// requestBackup asks for an on-demand backup: a new value of the backup-now annotation.
+func requestBackup(ns, name, request string) {
 	GinkgoHelper()
 	bs := getSeries(ns, name)
 	patch := client.MergeFrom(bs.DeepCopy())
@@ -299,6 +274,13 @@ func backupNow(ns, name, request string, want int64) *backupv1alpha1.BackupSerie
 	}
 	bs.Annotations[backupv1alpha1.BackupNowAnnotation] = request
 	Expect(k.Patch(ctx, bs, patch)).To(Succeed())
+}
+
+// backupNow asks for an on-demand backup and waits until the series reports version `want` and
+// no backup runs; it returns the series then.
+func backupNow(ns, name, request string, want int64) *backupv1alpha1.BackupSeries {
+	GinkgoHelper()
+	requestBackup(ns, name, request)
 	return waitVersion(ns, name, want)
 }
 
@@ -334,20 +316,25 @@ func versionNumbers(bs *backupv1alpha1.BackupSeries) []int64 {
 	return ns
 }
 
-// restoreInto runs a RestoreJob of series@version into a new PVC and waits for its end.
-func restoreInto(ns, name, series, version, claim string) *backupv1alpha1.RestoreJob {
+// expectRestore runs a RestoreJob `name` of series@version into a new PVC of the same name,
+// waits for its end, and expects it to have restored version `want` into a tree the same as sum
+// (what names the tree in a failure). It returns the RestoreJob.
+func expectRestore(ns, name, series, version string, want int64, sum toolresult.Sum, what string) *backupv1alpha1.RestoreJob {
 	GinkgoHelper()
-	createPVC(ns, claim)
+	createPVC(ns, name)
 	rj := &backupv1alpha1.RestoreJob{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: backupv1alpha1.RestoreJobSpec{
 			SeriesRef: backupv1alpha1.LocalObjectReference{Name: series},
 			Version:   version,
-			TargetPVC: backupv1alpha1.PVCTarget{ClaimName: claim},
+			TargetPVC: backupv1alpha1.PVCTarget{ClaimName: name},
 		},
 	}
 	Expect(k.Create(ctx, rj)).To(Succeed())
-	return waitRestoreDone(ns, name)
+	rj = waitRestoreDone(ns, name)
+	expectRestoreSucceeded(rj, want)
+	expectSameTree(sumTree(ns, name), sum, what)
+	return rj
 }
 
 func waitRestoreDone(ns, name string) *backupv1alpha1.RestoreJob {

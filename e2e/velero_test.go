@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/revault-io/revault/e2e/internal/toolresult"
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
 
@@ -95,12 +96,29 @@ func veleroBackup(name, ns string) {
 	out, err := velero(15*time.Minute, "backup", "create", name, "--include-namespaces", ns,
 		"--snapshot-volumes=false", "--wait")
 	Expect(err).NotTo(HaveOccurred(), out)
-	b, err := veleroObject(veleroBackupGVK, name)
+	expectVeleroCompleted(veleroBackupGVK, name, "backup")
+}
+
+// veleroRestore runs `velero restore create NAME --from-backup BACKUP --wait` and checks the
+// restore completed with the one Revault operation (the PVC's restore) done.
+func veleroRestore(name, backup string) {
+	GinkgoHelper()
+	out, err := velero(15*time.Minute, "restore", "create", name, "--from-backup", backup, "--wait")
+	Expect(err).NotTo(HaveOccurred(), out)
+	expectVeleroCompleted(veleroRestoreGVK, name, "restore")
+}
+
+// expectVeleroCompleted checks that the Velero Backup or Restore (op "backup" or "restore") name
+// completed without errors, with exactly one item operation (the PVC's, by the Revault plugin)
+// attempted and completed.
+func expectVeleroCompleted(gvk schema.GroupVersionKind, name, op string) {
+	GinkgoHelper()
+	u, err := veleroObject(gvk, name)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(nestedString(b, "status", "phase")).To(Equal("Completed"), "backup status: %v", b.Object["status"])
-	Expect(nestedInt(b, "status", "backupItemOperationsAttempted")).To(BeEquivalentTo(1), "the PVC's Revault backup")
-	Expect(nestedInt(b, "status", "backupItemOperationsCompleted")).To(BeEquivalentTo(1))
-	Expect(nestedInt(b, "status", "errors")).To(BeZero())
+	Expect(nestedString(u, "status", "phase")).To(Equal("Completed"), "%s status: %v", op, u.Object["status"])
+	Expect(nestedInt(u, "status", op+"ItemOperationsAttempted")).To(BeEquivalentTo(1), "the PVC's Revault "+op)
+	Expect(nestedInt(u, "status", op+"ItemOperationsCompleted")).To(BeEquivalentTo(1))
+	Expect(nestedInt(u, "status", "errors")).To(BeZero())
 }
 
 // pauseImage is the pod sandbox image every node has (kubelet needs it): a workload that only
@@ -125,7 +143,7 @@ func pauseImage() string {
 var _ = Describe("10. Velero with the Revault plugin", Ordered, func() {
 	var (
 		app, bucket, backupName, againName, restoreName string
-		want                                            sumResult
+		want                                            toolresult.Sum
 		bsl                                             *backupv1alpha1.BackupSeries
 		afterFirst                                      bucketSummary
 	)
@@ -328,14 +346,7 @@ var _ = Describe("10. Velero with the Revault plugin", Ordered, func() {
 		}).WithTimeout(podTimeout).WithPolling(poll).Should(BeTrue())
 
 		By("velero restore create --from-backup " + backupName)
-		out, err := velero(15*time.Minute, "restore", "create", restoreName, "--from-backup", backupName, "--wait")
-		Expect(err).NotTo(HaveOccurred(), out)
-		r, err := veleroObject(veleroRestoreGVK, restoreName)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(nestedString(r, "status", "phase")).To(Equal("Completed"), "restore status: %v", r.Object["status"])
-		Expect(nestedInt(r, "status", "restoreItemOperationsAttempted")).To(BeEquivalentTo(1), "the PVC's Revault restore")
-		Expect(nestedInt(r, "status", "restoreItemOperationsCompleted")).To(BeEquivalentTo(1))
-		Expect(nestedInt(r, "status", "errors")).To(BeZero())
+		veleroRestore(restoreName, backupName)
 
 		By("a RestoreJob put version 1 back into the recreated PVC")
 		var rjs backupv1alpha1.RestoreJobList

@@ -1,7 +1,7 @@
 // Command e2e-tool is what the e2e suite runs inside the cluster (image revault.local/e2e-tool):
 // it fills a volume with a generated file tree, changes part of it, checksums a tree, and calls
 // the worker API with a namespace's token. Every command prints its result as one JSON line
-// prefixed with "RESULT: " (the suite reads it from the pod's log).
+// prefixed with "RESULT: " (package toolresult; the suite reads it from the pod's log).
 //
 //	e2e-tool gen    -dir D -seed N -files N -bytes B   generate a tree (random file contents)
 //	e2e-tool mutate -dir D -seed N -rewrite K -add B   rewrite K files, add one, delete one
@@ -27,6 +27,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/revault-io/revault/e2e/internal/toolresult"
 )
 
 func main() {
@@ -54,7 +56,7 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	fmt.Printf("RESULT: %s\n", b)
+	fmt.Printf("%s%s\n", toolresult.Prefix, b)
 }
 
 func fatal(err error) {
@@ -86,11 +88,6 @@ func writeRandom(path string, n int64, seed, salt uint64, mode os.FileMode) erro
 	return f.Close()
 }
 
-type genResult struct {
-	Files int   `json:"files"`
-	Bytes int64 `json:"bytes"` // content bytes of all regular files
-}
-
 // gen writes a tree under dir: `files` random files spread over nested directories with sizes
 // summing to about `bytes`, plus what a restore must get right besides contents: an empty
 // file, an empty directory, a compressible text file, a relative symlink, an executable, a
@@ -106,7 +103,7 @@ func gen(args []string) (any, error) {
 	// -bytes only, so a tree's layout (and how much a mutate changes) is the same whatever the
 	// seed of its contents.
 	r := rand.New(rand.NewPCG(0x1a7, 0x5eed))
-	res := genResult{}
+	res := toolresult.Gen{}
 	w := make([]float64, *files)
 	sumW := 0.0
 	for i := range w {
@@ -174,13 +171,6 @@ func gen(args []string) (any, error) {
 	return res, nil
 }
 
-type mutateResult struct {
-	Rewritten      []string `json:"rewritten"`
-	RewrittenBytes int64    `json:"rewrittenBytes"`
-	AddedBytes     int64    `json:"addedBytes"`
-	Removed        string   `json:"removed"`
-}
-
 // mutate changes part of a tree made by gen: the first `rewrite` random files (in path order)
 // get new random contents of the same size, one new random file of `add` bytes appears, and the
 // empty file is deleted.
@@ -205,7 +195,7 @@ func mutate(args []string) (any, error) {
 	if len(bins) < *rewrite {
 		return nil, fmt.Errorf("only %d files to rewrite", len(bins))
 	}
-	res := mutateResult{}
+	res := toolresult.Mutate{}
 	for i, p := range bins[:*rewrite] {
 		st, err := os.Stat(p)
 		if err != nil {
@@ -229,13 +219,6 @@ func mutate(args []string) (any, error) {
 	return res, nil
 }
 
-type sumResult struct {
-	Entries int      `json:"entries"`
-	Bytes   int64    `json:"bytes"`
-	Digest  string   `json:"digest"`
-	Lines   []string `json:"lines"`
-}
-
 // sum describes every entry below dir (not dir itself) as one line: type, path, permission
 // bits, owner, and for files size, mtime and SHA-256 of the contents, for symlinks the target.
 // Directory mtimes are left out (creating entries changes them). Digest covers all lines.
@@ -243,7 +226,7 @@ func sum(args []string) (any, error) {
 	fl := flag.NewFlagSet("sum", flag.ExitOnError)
 	dir := fl.String("dir", "/data", "tree")
 	_ = fl.Parse(args)
-	res := sumResult{}
+	res := toolresult.Sum{}
 	err := filepath.WalkDir(*dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == *dir {
 			return err
@@ -305,13 +288,6 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-type apiCall struct {
-	Request string `json:"request"`
-	Status  int    `json:"status"`
-	Code    string `json:"code,omitempty"`
-	Body    string `json:"body"`
-}
-
 // api sends each request ("METHOD PATH") to the worker with the token from token-file and
 // records the status, the error code of a JSON error body, and the start of the body. PUT and
 // POST send a small octet-stream body.
@@ -328,7 +304,7 @@ func api(args []string) (any, error) {
 	}
 	token := strings.TrimSpace(string(tok))
 	cl := &http.Client{Timeout: 60 * time.Second}
-	var out []apiCall
+	var out []toolresult.APICall
 	for _, r := range reqs {
 		method, path, ok := strings.Cut(r, " ")
 		if !ok {
@@ -352,7 +328,7 @@ func api(args []string) (any, error) {
 		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		call := apiCall{Request: r, Status: resp.StatusCode, Body: string(b)}
+		call := toolresult.APICall{Request: r, Status: resp.StatusCode, Body: string(b)}
 		var e struct {
 			Code string `json:"code"`
 		}

@@ -345,21 +345,33 @@ func (r *BackupSeriesReconciler) reconcileCronJob(ctx context.Context, bs *backu
 	return nil
 }
 
-// observeJobs counts the running backup Jobs of a series and records the newest finished one.
-func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries, cs conditionSetter) (int, error) {
+// backupJobs lists the backup Jobs of a series: those of its label value that name it in full
+// (label values are capped, so two long names may share one).
+func (r *BackupSeriesReconciler) backupJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries) ([]*batchv1.Job, error) {
 	var jobs batchv1.JobList
 	if err := r.List(ctx, &jobs, client.InNamespace(bs.Namespace),
 		client.MatchingLabels{plan.LabelComponent: plan.ComponentBackup, plan.LabelSeries: plan.LabelValue(bs.Name)}); err != nil {
+		return nil, err
+	}
+	var out []*batchv1.Job
+	for i := range jobs.Items {
+		if j := &jobs.Items[i]; j.Annotations[plan.AnnotationSeries] == bs.Name {
+			out = append(out, j)
+		}
+	}
+	return out, nil
+}
+
+// observeJobs counts the running backup Jobs of a series and records the newest finished one.
+func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries, cs conditionSetter) (int, error) {
+	jobs, err := r.backupJobs(ctx, bs)
+	if err != nil {
 		return 0, err
 	}
 	active := 0
 	var newest *batchv1.Job
 	var newestRes jobResult
-	for i := range jobs.Items {
-		j := &jobs.Items[i]
-		if j.Annotations[plan.AnnotationSeries] != bs.Name {
-			continue
-		}
+	for _, j := range jobs {
 		res := jobFinished(j)
 		if !res.done {
 			if j.DeletionTimestamp == nil {
@@ -375,10 +387,9 @@ func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1al
 	if newest != nil && (st.LastJob == nil || st.LastJob.Name != newest.Name || st.LastJob.Succeeded != newestRes.succeeded) {
 		ref := &backupv1alpha1.JobRef{Name: newest.Name, Succeeded: newestRes.succeeded, CompletionTime: &metav1.Time{Time: newestRes.at}}
 		if !newestRes.succeeded {
-			ref.Message = newestRes.message
-			if out, err := jobOutput(ctx, r.Client, r.PodOutput, newest); err == nil && out.Error != "" {
-				ref.Message = out.Error
-			}
+			// On an error reading the output, out is empty and the Job's condition is the message.
+			out, _ := jobOutput(ctx, r.Client, r.PodOutput, newest)
+			ref.Message = newestRes.failure(out)
 		}
 		st.LastJob = ref
 	}
@@ -428,10 +439,8 @@ func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, bs *backupv
 		res := jobFinished(job)
 		if !res.done {
 			if st.Worker != nil {
-				if api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node); err == nil {
-					if p, err := api.BackupProgress(ctx, bs.Namespace, bs.Name); err == nil && p.Running {
-						e.LogicalBytes = p.LogicalBytes
-					}
+				if n, ok := r.Workers.RunningBackupBytes(ctx, st.Worker, bs.Namespace, bs.Name); ok {
+					e.LogicalBytes = n
 				}
 			}
 			continue
@@ -446,10 +455,7 @@ func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, bs *backupv
 		at := metav1.NewTime(res.at)
 		e.CompletionTime = &at
 		if !res.succeeded {
-			e.Phase, e.Message = backupv1alpha1.BackupNowFailed, res.message
-			if out.Error != "" {
-				e.Message = out.Error
-			}
+			e.Phase, e.Message = backupv1alpha1.BackupNowFailed, res.failure(out)
 			continue
 		}
 		e.Phase = backupv1alpha1.BackupNowSucceeded
@@ -588,14 +594,12 @@ func (r *BackupSeriesReconciler) finalize(ctx context.Context, bs *backupv1alpha
 		if err := r.reconcileCronJob(ctx, bs, st.Worker.Endpoint, false); err != nil {
 			return ctrl.Result{}, err
 		}
-		var jobs batchv1.JobList
-		if err := r.List(ctx, &jobs, client.InNamespace(bs.Namespace),
-			client.MatchingLabels{plan.LabelComponent: plan.ComponentBackup, plan.LabelSeries: plan.LabelValue(bs.Name)}); err != nil {
+		jobs, err := r.backupJobs(ctx, bs)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
-		for i := range jobs.Items {
-			j := &jobs.Items[i]
-			if j.Annotations[plan.AnnotationSeries] == bs.Name && !jobFinished(j).done {
+		for _, j := range jobs {
+			if !jobFinished(j).done {
 				if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 					return ctrl.Result{}, err
 				}

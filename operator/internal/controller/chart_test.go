@@ -125,6 +125,8 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		for _, g := range splitDocs(string(generated)) {
 			genRules[g.GetKind()] = convert(g, &rbacv1.ClusterRole{}).Rules
 		}
+		// Which objects the checks below looked at: a renamed object must not skip its check.
+		checked := map[string]int{}
 		for _, o := range objs {
 			switch {
 			case o.GetKind() == "CustomResourceDefinition":
@@ -150,8 +152,14 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
 				Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
 				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443"))
+			default:
+				continue
 			}
+			checked[o.GetKind()]++
 		}
+		Expect(checked).To(Equal(map[string]int{
+			"CustomResourceDefinition": 3, "ClusterRole": 1, "Role": 1, "ConfigMap": 1, "Deployment": 1,
+		}))
 		// Cluster-wide, the operator may read only Secrets named revault-token (the namespace
 		// token copies it writes); it reads other Secrets only in its own namespace (the Role).
 		for _, r := range genRules["ClusterRole"] {

@@ -200,10 +200,8 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 
 	res := jobFinished(job)
 	if !res.done {
-		if api, err := r.Workers.API(ctx, bs.Status.Worker.Media, bs.Status.Worker.Node); err == nil {
-			if p, err := api.BackupProgress(ctx, ns, bs.Name); err == nil && p.Running {
-				st.Progress.BytesDone = p.LogicalBytes
-			}
+		if n, ok := r.Workers.RunningBackupBytes(ctx, bs.Status.Worker, ns, bs.Name); ok {
+			st.Progress.BytesDone = n
 		}
 		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
 	}
@@ -214,11 +212,7 @@ func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if !res.succeeded {
-		why := res.message
-		if out.Error != "" {
-			why = out.Error
-		}
-		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf("backup Job %s/%s failed: %s", ns, job.Name, why))
+		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf("backup Job %s/%s failed: %s", ns, job.Name, res.failure(out)))
 	}
 	rep, err := plan.ParsePushReport(out.Report)
 	if err != nil || rep.Version == nil {

@@ -215,31 +215,28 @@ func finishJob(job *batchv1.Job, succeeded bool, output string) {
 	}).Should(Succeed())
 }
 
-// eventNotes lists "reason: message" of the events recorded for an object.
-func eventNotes(obj client.Object) []string {
+// objectEvents maps each event recorded for an object through f. The recorder sends events
+// asynchronously: assert on them with Eventually.
+func objectEvents(obj client.Object, f func(corev1.Event) string) []string {
 	var evs corev1.EventList
 	Expect(k8sClient.List(ctx, &evs, client.InNamespace(obj.GetNamespace()))).To(Succeed())
 	var out []string
 	for _, e := range evs.Items {
 		if e.InvolvedObject.UID == obj.GetUID() {
-			out = append(out, e.Reason+": "+e.Message)
+			out = append(out, f(e))
 		}
 	}
 	return out
 }
 
-// eventReasons lists the reasons of the events recorded for an object. The recorder sends
-// events asynchronously: assert on them with Eventually.
+// eventNotes lists "reason: message" of the events recorded for an object.
+func eventNotes(obj client.Object) []string {
+	return objectEvents(obj, func(e corev1.Event) string { return e.Reason + ": " + e.Message })
+}
+
+// eventReasons lists the reasons of the events recorded for an object.
 func eventReasons(obj client.Object) []string {
-	var evs corev1.EventList
-	Expect(k8sClient.List(ctx, &evs, client.InNamespace(obj.GetNamespace()))).To(Succeed())
-	var out []string
-	for _, e := range evs.Items {
-		if e.InvolvedObject.UID == obj.GetUID() {
-			out = append(out, e.Reason)
-		}
-	}
-	return out
+	return objectEvents(obj, func(e corev1.Event) string { return e.Reason })
 }
 
 // metricValue reads one sample of the operator's metrics from controller-runtime's registry

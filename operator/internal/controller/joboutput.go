@@ -93,6 +93,15 @@ func jobFinished(j *batchv1.Job) jobResult {
 	return jobResult{}
 }
 
+// failure is why a failed Job failed: the worker's error from its pod's output when the pod
+// printed one, else the Job's failure condition.
+func (r jobResult) failure(out plan.JobOutput) string {
+	if out.Error != "" {
+		return out.Error
+	}
+	return r.message
+}
+
 // newestTerminatedPod is the Job's most recent pod whose container has exited.
 func newestTerminatedPod(ctx context.Context, c client.Reader, j *batchv1.Job) (*corev1.Pod, error) {
 	var pods corev1.PodList

@@ -132,11 +132,7 @@ func (r *RestoreJobReconciler) step(ctx context.Context, rj *backupv1alpha1.Rest
 		cs.setFalse(backupv1alpha1.ConditionComplete, "WorkerError", err.Error())
 		return ctrl.Result{RequeueAfter: 15 * time.Second}, nil
 	}
-	vs := make([]plan.VersionAt, 0, len(series.VersionList))
-	for _, v := range series.VersionList {
-		vs = append(vs, plan.VersionAt{Number: v.Number, Time: v.Time})
-	}
-	n, err := plan.ResolveVersion(rj.Spec.Version, plan.SeriesID(rj.Namespace, bs.Name), vs)
+	n, err := plan.ResolveVersion(rj.Spec.Version, plan.SeriesID(rj.Namespace, bs.Name), versionsAt(series))
 	if err != nil {
 		r.fail(rj, cs, "VersionNotFound", err.Error())
 		return ctrl.Result{}, nil
@@ -223,11 +219,7 @@ func (r *RestoreJobReconciler) observe(ctx context.Context, rj *backupv1alpha1.R
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	if !res.succeeded {
-		msg := res.message
-		if oerr == nil && out.Error != "" {
-			msg = out.Error
-		}
-		r.fail(rj, cs, "RestoreFailed", msg)
+		r.fail(rj, cs, "RestoreFailed", res.failure(out))
 		return ctrl.Result{}, nil
 	}
 	done := metav1.NewTime(res.at)

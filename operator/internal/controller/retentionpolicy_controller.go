@@ -90,11 +90,7 @@ func (r *RetentionPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	due := false
 	var next time.Time
 	if rp.Spec.ExpirySchedule != "" {
-		last := rp.CreationTimestamp.Time
-		if st.LastExpiryTime != nil {
-			last = st.LastExpiryTime.Time
-		}
-		n, serr := plan.NextRun(rp.Spec.ExpirySchedule, last)
+		n, serr := nextExpiry(rp)
 		if serr != nil {
 			cs.setFalse(backupv1alpha1.ConditionScheduled, "InvalidSchedule", serr.Error())
 		} else {
@@ -158,11 +154,8 @@ func (r *RetentionPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	st.NextExpiryTime = nil
 	if !next.IsZero() {
-		last := rp.CreationTimestamp.Time
-		if st.LastExpiryTime != nil {
-			last = st.LastExpiryTime.Time
-		}
-		if n, err := plan.NextRun(rp.Spec.ExpirySchedule, last); err == nil {
+		// After this run, from the (possibly just updated) last expiry.
+		if n, err := nextExpiry(rp); err == nil {
 			nt := metav1.NewTime(n)
 			st.NextExpiryTime = &nt
 			if d := n.Sub(now); d < requeue {
@@ -247,13 +240,19 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 	case err != nil:
 		return ran, err
 	default:
-		vs := make([]plan.VersionAt, 0, len(s.VersionList))
-		for _, v := range s.VersionList {
-			vs = append(vs, plan.VersionAt{Number: v.Number, Time: v.Time})
-		}
-		e.PendingExpiry = plan.Expiring(vs, rules)
+		e.PendingExpiry = plan.Expiring(versionsAt(s), rules)
 	}
 	return ran, nil
+}
+
+// nextExpiry is when the policy's expiry schedule fires next: after its last expiry, or after its
+// creation when it never ran (so a new policy waits for its first slot).
+func nextExpiry(rp *backupv1alpha1.RetentionPolicy) (time.Time, error) {
+	last := rp.CreationTimestamp.Time
+	if rp.Status.LastExpiryTime != nil {
+		last = rp.Status.LastExpiryTime.Time
+	}
+	return plan.NextRun(rp.Spec.ExpirySchedule, last)
 }
 
 func describeKeep(s backupv1alpha1.RetentionPolicySpec) string {

@@ -163,6 +163,6 @@ var _ = Describe("RetentionPolicy", func() {
 // workerPod returns the fake worker pod of a node.
 func workerPod(node string, media backupv1alpha1.Media) *corev1.Pod {
 	pod := &corev1.Pod{}
-	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: operatorNS, Name: "revault-worker-" + string(media) + "-" + node}, pod)).To(Succeed())
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: operatorNS, Name: workerPodName(node, media)}, pod)).To(Succeed())
 	return pod
 }

@@ -262,12 +262,17 @@ func startWorker(node, tokenFile string) {
 	}).WithTimeout(30*time.Second).Should(Succeed(), "worker on %s did not become ready (log: %s)", node, logf.Name())
 }
 
+// workerPodName is the name of the fake worker pod makeWorkerPod makes for node.
+func workerPodName(node string, media backupv1alpha1.Media) string {
+	return plan.DaemonSetName(string(media)) + "-" + node
+}
+
 // makeWorkerPod plays the DaemonSet controller and the kubelet: a worker pod bound to node,
 // running and ready.
 func makeWorkerPod(node string, media backupv1alpha1.Media) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      plan.DaemonSetName(string(media)) + "-" + node,
+			Name:      workerPodName(node, media),
 			Namespace: operatorNS,
 			Labels:    plan.WorkerLabels(string(media)),
 		},
@@ -295,15 +300,25 @@ func setPodReady(pod *corev1.Pod, ready bool) {
 	}).Should(Succeed())
 }
 
-// adminClient talks to a worker with the operator's token.
-func adminClient(node string) *workerapi.Client {
+// workerTokens reads the entries of the workers' token file Secret the operator keeps.
+func workerTokens() []tokens.Entry {
 	sec := &corev1.Secret{}
 	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
 	es, err := tokens.Parse(string(sec.Data[plan.WorkerTokensKey]))
 	Expect(err).NotTo(HaveOccurred())
-	tok, ok := tokens.Lookup(es, tokens.AdminScope)
-	Expect(ok).To(BeTrue())
-	return workerapi.New(workerURL[node], tok, nil)
+	return es
+}
+
+// adminToken is the operator's own worker token, from that Secret.
+func adminToken() string {
+	tok, ok := tokens.Lookup(workerTokens(), tokens.AdminScope)
+	Expect(ok).To(BeTrue(), "no admin token in the workers' token file")
+	return tok
+}
+
+// adminClient talks to a worker with the operator's token.
+func adminClient(node string) *workerapi.Client {
+	return workerapi.New(workerURL[node], adminToken(), nil)
 }
 
 var nsCounter int

@@ -57,8 +57,7 @@ var _ = Describe("Worker pools", func() {
 		for _, w := range workerNodes {
 			pod := &corev1.Pod{}
 			Eventually(func(g Gomega) {
-				g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS,
-					Name: plan.DaemonSetName(string(w.media)) + "-" + w.node}, pod)).To(Succeed())
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: operatorNS, Name: workerPodName(w.node, w.media)}, pod)).To(Succeed())
 				g.Expect(pod.Labels).To(HaveKeyWithValue(plan.LabelNode, w.node))
 			}).Should(Succeed())
 			svc := &corev1.Service{}
@@ -100,13 +99,7 @@ var _ = Describe("Worker pools", func() {
 
 	It("keeps the worker token file with the operator's admin token", func() {
 		requireWorkers()
-		sec := &corev1.Secret{}
-		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
-		es, err := tokens.Parse(string(sec.Data[plan.WorkerTokensKey]))
-		Expect(err).NotTo(HaveOccurred())
-		admin, ok := tokens.Lookup(es, tokens.AdminScope)
-		Expect(ok).To(BeTrue())
-		Expect(admin).To(HaveLen(64))
+		Expect(adminToken()).To(HaveLen(64))
 		// The admin token sees store totals on every worker.
 		for _, w := range workerNodes {
 			_, err := adminClient(w.node).Stats(ctx)
@@ -118,14 +111,7 @@ var _ = Describe("Worker pools", func() {
 		requireWorkers()
 		ns := newNamespace("gone")
 		placedSeries(pvcSeries(ns, "db"))
-		readTokens := func() []tokens.Entry {
-			sec := &corev1.Secret{}
-			Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
-			es, err := tokens.Parse(string(sec.Data[plan.WorkerTokensKey]))
-			Expect(err).NotTo(HaveOccurred())
-			return es
-		}
-		_, ok := tokens.Lookup(readTokens(), ns)
+		_, ok := tokens.Lookup(workerTokens(), ns)
 		Expect(ok).To(BeTrue())
 		// Envtest has no namespace controller, so a deleted namespace stays Terminating; the
 		// operator prunes only namespaces that no longer exist. Use a namespace-less scope to
@@ -139,10 +125,10 @@ var _ = Describe("Worker pools", func() {
 			return k8sClient.Update(ctx, sec)
 		}).Should(Succeed())
 		Eventually(func() bool {
-			_, ok := tokens.Lookup(readTokens(), "never-existed")
+			_, ok := tokens.Lookup(workerTokens(), "never-existed")
 			return ok
 		}).WithTimeout(20 * time.Second).Should(BeFalse())
-		_, ok = tokens.Lookup(readTokens(), ns)
+		_, ok = tokens.Lookup(workerTokens(), ns)
 		Expect(ok).To(BeTrue(), "the token of a live namespace must stay")
 	})
 })

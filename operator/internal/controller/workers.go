@@ -153,6 +153,20 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 	return &instrumented{workerapi.New(w.url(media, node), token, workerHTTP)}, nil
 }
 
+// RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of
+// the backup of ns/name it is receiving; ok is false when none runs or the worker did not answer.
+func (w *Workers) RunningBackupBytes(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) (_ int64, ok bool) {
+	api, err := w.API(ctx, at.Media, at.Node)
+	if err != nil {
+		return 0, false
+	}
+	p, err := api.BackupProgress(ctx, ns, name)
+	if err != nil || !p.Running {
+		return 0, false
+	}
+	return p.LogicalBytes, true
+}
+
 // TokenAccepted reports whether the worker on node already accepts namespace ns's token. The
 // kubelet updates the workers' token file a while (up to about a minute) after the operator
 // adds a namespace, and a Job that ran before would fail with 401, so Jobs wait for this.
@@ -172,6 +186,16 @@ func (w *Workers) TokenAccepted(ctx context.Context, media backupv1alpha1.Media,
 	default:
 		return false, err
 	}
+}
+
+// versionsAt lists a worker's versions of a series with their times (for plan.ResolveVersion
+// and plan.Expiring).
+func versionsAt(s *workerapi.Series) []plan.VersionAt {
+	vs := make([]plan.VersionAt, 0, len(s.VersionList))
+	for _, v := range s.VersionList {
+		vs = append(vs, plan.VersionAt{Number: v.Number, Time: v.Time})
+	}
+	return vs
 }
 
 // instrumented counts every worker call in the operator's metrics.

@@ -1,0 +1,37 @@
+// Package toolresult is the contract between e2e-tool (which runs in the cluster) and the suite
+// (which reads the tool pods' logs): every command prints one line, Prefix followed by its
+// result as JSON.
+package toolresult
+
+// Prefix starts the line of a command's result.
+const Prefix = "RESULT: "
+
+// Gen is what `e2e-tool gen` wrote.
+type Gen struct {
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"` // content bytes of all regular files
+}
+
+// Mutate is what `e2e-tool mutate` changed.
+type Mutate struct {
+	Rewritten      []string `json:"rewritten"`
+	RewrittenBytes int64    `json:"rewrittenBytes"`
+	AddedBytes     int64    `json:"addedBytes"`
+	Removed        string   `json:"removed"`
+}
+
+// Sum is the manifest `e2e-tool sum` made of a tree.
+type Sum struct {
+	Entries int      `json:"entries"`
+	Bytes   int64    `json:"bytes"`
+	Digest  string   `json:"digest"`
+	Lines   []string `json:"lines"`
+}
+
+// APICall is one answer `e2e-tool api` got from a worker.
+type APICall struct {
+	Request string `json:"request"`
+	Status  int    `json:"status"`
+	Code    string `json:"code,omitempty"`
+	Body    string `json:"body"`
+}
