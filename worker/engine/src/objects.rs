@@ -48,7 +48,7 @@ use crate::catalog;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::expire::{expire, ExpireReport, ExpireSel};
-use crate::meta::{MetaRead, SeriesRecord};
+use crate::meta::{MetaRead, SeriesRecord, VersionRecord};
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use crate::source::{input_error, Source};
 use crate::store::{check_series_name, now_unix, Store, VersionSel};
@@ -215,11 +215,11 @@ fn version_exists(r: &impl MetaRead, series: Option<&SeriesRecord>, version: u32
     })
 }
 
-/// Version numbers of the bucket's series (empty if it has none).
-fn live_versions(store: &Store, bucket: &str) -> Result<HashSet<u32>> {
+/// The versions of the bucket's series (none if it has no series).
+fn bucket_versions(store: &Store, bucket: &str) -> Result<Vec<VersionRecord>> {
     match store.meta().series(bucket)? {
-        None => Ok(HashSet::new()),
-        Some(s) => Ok(store.versions(&s)?.iter().map(|v| v.number).collect()),
+        None => Ok(Vec::new()),
+        Some(s) => store.versions(&s),
     }
 }
 
@@ -301,7 +301,8 @@ pub fn list(
     let delimiter = delimiter.filter(|d| !d.is_empty());
     // Entries are checked against their version one by one, as `head` does:
     // a page holds far fewer keys than the bucket may have versions.
-    let series = store.meta().series(bucket)?;
+    let meta = store.meta();
+    let series = meta.series(bucket)?;
     let base = keys_prefix(bucket);
     let scan_prefix = [base.as_slice(), prefix.as_bytes()].concat();
     let mut from = scan_prefix.clone();
@@ -311,7 +312,6 @@ pub fn list(
             from = after;
         }
     }
-    let meta = store.meta();
     let it = meta.db().iterator_cf(
         meta.cf(CF),
         rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
@@ -390,14 +390,10 @@ pub fn summary(store: &Store, bucket: &str) -> ObjResult<BucketSummary> {
         what: format!("bucket {bucket}"),
         detail: e.to_string(),
     })?;
-    let versions: HashMap<u32, u64> = match store.meta().series(bucket)? {
-        None => HashMap::new(),
-        Some(s) => store
-            .versions(&s)?
-            .iter()
-            .map(|v| (v.number, v.new_container_bytes))
-            .collect(),
-    };
+    let versions: HashMap<u32, u64> = bucket_versions(store, bucket)?
+        .iter()
+        .map(|v| (v.number, v.new_container_bytes))
+        .collect();
     let mut out = BucketSummary {
         bucket: bucket.to_string(),
         created_unix: b.created_unix,
@@ -478,12 +474,8 @@ impl Objects {
         let lock = self.lock(bucket);
         let _g = lock.lock();
         let new_bucket = !is_bucket(store.meta(), bucket)?;
-        if new_bucket {
-            if let Some(s) = store.meta().series(bucket)? {
-                if !store.versions(&s)?.is_empty() {
-                    return Err(ObjectError::NotABucket(bucket.to_string()));
-                }
-            }
+        if new_bucket && !bucket_versions(store, bucket)?.is_empty() {
+            return Err(ObjectError::NotABucket(bucket.to_string()));
         }
         self.sweep_once(store, bucket)?;
         let previous = record(store.meta(), bucket, key)?;
@@ -633,7 +625,10 @@ impl Objects {
         if !is_bucket(store.meta(), bucket)? {
             return Ok(Vec::new());
         }
-        let live = live_versions(store, bucket)?;
+        let live: HashSet<u32> = bucket_versions(store, bucket)?
+            .iter()
+            .map(|v| v.number)
+            .collect();
         let mut referenced = HashSet::new();
         store
             .meta()

@@ -81,6 +81,21 @@ fn get(s: &Server, bucket: &str, key: &str) -> Response {
     )
 }
 
+/// Backs `body` up as a version of `series` (a byte stream), with a `query`
+/// (empty, or starting with `?`).
+fn backup(s: &Server, series: &str, query: &str, body: &[u8]) -> Response {
+    let auth = bearer(VELERO);
+    s.request(
+        "PUT",
+        &format!("/v1/series/{series}/versions{query}"),
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/octet-stream"),
+        ],
+        body,
+    )
+}
+
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     e.write_all(data).unwrap();
@@ -435,21 +450,15 @@ fn signed_urls_read_one_object_without_a_token() {
 fn scopes_and_bad_input_get_clear_errors() {
     let (_d, s) = start();
     // Scope: a token for team-b cannot touch velero's bucket.
-    let auth = bearer(OTHER);
-    s.request(
+    call(
+        &s,
         "PUT",
         "/v1/buckets/velero/bsl/object?key=k",
-        &[("Authorization", &auth)],
+        OTHER,
         b"x",
     )
     .assert_error(403, "forbidden");
-    s.request(
-        "GET",
-        "/v1/buckets/velero/bsl/objects",
-        &[("Authorization", &auth)],
-        b"",
-    )
-    .assert_error(403, "forbidden");
+    call(&s, "GET", "/v1/buckets/velero/bsl/objects", OTHER, b"").assert_error(403, "forbidden");
     s.request("GET", "/v1/buckets/velero/bsl/objects", &[], b"")
         .assert_error(401, "unauthorized");
 
@@ -483,16 +492,7 @@ fn scopes_and_bad_input_get_clear_errors() {
     .assert_error(404, "unknown_object");
 
     // Buckets and backup series do not mix.
-    let auth = bearer(VELERO);
-    let r = s.request(
-        "PUT",
-        "/v1/series/velero/db/versions",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/octet-stream"),
-        ],
-        b"a backup",
-    );
+    let r = backup(&s, "velero/db", "", b"a backup");
     assert_eq!(r.status, 201, "{}", r.text());
     call(
         &s,
@@ -503,17 +503,7 @@ fn scopes_and_bad_input_get_clear_errors() {
     )
     .assert_error(409, "not_a_bucket");
     assert_eq!(put(&s, "velero/bsl", "k", b"x", false).status, 201);
-    let auth = bearer(VELERO);
-    s.request(
-        "PUT",
-        "/v1/series/velero/bsl/versions",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/octet-stream"),
-        ],
-        b"a backup",
-    )
-    .assert_error(409, "bucket_series");
+    backup(&s, "velero/bsl", "", b"a backup").assert_error(409, "bucket_series");
 
     // Deleting the bucket's series deletes its objects.
     let r = call(&s, "DELETE", "/v1/series/velero/bsl", VELERO, b"");
@@ -640,7 +630,6 @@ fn gzip_tarballs_dedup_only_once_decompressed_and_split_per_member() {
     let (_d, s) = start();
     let days = 10;
     let objects = 800;
-    let auth = bearer(VELERO);
     let (mut logical, mut uploaded) = (0u64, 0u64);
     for day in 0..days {
         let tar = velero_tarball(day, objects, 0.03);
@@ -655,15 +644,7 @@ fn gzip_tarballs_dedup_only_once_decompressed_and_split_per_member() {
             ("velero/plain-chunk", "chunk"),
             ("velero/plain-segment", "segment"),
         ] {
-            let r = s.request(
-                "PUT",
-                &format!("/v1/series/{series}/versions?unit={unit}"),
-                &[
-                    ("Authorization", &auth),
-                    ("Content-Type", "application/octet-stream"),
-                ],
-                &tar,
-            );
+            let r = backup(&s, series, &format!("?unit={unit}"), &tar);
             assert_eq!(r.status, 201, "{}", r.text());
         }
         // (c) the object API with encoding=gzip: decompressed and split per tar member

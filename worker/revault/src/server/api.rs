@@ -21,7 +21,7 @@ use revault_engine::expire::{expire, ExpireReport, ExpireSel};
 use revault_engine::meta::{Retention, SeriesRecord, VersionKind, VersionRecord};
 use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use revault_engine::source::{Source, StreamSource};
-use revault_engine::store::{check_series_name, VersionSel};
+use revault_engine::store::{check_series_name, Store, VersionSel};
 use revault_engine::tarsource::TarSource;
 
 use super::auth::{self, Principal};
@@ -123,7 +123,7 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
 
 /// The Content-Length a request declared, if any: a body that ends short of
 /// it is cut, not complete.
-pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -155,20 +155,67 @@ pub(crate) fn retry_while_busy<T, E>(
     }
 }
 
-/// The response to a failed upload. The rest of the body is let in first
-/// (bounded) so the client reads the error instead of a reset connection; an
-/// upload cancelled by shutdown answers 503, saying what was `lost`.
-pub(crate) async fn upload_failed(
-    app: &App,
-    pump: BodyPump,
-    mut err: ApiError,
+/// Runs an upload (`what`: "backup", "upload") on the blocking pool, counted
+/// as in flight: `run` gets a reader of the request body and the flag that
+/// shutdown sets to cancel it.
+///
+/// A failure is answered once the rest of the body was let in (bounded), so
+/// the client reads the error instead of a reset connection; an upload
+/// cancelled by shutdown answers 503, saying what was `lost`.
+pub(crate) async fn run_upload<T, E>(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    body: Body,
+    what: &str,
     lost: &str,
-) -> ApiError {
+    run: impl FnOnce(&App, BodyReader, Arc<AtomicBool>) -> Result<T, E> + Send + 'static,
+) -> ApiResult<T>
+where
+    T: Send + 'static,
+    E: Into<ApiError> + Send + 'static,
+{
+    let (pump, reader) = BodyPump::start(
+        body,
+        content_length(headers),
+        app.abort.subscribe(),
+        app.metrics.clone(),
+    );
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = app.begin(Some(cancel.clone()));
+    let a = app.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let _g = guard;
+        run(&a, reader, cancel)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the {what} task failed: {e}")))?;
+    let mut err: ApiError = match result {
+        Ok(t) => return Ok(t),
+        Err(e) => e.into(),
+    };
     pump.settle().await;
     if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
-        err = ApiError::unavailable(format!("the server shut down before {lost}"));
+        err = ApiError::unavailable(format!(
+            "the server shut down before the {what} completed; {lost}"
+        ));
     }
-    err
+    Err(err)
+}
+
+/// Runs engine work on the blocking pool, counted as in flight (shutdown
+/// waits for it): `f` gets the app and the store.
+pub(crate) async fn guarded<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&App, &Store) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let store = app.store()?;
+    let guard = app.begin(None);
+    let a = app.clone();
+    blocking(move || {
+        let _g = guard;
+        f(&a, &store)
+    })
+    .await
 }
 
 /// Streams a restore (`run`, on the blocking pool) into a response body. A
@@ -400,16 +447,12 @@ pub async fn gc(
             "compactBelow is a fraction between 0 and 1",
         ));
     }
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let a = app.clone();
-    let rep = blocking(move || {
-        let _g = guard;
+    let rep = guarded(&app, move |a, store| {
         let opts = revault_engine::gc::GcOptions {
             compact_below,
             full: req.full,
         };
-        let rep = revault_engine::gc::gc(&store, &opts)?;
+        let rep = revault_engine::gc::gc(store, &opts)?;
         a.metrics.maintenance("gc", rep.seconds);
         Ok(rep)
     })
@@ -500,18 +543,14 @@ pub async fn list_versions(
 
 /// Runs an expiry (or several) on the blocking pool, recording metrics.
 async fn run_expire(app: &Arc<App>, name: String, sels: Vec<ExpireSel>) -> ApiResult<ExpireReport> {
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let a = app.clone();
-    blocking(move || {
-        let _g = guard;
+    guarded(app, move |a, store| {
         let mut total = ExpireReport {
             series: name.clone(),
             ..Default::default()
         };
         let r = (|| -> ApiResult<()> {
             for sel in &sels {
-                let rep = expire(&store, &name, sel)?;
+                let rep = expire(store, &name, sel)?;
                 a.metrics.maintenance("expire", rep.seconds);
                 total.expired.extend(rep.expired);
                 total.spliced.extend(rep.spliced);
@@ -523,7 +562,7 @@ async fn run_expire(app: &Arc<App>, name: String, sels: Vec<ExpireSel>) -> ApiRe
             }
             Ok(())
         })();
-        a.refresh_series(&store, &name);
+        a.refresh_series(store, &name);
         r.map(|_| total)
     })
     .await
@@ -548,12 +587,11 @@ pub async fn delete_series(
         None => Vec::new(),
     };
     let rep = run_expire(&app, name.clone(), sels).await?;
-    // A bucket deleted as a series loses its keys too.
-    let store = app.store()?;
-    let a = app.clone();
-    blocking(move || {
+    // A bucket deleted as a series loses its keys too (counted in flight, so
+    // a shutdown that begins now waits for it).
+    guarded(&app, move |a, store| {
         if revault_engine::objects::is_bucket(store.meta(), &name)? {
-            a.objects.forget_bucket(&store, &name)?;
+            a.objects.forget_bucket(store, &name)?;
         }
         Ok(())
     })
@@ -617,19 +655,14 @@ pub async fn put_retention(
             format!("keepWithinSeconds is at most {MAX_KEEP_WITHIN}"),
         ));
     }
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let s = blocking(move || {
-        let _g = guard;
+    let s = guarded(&app, move |_, store| {
         let ret = Retention {
             keep: r.keep,
             keep_within_secs: r.keep_within_seconds,
             live: r.live,
             auto: r.auto,
         };
-        Ok(revault_engine::retention::set_retention(
-            &store, &name, ret,
-        )?)
+        Ok(revault_engine::retention::set_retention(store, &name, ret)?)
     })
     .await?;
     Ok(Json(RetentionJson::from(&s.retention)).into_response())
@@ -637,12 +670,8 @@ pub async fn put_retention(
 
 pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let a = app.clone();
-    let rep = blocking(move || {
-        let _g = guard;
-        let rep = revault_engine::slide::slide(&store, &name)?;
+    let rep = guarded(&app, move |a, store| {
+        let rep = revault_engine::slide::slide(store, &name)?;
         a.metrics.maintenance("slide", rep.seconds);
         Ok(rep)
     })
@@ -786,18 +815,9 @@ pub async fn put_version(
             progress,
         }
     };
-    let (pump, reader) = BodyPump::start(
-        body,
-        content_length(&headers),
-        app.abort.subscribe(),
-        app.metrics.clone(),
-    );
-    let cancel = Arc::new(AtomicBool::new(false));
-    let guard = app.begin(Some(cancel.clone()));
-    let a = app.clone();
     app.metrics.inflight_backups.inc();
-    let result = tokio::task::spawn_blocking(move || {
-        let _g = guard;
+    let lost = "no version was created";
+    let rep = run_upload(&app, &headers, body, "backup", lost, move |a, reader, cancel| {
         let progress = claim.progress.clone();
         let _claim = claim;
         let opts = BackupOptions {
@@ -810,7 +830,7 @@ pub async fn put_version(
             ..Default::default()
         };
         let r = retry_while_busy(
-            &a,
+            a,
             &reader,
             |e| matches!(e, revault_engine::Error::SeriesBusy { .. }),
             || {
@@ -842,18 +862,8 @@ pub async fn put_version(
         super::metrics::Metrics::result(&a.metrics.backups, r.is_ok());
         r
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("the backup task failed: {e}")));
-    match result? {
-        Ok(rep) => Ok((StatusCode::CREATED, Json(rep)).into_response()),
-        Err(e) => Err(upload_failed(
-            &app,
-            pump,
-            e.into(),
-            "the backup completed; no version was created",
-        )
-        .await),
-    }
+    .await?;
+    Ok((StatusCode::CREATED, Json(rep)).into_response())
 }
 
 // ---- restore --------------------------------------------------------------------

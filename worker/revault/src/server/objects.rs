@@ -3,7 +3,6 @@
 //! short-lived signed URLs for reading one object without a token. This is
 //! what Velero's ObjectStore plugin talks to.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -19,12 +18,10 @@ use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
 
 use super::api::{
-    blocking, content_length, json_body, path_err, query_err, restore_body, retry_while_busy,
-    upload_failed,
+    blocking, guarded, json_body, path_err, query_err, restore_body, retry_while_busy, run_upload,
 };
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
-use super::stream::BodyPump;
 use super::App;
 use crate::cli::format_time;
 
@@ -67,10 +64,6 @@ fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
         )
     })?;
     Ok((ns, bucket))
-}
-
-fn key_of(key: &str) -> ApiResult<()> {
-    objects::check_key(key).map_err(ApiError::from)
 }
 
 #[derive(Serialize)]
@@ -231,7 +224,7 @@ pub async fn put_object(
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
-    key_of(&q.key)?;
+    objects::check_key(&q.key)?;
     let encoding = match q.encoding.as_deref() {
         None => Encoding::Identity,
         Some(e) => e
@@ -239,25 +232,16 @@ pub async fn put_object(
             .map_err(|m| ApiError::bad_request("invalid_argument", m))?,
     };
     let store = app.store()?;
-    let (pump, reader) = BodyPump::start(
-        body,
-        content_length(&headers),
-        app.abort.subscribe(),
-        app.metrics.clone(),
-    );
-    let cancel = Arc::new(AtomicBool::new(false));
-    let guard = app.begin(Some(cancel.clone()));
-    let a = app.clone();
-    let key = q.key.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let _g = guard;
+    let key = q.key;
+    let lost = "the object was not stored";
+    let rep = run_upload(&app, &headers, body, "upload", lost, move |a, reader, cancel| {
         let opts = PutOptions {
             encoding,
             cancel: Some(cancel),
             ..Default::default()
         };
         let r = retry_while_busy(
-            &a,
+            a,
             &reader,
             |e| {
                 matches!(
@@ -284,23 +268,11 @@ pub async fn put_object(
         }
         r
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("the upload task failed: {e}")))?;
-    match result {
-        Ok(rep) => {
-            let mut j = serde_json::to_value(ObjectJson::from(&rep.object)).unwrap_or_default();
-            j["newBytes"] = rep.backup.new_vbytes.into();
-            j["storedBytes"] = rep.backup.new_container_bytes.into();
-            Ok((StatusCode::CREATED, Json(j)).into_response())
-        }
-        Err(e) => Err(upload_failed(
-            &app,
-            pump,
-            e.into(),
-            "the upload completed; the object was not stored",
-        )
-        .await),
-    }
+    .await?;
+    let mut j = serde_json::to_value(ObjectJson::from(&rep.object)).unwrap_or_default();
+    j["newBytes"] = rep.backup.new_vbytes.into();
+    j["storedBytes"] = rep.backup.new_container_bytes.into();
+    Ok((StatusCode::CREATED, Json(j)).into_response())
 }
 
 async fn lookup(app: &Arc<App>, bucket: String, key: String) -> ApiResult<ObjectInfo> {
@@ -316,7 +288,7 @@ pub async fn object_meta(
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
-    key_of(&q.key)?;
+    objects::check_key(&q.key)?;
     let info = lookup(&app, bucket, q.key).await?;
     Ok(Json(ObjectJson::from(&info)).into_response())
 }
@@ -329,7 +301,7 @@ pub async fn get_object(
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
-    key_of(&q.key)?;
+    objects::check_key(&q.key)?;
     let info = lookup(&app, bucket, q.key).await?;
     serve(&app, info, q.decoded.unwrap_or(false))
 }
@@ -383,15 +355,11 @@ pub async fn delete_object(
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
-    key_of(&q.key)?;
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let a = app.clone();
-    let rep = blocking(move || {
-        let _g = guard;
-        let r = a.objects.delete(&store, &bucket, &q.key);
+    objects::check_key(&q.key)?;
+    let rep = guarded(&app, move |a, store| {
+        let r = a.objects.delete(store, &bucket, &q.key);
         if r.is_ok() {
-            a.refresh_series(&store, &bucket);
+            a.refresh_series(store, &bucket);
         }
         Ok(r?)
     })
@@ -445,7 +413,7 @@ pub async fn sign_url(
             "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
         ));
     };
-    key_of(&req.key)?;
+    objects::check_key(&req.key)?;
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
     if !(1..=MAX_URL_TTL).contains(&ttl) {
         return Err(ApiError::bad_request(
@@ -484,7 +452,7 @@ pub async fn get_signed(
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     let Query(q) = q.map_err(query_err)?;
-    key_of(&q.key)?;
+    objects::check_key(&q.key)?;
     let valid_form = q.id.len() == 16
         && q.sig.len() == 64
         && q.id
