@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -50,17 +49,6 @@ type getter struct{ m clientmgmt.Manager }
 
 func (g getter) GetObjectStore(provider string) (velero.ObjectStore, error) {
 	return g.m.GetObjectStore(provider)
-}
-
-func gzipped(t *testing.T, b []byte) *bytes.Reader {
-	t.Helper()
-	var buf bytes.Buffer
-	w := gzip.NewWriter(&buf)
-	_, _ = w.Write(b)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return bytes.NewReader(buf.Bytes())
 }
 
 // TestThroughVelerosPluginManager builds the plugin binary, lets Velero's registry discover it,
@@ -136,8 +124,12 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "b1", Namespace: "velero"}})
 	contents := bytes.Repeat([]byte("resources/pods/namespaces/app/p.json "), 5000)
 	if err := store.PutBackup(persistence.BackupInfo{
-		Name: "b1", Metadata: bytes.NewReader(meta), Contents: gzipped(t, contents), Log: gzipped(t, []byte("a log line\n")),
-		VolumeSnapshots: gzipped(t, []byte("[]")), BackupResourceList: gzipped(t, []byte(`{"v1/Pod":["app/p"]}`)),
+		Name:               "b1",
+		Metadata:           bytes.NewReader(meta),
+		Contents:           bytes.NewReader(testutil.Gzip(t, contents)),
+		Log:                bytes.NewReader(testutil.Gzip(t, []byte("a log line\n"))),
+		VolumeSnapshots:    bytes.NewReader(testutil.Gzip(t, []byte("[]"))),
+		BackupResourceList: bytes.NewReader(testutil.Gzip(t, []byte(`{"v1/Pod":["app/p"]}`))),
 	}); err != nil {
 		t.Fatalf("PutBackup: %v", err)
 	}
@@ -160,11 +152,7 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	zr, err := gzip.NewReader(rc)
-	if err != nil {
-		t.Fatalf("the contents are gzip: %v", err)
-	}
-	if got, _ := io.ReadAll(zr); !bytes.Equal(got, contents) {
+	if got := testutil.Gunzip(t, rc); !bytes.Equal(got, contents) {
 		t.Fatal("the contents round-trip")
 	}
 	_ = rc.Close()
@@ -176,11 +164,7 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("signed URL %s: %v %v", u, err, resp)
 	}
-	zr, err = gzip.NewReader(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := io.ReadAll(zr); string(got) != "a log line\n" {
+	if got := testutil.Gunzip(t, resp.Body); string(got) != "a log line\n" {
 		t.Fatalf("log via the signed URL: %q", got)
 	}
 	_ = resp.Body.Close()
@@ -330,15 +314,7 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	if err := dia.Execute(&velero.DeleteItemActionExecuteInput{Item: backedUpSeries, Backup: backup}); err != nil {
 		t.Fatalf("delete Execute: %v", err)
 	}
-	req, _ := http.NewRequest(http.MethodGet, w.URL+"/v1/series/app/data/versions", nil)
-	req.Header.Set("Authorization", "Bearer "+w.Admin)
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if strings.TrimSpace(string(body)) != "[]" {
-		t.Fatalf("version 1 is expired: %s", body)
+	if vs := w.Versions(t, "app", "data"); len(vs) != 0 {
+		t.Fatalf("version 1 is expired: %+v", vs)
 	}
 }

@@ -86,11 +86,11 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	if endpoint == "" {
 		return nil, fmt.Errorf("no worker known for series %s/%s (no BackupSeries and no endpoint recorded at backup time)", ns, series)
 	}
-	sec := &corev1.Secret{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: kube.TokenSecret}, sec); err != nil {
+	token, err := kube.Token(ctx, c, ns, kube.TokenSecret)
+	if err != nil {
 		return nil, fmt.Errorf("reading Secret %s/%s (the namespace's Revault token): %w", ns, kube.TokenSecret, err)
 	}
-	return worker.New(endpoint, strings.TrimSpace(string(sec.Data[kube.TokenKey])), worker.TLSOptions{})
+	return worker.New(endpoint, token, worker.TLSOptions{})
 }
 
 // splitID splits an operation ID into n parts separated by '/'.

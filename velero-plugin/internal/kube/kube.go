@@ -3,15 +3,16 @@
 package kube
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
 	"strings"
 	"sync"
 
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -64,13 +65,11 @@ func Use(c client.Client) {
 	shared = c
 }
 
-// Scheme knows core, batch and backup.revault.io types.
+// Scheme knows the built-in types (core and batch among them) and backup.revault.io types.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
 	_ = backupv1alpha1.AddToScheme(s)
-	_ = corev1.AddToScheme(s)
-	_ = batchv1.AddToScheme(s)
 	return s
 }
 
@@ -92,6 +91,16 @@ func Client() (client.Client, error) {
 	}
 	shared = c
 	return c, nil
+}
+
+// Token reads a namespace's Revault token from the Secret ns/name (key TokenKey, trimmed; ""
+// when the Secret has none).
+func Token(ctx context.Context, c client.Client, ns, name string) (string, error) {
+	sec := &corev1.Secret{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, sec); err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(sec.Data[TokenKey])), nil
 }
 
 // Namespace is Velero's namespace: $VELERO_NAMESPACE (set in Velero's pod), the service

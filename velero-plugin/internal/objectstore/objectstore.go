@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -50,6 +49,14 @@ const (
 	keyCACert = "caCert"
 )
 
+const (
+	// opTimeout bounds metadata calls to the worker (listings, lookups); bodies stream without a
+	// limit.
+	opTimeout = 2 * time.Minute
+	// kubeTimeout bounds each read from the Kubernetes API (token Secret, BackupSeries).
+	kubeTimeout = 30 * time.Second
+)
+
 // ObjectStore implements velero.ObjectStore.
 type ObjectStore struct {
 	log       logrus.FieldLogger
@@ -60,13 +67,11 @@ type ObjectStore struct {
 	tls       worker.TLSOptions
 	mu        sync.Mutex
 	clients   map[string]*worker.Client
-	// opTimeout bounds metadata calls (listings, lookups); bodies stream without a limit.
-	opTimeout time.Duration
 }
 
 // New returns an uninitialised ObjectStore (Velero calls Init).
 func New(log logrus.FieldLogger) *ObjectStore {
-	return &ObjectStore{log: log, clients: map[string]*worker.Client{}, opTimeout: 2 * time.Minute}
+	return &ObjectStore{log: log, clients: map[string]*worker.Client{}}
 }
 
 // Init reads the BSL config.
@@ -147,7 +152,11 @@ func readToken(path string) (string, error) {
 		if strings.HasPrefix(line, "token=") || strings.HasPrefix(line, "token:") {
 			line = strings.TrimSpace(line[len("token="):])
 		}
-		return strings.Fields(line)[0], nil
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			return "", errors.New("the token line has no value")
+		}
+		return f[0], nil
 	}
 	return "", errors.New("no token in the file")
 }
@@ -157,13 +166,12 @@ func secretToken(ns, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), kubeTimeout)
 	defer cancel()
-	sec := &corev1.Secret{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, sec); err != nil {
+	t, err := kube.Token(ctx, c, ns, name)
+	if err != nil {
 		return "", err
 	}
-	t := strings.TrimSpace(string(sec.Data[kube.TokenKey]))
 	if t == "" {
 		return "", fmt.Errorf("secret %s/%s has no key %q", ns, name, kube.TokenKey)
 	}
@@ -184,7 +192,7 @@ func (o *ObjectStore) client(bucket string) (*worker.Client, error) {
 		if err != nil {
 			return nil, fmt.Errorf("no url in the BSL config and no Kubernetes API to find bucket %s's worker: %w", bucket, err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), kubeTimeout)
 		defer cancel()
 		bs := &backupv1alpha1.BackupSeries{}
 		if err := kc.Get(ctx, types.NamespacedName{Namespace: o.ns, Name: bucket}, bs); err != nil {
@@ -205,7 +213,7 @@ func (o *ObjectStore) client(bucket string) (*worker.Client, error) {
 }
 
 func (o *ObjectStore) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), o.opTimeout)
+	return context.WithTimeout(context.Background(), opTimeout)
 }
 
 // PutObject streams body to the worker.

@@ -3,12 +3,11 @@ package objectstore
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,32 +19,6 @@ import (
 	"github.com/revault-io/revault/velero-plugin/internal/testutil"
 	"github.com/revault-io/revault/velero-plugin/internal/worker"
 )
-
-func gz(t *testing.T, b []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	w := gzip.NewWriter(&buf)
-	if _, err := w.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func gunzip(t *testing.T, r io.Reader) []byte {
-	t.Helper()
-	zr, err := gzip.NewReader(r)
-	if err != nil {
-		t.Fatalf("not gzip: %v", err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // veleroTarball is a tar like Velero's backup contents: one JSON file per resource.
 func veleroTarball(t *testing.T, n int, mtime time.Time) []byte {
@@ -93,8 +66,9 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 		!strings.Contains(err.Error(), "unknown config keys [region]") {
 		t.Fatalf("unknown keys: %v", err)
 	}
-	if err := New(logrus.New()).Init(map[string]string{KeyURL: w.URL, KeyTokenFile: "/nonexistent"}); err == nil {
-		t.Fatal("a missing token file is an error")
+	if err := New(logrus.New()).Init(map[string]string{KeyURL: w.URL, KeyTokenFile: "/nonexistent"}); err == nil ||
+		!strings.Contains(err.Error(), "/nonexistent") {
+		t.Fatalf("a missing token file is an error: %v", err)
 	}
 
 	// A gzip tarball, a gzip log and a plain JSON file, as Velero writes them.
@@ -102,11 +76,11 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 	logs := []byte(strings.Repeat("time=2026-01-01 level=info msg=\"backed up item\"\n", 500))
 	meta := []byte(`{"kind":"Backup","apiVersion":"velero.io/v1","metadata":{"name":"b1"}}`)
 	puts := map[string][]byte{
-		"backups/b1/b1.tar.gz":           gz(t, tarball),
-		"backups/b1/b1-logs.gz":          gz(t, logs),
+		"backups/b1/b1.tar.gz":           testutil.Gzip(t, tarball),
+		"backups/b1/b1-logs.gz":          testutil.Gzip(t, logs),
 		"backups/b1/velero-backup.json":  meta,
 		"backups/b2/velero-backup.json":  meta,
-		"restores/r1/restore-r1-logs.gz": gz(t, logs),
+		"restores/r1/restore-r1-logs.gz": testutil.Gzip(t, logs),
 	}
 	for k, v := range puts {
 		if err := o.PutObject(b, k, bytes.NewReader(v)); err != nil {
@@ -130,7 +104,7 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := gunzip(t, r); !bytes.Equal(got, tarball) {
+	if got := testutil.Gunzip(t, r); !bytes.Equal(got, tarball) {
 		t.Fatal("the tarball's content differs")
 	}
 	_ = r.Close()
@@ -190,7 +164,7 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("signed GET: %s", resp.Status)
 	}
-	if got := gunzip(t, resp.Body); !bytes.Equal(got, logs) {
+	if got := testutil.Gunzip(t, resp.Body); !bytes.Equal(got, logs) {
 		t.Fatal("the signed URL serves the log")
 	}
 	_ = resp.Body.Close()
@@ -222,7 +196,7 @@ func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
 	var first, second *worker.Object
 	for i, key := range []string{"backups/d1/d1.tar.gz", "backups/d2/d2.tar.gz"} {
 		// The same resources, backed up a day apart: every tar header differs (mtime).
-		body := gz(t, veleroTarball(t, 300, time.Unix(1_767_225_600+int64(i)*86400, 0)))
+		body := testutil.Gzip(t, veleroTarball(t, 300, time.Unix(1_767_225_600+int64(i)*86400, 0)))
 		if err := o.PutObject("default", key, bytes.NewReader(body)); err != nil {
 			t.Fatal(err)
 		}
@@ -236,22 +210,8 @@ func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
 			second = m
 		}
 	}
-	req, _ := http.NewRequest(http.MethodGet, w.URL+"/v1/series/velero/default/versions", nil)
-	req.Header.Set("Authorization", "Bearer "+w.Tokens["velero"])
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	var versions []struct {
-		Number   int64 `json:"number"`
-		NewBytes int64 `json:"newBytes"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&versions); err != nil {
-		t.Fatal(err)
-	}
 	added := map[int64]int64{}
-	for _, v := range versions {
+	for _, v := range w.Versions(t, "velero", "default") {
 		added[v.Number] = v.NewBytes
 	}
 	// The second tarball's new bytes are its tar headers, nothing else.
@@ -299,5 +259,32 @@ func TestBucketsResolveThroughTheirBackupSeries(t *testing.T) {
 	}
 	if ok, err := o.ObjectExists("default", "k"); !ok || err != nil {
 		t.Fatalf("ObjectExists: %v %v", ok, err)
+	}
+}
+
+func TestTokenFiles(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct{ body, want, err string }{
+		{"abc123\n", "abc123", ""},
+		{"# the worker's token\n\ntoken= abc123 \n", "abc123", ""},
+		{"token:abc123\n", "abc123", ""},
+		{"token=\n", "", "no value"},
+		{"# only a comment\n", "", "no token"},
+	}
+	for i, c := range cases {
+		path := fmt.Sprintf("%s/t%d", dir, i)
+		if err := os.WriteFile(path, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readToken(path)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: want an error containing %q, got %q, %v", c.body, c.err, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%q: want %q, got %q, %v", c.body, c.want, got, err)
+		}
 	}
 }

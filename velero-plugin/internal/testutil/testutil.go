@@ -4,9 +4,13 @@
 package testutil
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,7 +23,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -36,8 +39,8 @@ type Worker struct {
 	cmd    *exec.Cmd
 }
 
-// RepoRoot is the repository's root directory.
-func RepoRoot() string {
+// repoRoot is the repository's root directory.
+func repoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
@@ -127,10 +130,66 @@ func (w *Worker) Push(t testing.TB, ns, series, path string) string {
 	return string(out)
 }
 
+// Version is one version of a series, as the worker lists it.
+type Version struct {
+	Number   int64 `json:"number"`
+	NewBytes int64 `json:"newBytes"`
+}
+
+// Versions lists the versions of ns/series on the worker (admin token).
+func (w *Worker) Versions(t testing.TB, ns, series string) []Version {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, w.URL+"/v1/series/"+ns+"/"+series+"/versions", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+w.Admin)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("listing the versions of %s/%s: %s: %s", ns, series, resp.Status, b)
+	}
+	var vs []Version
+	if err := json.NewDecoder(resp.Body).Decode(&vs); err != nil {
+		t.Fatal(err)
+	}
+	return vs
+}
+
+// Gzip compresses b.
+func Gzip(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// Gunzip reads the gzip stream r to its end.
+func Gunzip(t testing.TB, r io.Reader) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		t.Fatalf("not gzip: %v", err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // API is a running envtest control plane with the operator's CRDs.
 type API struct {
-	Env        *envtest.Environment
-	Config     *rest.Config
 	Client     client.Client
 	Kubeconfig string
 }
@@ -143,7 +202,7 @@ func StartAPI(t testing.TB) *API {
 		t.Fatal("KUBEBUILDER_ASSETS must name the envtest binaries: export KUBEBUILDER_ASSETS=$(hack/k8s-binaries.sh envtest | tail -1)")
 	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -168,7 +227,7 @@ func StartAPI(t testing.TB) *API {
 	if err := os.WriteFile(path, kc, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &API{Env: env, Config: cfg, Client: c, Kubeconfig: path}
+	return &API{Client: c, Kubeconfig: path}
 }
 
 // Namespace creates a namespace (if needed).
