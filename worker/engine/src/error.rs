@@ -55,6 +55,10 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// A gzip-encoded input that does not decode (corrupt or truncated).
+    #[error("the upload is not a valid gzip stream: {0}")]
+    BadGzip(String),
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -86,6 +90,7 @@ impl Error {
             Error::CorruptMetadata { .. } => "corrupt_metadata",
             Error::MissingContainer { .. } => "missing_container",
             Error::Invalid(_) => "invalid_argument",
+            Error::BadGzip(_) => "bad_gzip",
             Error::Io { .. } => "io_error",
             Error::Db(_) => "metadata_error",
             Error::Cancelled => "cancelled",
@@ -104,6 +109,7 @@ impl Error {
                 | Error::UnknownVersion { .. }
                 | Error::UnitMismatch { .. }
                 | Error::Invalid(_)
+                | Error::BadGzip(_)
         )
     }
 }

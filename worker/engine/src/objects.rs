@@ -538,9 +538,7 @@ impl Objects {
             ..Default::default()
         };
         let rep = backup(store, bucket, Box::new(source), &bopts).map_err(|e| match e {
-            Error::Invalid(m) if m.starts_with(GZIP_ERROR) => {
-                ObjectError::BadGzip(m[GZIP_ERROR.len()..].to_string())
-            }
+            Error::BadGzip(m) => ObjectError::BadGzip(m),
             e => ObjectError::Engine(e),
         })?;
         let rec = record(store.meta(), bucket, key)?.ok_or_else(|| {
@@ -678,9 +676,6 @@ struct Summary {
     tar_members: u64,
 }
 
-/// Prefix of the `Error::Invalid` message for a bad gzip upload.
-const GZIP_ERROR: &str = "gzip: ";
-
 /// Counts bytes read from the network.
 struct Counting<R> {
     inner: R,
@@ -807,7 +802,7 @@ impl ObjectSource {
                     | io::ErrorKind::UnexpectedEof
             )
         {
-            return Error::Invalid(format!("{GZIP_ERROR}{e}"));
+            return Error::BadGzip(e.to_string());
         }
         input_error(&self.name, e)
     }

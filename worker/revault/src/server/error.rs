@@ -55,7 +55,7 @@ impl ApiError {
 fn engine_status(e: &revault_engine::Error) -> StatusCode {
     match e.code() {
         "unknown_series" | "unknown_version" => StatusCode::NOT_FOUND,
-        "bad_series_name" | "invalid_argument" | "unit_mismatch" | "cancelled" => {
+        "bad_series_name" | "invalid_argument" | "bad_gzip" | "unit_mismatch" | "cancelled" => {
             StatusCode::BAD_REQUEST
         }
         "series_busy" | "locked" => StatusCode::CONFLICT,
