@@ -5,10 +5,10 @@
 //! - `lru-container`: whole decoded containers, least recently used out;
 //! - `lru-chunk`: the chunks of every container read, least recently used out
 //!   (one container's decode buffer is held while it is read);
-//! - `dasm`: Tan et al.'s Dynamic Adaptive Forward Assembly Area: each round,
-//!   Dynamic Orthotics sizes the assembly area and the container cache from
-//!   the fragmentation ahead (|ASM| + C_n·CS ≤ budget), containers reused by the
-//!   next round stay cached, the others are evicted;
+//! - `dasm`: Tan et al.'s Dynamic Adaptive Forward Assembly Area: an
+//!   assembly area and a container cache share the budget, re-split every
+//!   round from the recipe ahead (see `dasm.rs`, which also says where we
+//!   depart from the paper and why);
 //! - `opt`: Belady's optimal container cache with full look-ahead (evict the
 //!   container used farthest in the future): the papers' yardstick;
 //! - `auto` (the default): counts, on the recipe and before reading anything,
@@ -99,14 +99,14 @@ pub(crate) struct CacheStats {
 }
 
 /// Reads and decodes whole containers, counting what it costs.
-struct Loader<'s> {
+pub(crate) struct Loader<'s> {
     store: &'s Store,
     files: HashMap<ContainerId, Arc<ContainerFile>>,
-    stats: CacheStats,
+    pub(crate) stats: CacheStats,
 }
 
 impl<'s> Loader<'s> {
-    fn new(store: &'s Store) -> Self {
+    pub(crate) fn new(store: &'s Store) -> Self {
         Loader {
             store,
             files: HashMap::new(),
@@ -129,12 +129,12 @@ impl<'s> Loader<'s> {
     }
 
     /// Decoded size of a container (what caching it whole costs).
-    fn size(&mut self, id: ContainerId) -> Result<u64> {
+    pub(crate) fn size(&mut self, id: ContainerId) -> Result<u64> {
         Ok(self.file(id, false)?.footer.vbytes)
     }
 
     /// One container read: the whole data space, decoded.
-    fn load(&mut self, id: ContainerId) -> Result<Vec<u8>> {
+    pub(crate) fn load(&mut self, id: ContainerId) -> Result<Vec<u8>> {
         let f = self.file(id, false)?;
         let data = f.read_all()?;
         self.stats.reads += 1;
@@ -151,9 +151,14 @@ impl<'s> Loader<'s> {
     /// Reads and decodes the blocks holding `len` bytes at `vaddr`, without
     /// caching anything: (where the returned bytes start, the bytes). Counts
     /// the bytes, not a container read (the caller knows when a run starts).
-    fn read_blocks(&mut self, id: ContainerId, vaddr: u64, len: u32) -> Result<(u64, Vec<u8>)> {
+    pub(crate) fn read_blocks(
+        &mut self,
+        id: ContainerId,
+        vaddr: u64,
+        len: u64,
+    ) -> Result<(u64, Vec<u8>)> {
         let f = self.file(id, false)?;
-        let blocks = &f.footer.blocks[f.footer.blocks_for(vaddr, u64::from(len))];
+        let blocks = &f.footer.blocks[f.footer.blocks_for(vaddr, len)];
         let (Some(first), Some(last)) = (blocks.first(), blocks.last()) else {
             return Err(Error::CorruptContainer {
                 container: id.to_string(),
@@ -171,7 +176,7 @@ impl<'s> Loader<'s> {
     }
 }
 
-fn out_err(e: std::io::Error) -> Error {
+pub(crate) fn out_err(e: std::io::Error) -> Error {
     match e.downcast::<Error>() {
         Ok(inner) => inner,
         Err(e) => Error::Io {
@@ -191,7 +196,7 @@ fn slice(data: &[u8], vaddr: u64, len: u32, id: ContainerId) -> Result<&[u8]> {
 
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-fn write_zeros(out: &mut dyn Write, mut n: u64) -> Result<()> {
+pub(crate) fn write_zeros(out: &mut dyn Write, mut n: u64) -> Result<()> {
     while n > 0 {
         let k = n.min(ZEROS.len() as u64) as usize;
         out.write_all(&ZEROS[..k]).map_err(out_err)?;
@@ -210,7 +215,7 @@ pub(crate) fn run(
     match policy {
         CachePolicy::LruContainer => lru_container(store, locs, budget, out),
         CachePolicy::LruChunk => lru_chunk(store, locs, budget, out),
-        CachePolicy::Dasm => dasm(store, locs, budget, out),
+        CachePolicy::Dasm => crate::dasm::run(store, locs, budget, out),
         CachePolicy::Opt => opt(store, locs, budget, out),
         CachePolicy::Faa | CachePolicy::Auto => Err(Error::Invalid(format!(
             "the {policy} cache is run by restore.rs"
@@ -355,75 +360,9 @@ fn lru_chunk(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> R
     Ok(ld.stats)
 }
 
-fn dasm(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
-    let mut ld = Loader::new(store);
-    let mut cache: HashMap<ContainerId, Vec<u8>> = HashMap::new();
-    let mut asm: Vec<u8> = Vec::new();
-    let mut i = 0usize;
-    while i < locs.len() {
-        // Dynamic Orthotics: grow the round while |ASM| + containers ≤ budget.
-        let mut asm_size = 0u64;
-        let mut round: Vec<ContainerId> = Vec::new();
-        let mut csize = 0u64;
-        let mut j = i;
-        while j < locs.len() {
-            let (len, c) = match locs[j] {
-                Loc::Zero { len } => (u64::from(len), None),
-                Loc::Stored { container, len, .. } => (u64::from(len), Some(container)),
-            };
-            let extra = match c {
-                Some(c) if !round.contains(&c) => ld.size(c)?,
-                _ => 0,
-            };
-            if asm_size + len + csize + extra > budget {
-                break;
-            }
-            asm_size += len;
-            csize += extra;
-            if let Some(c) = c {
-                if extra > 0 {
-                    round.push(c);
-                }
-            }
-            j += 1;
-        }
-        if j == i {
-            let need = match locs[i] {
-                Loc::Stored { container, len, .. } => ld.size(container)? + u64::from(len),
-                Loc::Zero { len } => u64::from(len),
-            };
-            return Err(too_small("dasm", budget, need));
-        }
-        // Near-optimal eviction: keep what this round reuses, drop the rest.
-        cache.retain(|c, _| round.contains(c));
-        for c in &round {
-            if !cache.contains_key(c) {
-                let d = ld.load(*c)?;
-                cache.insert(*c, d);
-            }
-        }
-        let held: u64 = cache.values().map(|d| d.len() as u64).sum();
-        asm.clear();
-        for l in &locs[i..j] {
-            match *l {
-                Loc::Zero { len } => asm.resize(asm.len() + len as usize, 0),
-                Loc::Stored {
-                    container,
-                    vaddr,
-                    len,
-                } => asm.extend_from_slice(slice(&cache[&container], vaddr, len, container)?),
-            }
-        }
-        ld.stats.peak = ld.stats.peak.max(held + asm.len() as u64);
-        out.write_all(&asm).map_err(out_err)?;
-        i = j;
-    }
-    Ok(ld.stats)
-}
-
 /// next[i]: the next position after i using the same container
 /// (`usize::MAX` when none does, and for zero chunks).
-fn next_uses(locs: &[Loc]) -> Vec<usize> {
+pub(crate) fn next_uses(locs: &[Loc]) -> Vec<usize> {
     let mut next = vec![usize::MAX; locs.len()];
     let mut last: HashMap<ContainerId, usize> = HashMap::new();
     for (i, l) in locs.iter().enumerate().rev() {
@@ -477,7 +416,7 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
                     Some(off) => off,
                     None => {
                         direct.take(); // free the old blocks first
-                        let (start, data) = ld.read_blocks(container, vaddr, len)?;
+                        let (start, data) = ld.read_blocks(container, vaddr, u64::from(len))?;
                         while held + data.len() as u64 > budget {
                             let Some((_, victim)) = by_next.pop_last() else {
                                 break;

@@ -17,6 +17,7 @@ pub mod codec;
 pub mod commit;
 pub mod config;
 pub mod container;
+mod dasm;
 pub mod error;
 pub mod expire;
 pub mod fp;

@@ -148,15 +148,11 @@ fn latest_reads(
     (rep.container_reads, rep.cache)
 }
 
-#[test]
-fn auto_runs_whichever_of_faa_and_opt_reads_fewer_containers() {
-    // 1 MiB containers, 3 MiB of restore memory.
-    let budget = 3 * MIB;
-
-    // A version that repeats its first 2 MiB after 2 MiB of other data: the
-    // assembly area has forgotten the repeat's containers by then, Belady's
-    // cache has kept them.
-    let (_d, store) = new_store(small_config());
+/// 1 MiB containers; a version that repeats its first 2 MiB after 2 MiB of
+/// other data. With 3 MiB of memory the assembly area has forgotten the
+/// repeat's containers by then; a container cache can keep them.
+fn repeat_after_a_gap() -> (tempfile::TempDir, revault_engine::store::Store) {
+    let (d, store) = new_store(small_config());
     let (a, b) = (random(2 << 20, 21), random(2 << 20, 22));
     backup_bytes(
         &store,
@@ -164,15 +160,14 @@ fn auto_runs_whichever_of_faa_and_opt_reads_fewer_containers() {
         &[a.clone(), b, a].concat(),
         DedupUnit::Chunk,
     );
-    let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
-    let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
-    assert!(opt < faa, "opt {opt} reads, faa {faa}");
-    let (auto, ran) = latest_reads(&store, CachePolicy::Auto, budget);
-    assert_eq!((auto, ran.as_str()), (opt, "opt"));
+    (d, store)
+}
 
-    // A version woven from 64 KiB pieces of eight earlier ones: every window
-    // needs all eight containers, more than three fit in a container cache.
-    let (_d, store) = new_store(small_config());
+/// 1 MiB containers; a version woven from 64 KiB pieces of eight earlier
+/// ones. With 3 MiB of memory every window needs all eight containers, more
+/// than fit in a container cache.
+fn woven_from_eight() -> (tempfile::TempDir, revault_engine::store::Store) {
+    let (d, store) = new_store(small_config());
     let olds: Vec<Vec<u8>> = (0..8).map(|i| random(1 << 20, 30 + i)).collect();
     for o in &olds {
         backup_bytes(&store, "default/s", o, DedupUnit::Chunk);
@@ -184,11 +179,49 @@ fn auto_runs_whichever_of_faa_and_opt_reads_fewer_containers() {
         }
     }
     backup_bytes(&store, "default/s", &woven, DedupUnit::Chunk);
+    (d, store)
+}
+
+#[test]
+fn auto_runs_whichever_of_faa_and_opt_reads_fewer_containers() {
+    let budget = 3 * MIB;
+
+    let (_d, store) = repeat_after_a_gap();
+    let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
+    let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
+    assert!(opt < faa, "opt {opt} reads, faa {faa}");
+    let (auto, ran) = latest_reads(&store, CachePolicy::Auto, budget);
+    assert_eq!((auto, ran.as_str()), (opt, "opt"));
+
+    let (_d, store) = woven_from_eight();
     let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
     let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
     assert!(faa < opt, "faa {faa} reads, opt {opt}");
     let (auto, ran) = latest_reads(&store, CachePolicy::Auto, budget);
     assert_eq!((auto, ran.as_str()), (faa, "faa"));
+}
+
+#[test]
+fn dasm_adapts_to_both_a_repeat_and_a_weave() {
+    // DASM splits its memory between an assembly area and a container cache
+    // by what lies ahead: on the repeat it keeps the repeated containers and
+    // reads fewer than the assembly area alone; on the weave it keeps none
+    // and reads no more than it. (4 MiB for the repeat: at 3 MiB, a 1 MiB
+    // container of cache leaves too small an area to pay off.)
+    let (_d, store) = repeat_after_a_gap();
+    let (faa, _) = latest_reads(&store, CachePolicy::Faa, 4 * MIB);
+    let (dasm, _) = latest_reads(&store, CachePolicy::Dasm, 4 * MIB);
+    assert!(dasm < faa, "repeat: dasm {dasm} reads, faa {faa}");
+
+    let budget = 3 * MIB;
+    let (_d, store) = woven_from_eight();
+    let (faa, _) = latest_reads(&store, CachePolicy::Faa, budget);
+    let (opt, _) = latest_reads(&store, CachePolicy::Opt, budget);
+    let (dasm, _) = latest_reads(&store, CachePolicy::Dasm, budget);
+    assert!(
+        dasm <= faa && dasm < opt,
+        "weave: dasm {dasm}, faa {faa}, opt {opt}"
+    );
 }
 
 #[test]
