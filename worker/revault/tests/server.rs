@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::server::{client, client_ok, slow_push, wait_child, Server};
@@ -419,6 +419,68 @@ fn an_interrupted_push_leaves_no_version() {
     let l = ok_json(&["list", "--store", store.to_str().unwrap()]);
     assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
     assert_check_ok(&store);
+}
+
+#[test]
+fn a_pull_that_breaks_off_leaves_nothing_under_the_output_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let srv = Server::start(&store, &[]);
+    let url = srv.url();
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, random(6 << 20, 31)).unwrap();
+    client_ok(
+        &push_args(&url, "default/db", input.to_str().unwrap()),
+        None,
+    );
+    // Flip a byte inside the largest container: the server's restore finds
+    // the bad checksum and ends the body with an error.
+    let mut files: Vec<PathBuf> = walkdir(&store.join("data"));
+    files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let victim = files.last().expect("a container");
+    let mut bytes = std::fs::read(victim).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(victim, bytes).unwrap();
+
+    let out = dir.path().join("out.bin");
+    let o = client(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/db",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!o.status.success(), "a corrupt restore was pulled");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nothing was written"), "{err}");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("out.bin")),
+        "left behind: {names:?}"
+    );
+}
+
+/// Every file below `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -73,32 +74,106 @@ fn partial_name(p: &Path) -> PathBuf {
     p.with_file_name(format!(".{name}.revault-partial"))
 }
 
-/// Writes the body: chunks straight to a file or stdout, or through tar
-/// extraction for a directory.
-fn consume(target: &Target, mut rx: mpsc::Receiver<io::Result<Bytes>>) -> io::Result<()> {
-    let mut copy = |out: &mut dyn Write| -> io::Result<()> {
-        while let Some(chunk) = rx.blocking_recv() {
-            out.write_all(&chunk?)?;
-        }
-        out.flush()
-    };
-    match target {
-        Target::Stdout => copy(&mut io::stdout().lock()),
-        Target::File(p) => {
-            let tmp = partial_name(p);
-            let res = (|| {
-                let mut f = File::create(&tmp)?;
-                copy(&mut f)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, p)
-            })();
-            if res.is_err() {
-                let _ = std::fs::remove_file(&tmp);
+/// Where the body goes. A file, stdout or a device is written from the
+/// download loop itself, each piece as it arrives: handing every piece (tens
+/// of KiB over loopback) to a writer thread cost more CPU than the writes,
+/// and a piece written and dropped at once lets the HTTP client reuse its
+/// read buffer instead of faulting in fresh pages. A write that blocks (a
+/// slow pipe) holds one of the two runtime threads, which is the
+/// backpressure we want. A directory is extracted by `tar` on a blocking
+/// thread fed through a bounded channel.
+enum Sink {
+    Direct {
+        out: File,
+        /// (partial name, final name): a file is renamed when complete.
+        rename: Option<(PathBuf, PathBuf)>,
+    },
+    Extract {
+        tx: mpsc::Sender<io::Result<Bytes>>,
+        task: tokio::task::JoinHandle<io::Result<()>>,
+    },
+}
+
+impl Sink {
+    fn open(target: Target) -> io::Result<Sink> {
+        Ok(match target {
+            // The raw descriptor: `io::stdout()` is line-buffered, which
+            // scans and re-buffers binary data.
+            Target::Stdout => Sink::Direct {
+                out: File::from(io::stdout().as_fd().try_clone_to_owned()?),
+                rename: None,
+            },
+            Target::Special(p) => Sink::Direct {
+                out: std::fs::OpenOptions::new().write(true).open(p)?,
+                rename: None,
+            },
+            Target::File(p) => {
+                let tmp = partial_name(&p);
+                Sink::Direct {
+                    out: File::create(&tmp)?,
+                    rename: Some((tmp, p)),
+                }
             }
-            res
+            Target::Dir(d) => {
+                let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
+                let task =
+                    tokio::task::spawn_blocking(move || extract_tar(ChannelRead::new(rx), &d));
+                Sink::Extract { tx, task }
+            }
+        })
+    }
+
+    async fn write(&mut self, b: Bytes) -> io::Result<()> {
+        match self {
+            Sink::Direct { out, .. } => out.write_all(&b),
+            // A closed channel means the extraction failed; `finish` says why.
+            Sink::Extract { tx, .. } => tx
+                .send(Ok(b))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the extraction stopped")),
         }
-        Target::Special(p) => copy(&mut std::fs::OpenOptions::new().write(true).open(p)?),
-        Target::Dir(d) => extract_tar(ChannelRead::new(rx), d),
+    }
+
+    /// Completes the output: synced and renamed into place, or extracted.
+    async fn finish(self) -> io::Result<()> {
+        match self {
+            Sink::Direct { out, rename } => {
+                let done = (|| {
+                    if let Some((tmp, p)) = &rename {
+                        out.sync_all()?;
+                        std::fs::rename(tmp, p)?;
+                    }
+                    Ok(())
+                })();
+                if done.is_err() {
+                    Sink::Direct { out, rename }.abandon().await;
+                }
+                done
+            }
+            Sink::Extract { tx, task } => {
+                drop(tx);
+                task.await.map_err(io::Error::other)?
+            }
+        }
+    }
+
+    /// Gives up after a broken download: a partial file is removed, an
+    /// extraction is told the stream failed and left to stop.
+    async fn abandon(self) {
+        match self {
+            Sink::Direct { rename, .. } => {
+                if let Some((tmp, _)) = rename {
+                    let _ = std::fs::remove_file(tmp);
+                }
+            }
+            Sink::Extract { tx, task } => {
+                let _ = tx
+                    .send(Err(io::Error::other("the download broke off")))
+                    .await;
+                drop(tx);
+                let _ = task.await;
+            }
+        }
     }
 }
 
@@ -153,35 +228,43 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             );
         }
         let pb = output::progress(total, quiet, &format!("pull {} v{number}", a.series));
-        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
-        let writer = tokio::task::spawn_blocking(move || consume(&target, rx));
+        let mut sink = Sink::open(target).with_context(|| format!("writing {}", a.output))?;
         let mut body = resp.bytes_stream();
         let mut received = 0u64;
-        let mut failed = None;
+        let (mut broke, mut write_err) = (None, None);
         while let Some(item) = body.next().await {
             match item {
                 Ok(b) => {
                     received += b.len() as u64;
                     pb.set_position(received);
-                    if tx.send(Ok(b)).await.is_err() {
-                        break; // the writer failed; it reports why
+                    if let Err(e) = sink.write(b).await {
+                        write_err = Some(e);
+                        break;
                     }
                 }
                 Err(e) => {
-                    let msg = format!("the download broke off after {received} bytes: {e}");
-                    let _ = tx.send(Err(io::Error::other(msg.clone()))).await;
-                    failed = Some(msg);
+                    broke = Some(format!("the download broke off after {received} bytes: {e}"));
                     break;
                 }
             }
         }
-        drop(tx);
-        let w = writer.await.context("the writer task failed")?;
         pb.finish_and_clear();
-        if let Some(msg) = failed {
+        if let Some(msg) = broke {
+            sink.abandon().await;
             bail!("{msg}; nothing was written under the output name");
         }
-        w.with_context(|| format!("writing {}", a.output))?;
+        let done = match write_err {
+            None => sink.finish().await,
+            // An extraction that stopped says why when it is joined.
+            Some(e) => match sink {
+                s @ Sink::Extract { .. } => s.finish().await.and(Err(e)),
+                s => {
+                    s.abandon().await;
+                    Err(e)
+                }
+            },
+        };
+        done.with_context(|| format!("writing {}", a.output))?;
         if let Some(t) = total {
             if received != t {
                 bail!("the download ended after {received} of {t} bytes");
