@@ -5,7 +5,9 @@
    offline CLI (`revault backup` / `revault restore`, local store) and with
    the service (`revault push` / `revault pull` against `revault serve` on
    127.0.0.1), each restore written to /dev/null through stdout. Reported:
-   MiB/s of each and the service's share of the offline figure.
+   MiB/s of each and the service's share of the offline figure, and the CPU
+   seconds of the offline restores against those of the server and of the
+   `revault pull` processes (where a pull's extra work goes).
 2. Load: 8 concurrent pushes and 8 concurrent pulls of different series for
    several rounds, while one thread polls GET /v1/series/{ns}/{name}/versions;
    reported: the p50/p99 listing latency and the server's peak RSS (VmHWM).
@@ -21,6 +23,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -45,6 +48,19 @@ def timed(args, **kw):
     t = time.perf_counter()
     run(args, **kw)
     return time.perf_counter() - t
+
+
+def children_cpu():
+    """CPU seconds (user + system) of every finished child so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu(pid):
+    """CPU seconds (user + system) of a running process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dataset(work, versions):
@@ -96,6 +112,7 @@ def throughput(work, files, reps):
     machine (other builds, other tests) biases neither side."""
     total = sum(os.path.getsize(f) for f in files)
     b_off, b_srv, r_off, r_srv = [], [], [], []
+    cpu = {"restore": 0.0, "pull_server": 0.0, "pull_client": 0.0}
     for rep in range(reps):
         off = os.path.join(work, f"offline-{rep}")
         run(["init", "--store", off], stdout=subprocess.DEVNULL)
@@ -111,11 +128,19 @@ def throughput(work, files, reps):
             b_srv.append(tb_srv)
             tr_off = tr_srv = 0.0
             for i in range(len(files)):
+                c = children_cpu()
                 tr_off += timed(["restore", "--store", off, "--series", "bench/s", "--version",
                                  str(i + 1), "-o", "-", "-q"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cpu["restore"] += children_cpu() - c
+                c, s = children_cpu(), process_cpu(srv.p.pid)
                 tr_srv += timed(["pull", "--server", srv.url, "--series", "bench/s", "--version",
                                  str(i + 1), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cpu["pull_client"] += children_cpu() - c
+                # The server's clock ticks are 10 ms: a short wait lets the
+                # last of the response's work be counted.
+                time.sleep(0.05)
+                cpu["pull_server"] += process_cpu(srv.p.pid) - s
             r_off.append(tr_off)
             r_srv.append(tr_srv)
         finally:
@@ -133,6 +158,8 @@ def throughput(work, files, reps):
         "restore_offline_mibs": round(mb / r_off, 1),
         "pull_mibs": round(mb / r_srv, 1),
         "pull_vs_offline": round(r_off / r_srv, 3),
+        # CPU seconds over all repetitions: where a pull's extra work goes.
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
     }
 
 
@@ -230,6 +257,9 @@ def main():
           f"({100 * t['push_vs_offline']:.0f}% of offline)")
     print(f"restore  offline {t['restore_offline_mibs']:8.1f} MiB/s   pull {t['pull_mibs']:8.1f} MiB/s   "
           f"({100 * t['pull_vs_offline']:.0f}% of offline)")
+    c = t["cpu_s"]
+    print(f"restore CPU seconds: offline {c['restore']:.2f}; pull: server {c['pull_server']:.2f} + "
+          f"client {c['pull_client']:.2f} ({100 * c['pull_client'] / c['restore']:.0f}% of offline)")
     print(f"load: {l['rounds']} rounds of {l['concurrent_pushes']} pushes + {l['concurrent_pulls']} pulls, "
           f"{l['moved_mib']} MiB in {l['seconds']}s ({l['aggregate_mibs']} MiB/s); server peak RSS "
           f"{l['server_peak_rss_mib']} MiB; GET versions p50 {l['listing_p50_ms']} ms, "

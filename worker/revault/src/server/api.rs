@@ -230,7 +230,7 @@ pub(crate) fn restore_body(
         + 'static,
     done: impl FnOnce(&App, revault_engine::Result<RestoreReport>) + Send + 'static,
 ) -> Body {
-    let (mut writer, body) = ChannelWriter::new(app.metrics.clone());
+    let (mut writer, body) = ChannelWriter::new(app.metrics.clone(), opts.cache_bytes);
     let cancel = Arc::new(AtomicBool::new(false));
     opts.cancel = Some(cancel.clone());
     let guard = app.begin(Some(cancel));

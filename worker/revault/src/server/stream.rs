@@ -17,8 +17,10 @@ use super::metrics::Metrics;
 
 /// Body frames queued between the network and the engine.
 const BODY_QUEUE: usize = 16;
-/// Response chunks queued between the engine and the network.
-const RESPONSE_QUEUE: usize = 8;
+/// Response chunks queued between the engine and the network: at least
+/// this many, and up to a restore's memory budget (see `ChannelWriter::new`).
+const RESPONSE_QUEUE_MIN: usize = 8;
+const RESPONSE_QUEUE_MAX: usize = 64;
 const RESPONSE_CHUNK: usize = 1 << 20;
 /// After the engine stopped reading (it failed early), read and discard at most
 /// this much more of the body so the client gets the error response rather
@@ -184,9 +186,16 @@ pub struct ChannelWriter {
 }
 
 impl ChannelWriter {
-    /// A writer and the response body it feeds.
-    pub fn new(metrics: Arc<Metrics>) -> (ChannelWriter, Body) {
-        let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(RESPONSE_QUEUE);
+    /// A writer and the response body it feeds. A restore writes a whole
+    /// assembly window at once; with room for about a window in the queue
+    /// (`window_bytes`, capped at 64 MiB) it decodes the next window while
+    /// the last one is sent, instead of waiting for the client (on the
+    /// engine's one thread, decoding and sending were taking turns). The
+    /// price: a restore holds up to twice its budget (docs/service.md).
+    pub fn new(metrics: Arc<Metrics>, window_bytes: u64) -> (ChannelWriter, Body) {
+        let queue = ((window_bytes / RESPONSE_CHUNK as u64) as usize)
+            .clamp(RESPONSE_QUEUE_MIN, RESPONSE_QUEUE_MAX);
+        let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(queue);
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
