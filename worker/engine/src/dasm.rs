@@ -302,6 +302,9 @@ pub(crate) fn run(
             }
         }
         debug_assert_eq!(at as u64, round.area);
+        // A cached container this round neither uses nor keeps goes now,
+        // before anything is admitted in its place.
+        cache.retain(|c, _| by_container.contains_key(c) || round.cache_out.contains(c));
         area.clear();
         area.resize(at, 0);
         // Cached containers first, dropping the ones this round is their
