@@ -6,8 +6,9 @@
    the service (`revault push` / `revault pull` against `revault serve` on
    127.0.0.1), each restore written to /dev/null through stdout. Reported:
    MiB/s of each and the service's share of the offline figure, and the CPU
-   seconds of the offline restores against those of the server and of the
-   `revault pull` processes (where a pull's extra work goes).
+   seconds of the offline runs against those of the server and of the
+   `revault push`/`revault pull` processes (where the service's extra work
+   goes).
 2. Load: 8 concurrent pushes and 8 concurrent pulls of different series for
    several rounds, while one thread polls GET /v1/series/{ns}/{name}/versions;
    reported: the p50/p99 listing latency and the server's peak RSS (VmHWM).
@@ -112,7 +113,7 @@ def throughput(work, files, reps):
     machine (other builds, other tests) biases neither side."""
     total = sum(os.path.getsize(f) for f in files)
     b_off, b_srv, r_off, r_srv = [], [], [], []
-    cpu = {"restore": 0.0, "pull_server": 0.0, "pull_client": 0.0}
+    cpu = {k: 0.0 for k in ("backup", "push_server", "push_client", "restore", "pull_server", "pull_client")}
     for rep in range(reps):
         off = os.path.join(work, f"offline-{rep}")
         run(["init", "--store", off], stdout=subprocess.DEVNULL)
@@ -120,10 +121,16 @@ def throughput(work, files, reps):
         try:
             tb_off = tb_srv = 0.0
             for f in files:
+                c = children_cpu()
                 tb_off += timed(["backup", "--store", off, "--series", "bench/s", f, "-q"],
                                 stdout=subprocess.DEVNULL)
+                cpu["backup"] += children_cpu() - c
+                c, s = children_cpu(), process_cpu(srv.p.pid)
                 tb_srv += timed(["push", "--server", srv.url, "--series", "bench/s", f, "-q"],
                                 stdout=subprocess.DEVNULL)
+                cpu["push_client"] += children_cpu() - c
+                time.sleep(0.05)  # see below
+                cpu["push_server"] += process_cpu(srv.p.pid) - s
             b_off.append(tb_off)
             b_srv.append(tb_srv)
             tr_off = tr_srv = 0.0
@@ -258,8 +265,10 @@ def main():
     print(f"restore  offline {t['restore_offline_mibs']:8.1f} MiB/s   pull {t['pull_mibs']:8.1f} MiB/s   "
           f"({100 * t['pull_vs_offline']:.0f}% of offline)")
     c = t["cpu_s"]
-    print(f"restore CPU seconds: offline {c['restore']:.2f}; pull: server {c['pull_server']:.2f} + "
-          f"client {c['pull_client']:.2f} ({100 * c['pull_client'] / c['restore']:.0f}% of offline)")
+    for off, srv in (("backup", "push"), ("restore", "pull")):
+        print(f"CPU seconds: {off} {c[off]:.2f}; {srv}: server {c[srv + '_server']:.2f} "
+              f"({100 * c[srv + '_server'] / c[off]:.0f}%) + client {c[srv + '_client']:.2f} "
+              f"({100 * c[srv + '_client'] / c[off]:.0f}%)")
     print(f"load: {l['rounds']} rounds of {l['concurrent_pushes']} pushes + {l['concurrent_pulls']} pulls, "
           f"{l['moved_mib']} MiB in {l['seconds']}s ({l['aggregate_mibs']} MiB/s); server peak RSS "
           f"{l['server_peak_rss_mib']} MiB; GET versions p50 {l['listing_p50_ms']} ms, "
