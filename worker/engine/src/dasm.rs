@@ -24,12 +24,12 @@
 //! windows (which also hold zero runs; here zeros are written directly).
 //!
 //! Dynamic Orthotics here: the cache reserve is a whole number of the
-//! largest containers (0, 1, 2, … as long as at least 1 MiB of area is
-//! left). Before each round the planner simulates, for every reserve, the
-//! rounds covering the next two budgets' worth of bytes (reads counted on
-//! the recipe, no I/O) and picks the reserve with the fewest reads per byte;
-//! ties go to the larger area. Only that round is kept; the next decides
-//! again (a receding horizon). A horizon cannot see every long-range reuse,
+//! largest containers (up to 8 choices spread from none to the most that
+//! leaves 1 MiB of area). At the start and then once every half budget of
+//! bytes, the planner simulates, for every reserve, the rounds covering the
+//! next two budgets' worth of bytes (reads counted on the recipe, no I/O)
+//! and picks the reserve with the fewest reads per byte; ties go to the
+//! larger area (a receding horizon). A horizon cannot see every long-range reuse,
 //! so the plan is compared, on the whole recipe, with keeping each reserve
 //! throughout, and the fewest reads win: DASM never reads more containers
 //! than an assembly area of the whole budget. Within a reserve the cache keeps the containers whose next
@@ -48,6 +48,8 @@ use crate::store::Store;
 
 /// Smallest assembly area a cache reserve may leave.
 const MIN_AREA: u64 = MIB;
+/// Most cache reserves Dynamic Orthotics compares.
+const RESERVES: u64 = 8;
 
 /// A place in the restore: byte `.1` of position `.0`. Rounds end exactly
 /// when their area is full, splitting a chunk between two rounds if need be,
@@ -92,13 +94,15 @@ struct Planner<'a> {
 impl<'a> Planner<'a> {
     fn new(locs: &'a [Loc], sizes: HashMap<ContainerId, u64>, budget: u64) -> Self {
         let largest = sizes.values().copied().max().unwrap_or(0).max(1);
-        let mut reserves = vec![0];
-        while let Some(r) = reserves.last().map(|r| r + largest) {
-            if r + MIN_AREA > budget {
-                break;
-            }
-            reserves.push(r);
-        }
+        // Up to RESERVES whole-container reserves, spread evenly from none
+        // to the most that leaves MIN_AREA (the planning cost grows with
+        // their number; 32 MiB of memory with 4 MiB containers has 8).
+        let most = budget.saturating_sub(MIN_AREA) / largest;
+        let steps = most.min(RESERVES - 1);
+        let mut reserves: Vec<u64> = (0..=steps)
+            .map(|i| (i * most).checked_div(steps).unwrap_or(0) * largest)
+            .collect();
+        reserves.dedup();
         Planner {
             locs,
             next: crate::caches::next_uses(locs),
@@ -202,7 +206,16 @@ impl<'a> Planner<'a> {
     /// cannot see every long-range reuse); with no cache that split is
     /// the plain assembly area, so DASM never reads more than `faa`.
     fn plan(&self) -> Vec<Round> {
-        let mut best = self.plan_by(|at, cache| {
+        // The split is chosen again once every half budget of bytes (every
+        // round when rounds are large): planning costs reserves × horizon
+        // per decision.
+        let mut decided: Option<(u64, u64)> = None; // (reserve, at bytes)
+        let mut best = self.plan_by(|at, cache, done| {
+            if let Some((r, when)) = decided {
+                if done < when + self.budget / 2 {
+                    return r;
+                }
+            }
             let mut best = (f64::INFINITY, 0u64);
             for &r in &self.reserves {
                 let c = self.cost(at, cache, r);
@@ -210,10 +223,11 @@ impl<'a> Planner<'a> {
                     best = (c, r);
                 }
             }
+            decided = Some((best.1, done));
             best.1
         });
         for &r in &self.reserves {
-            let fixed = self.plan_by(|_, _| r);
+            let fixed = self.plan_by(|_, _, _| r);
             if total_reads(&fixed) < total_reads(&best) {
                 best = fixed;
             }
@@ -221,13 +235,18 @@ impl<'a> Planner<'a> {
         best
     }
 
-    /// Rounds with the cache reserve `reserve(start, cache)` picks.
-    fn plan_by(&self, reserve: impl Fn(Cursor, &[(ContainerId, usize)]) -> u64) -> Vec<Round> {
+    /// Rounds with the cache reserve `reserve(start, cache, bytes planned
+    /// so far)` picks.
+    fn plan_by(
+        &self,
+        mut reserve: impl FnMut(Cursor, &[(ContainerId, usize)], u64) -> u64,
+    ) -> Vec<Round> {
         let mut rounds = Vec::new();
         let mut cache: Vec<(ContainerId, usize)> = Vec::new();
         let mut at: Cursor = (0, 0);
+        let mut done = 0u64;
         while at.0 < self.locs.len() {
-            let s = self.step(at, &cache, reserve(at, &cache));
+            let s = self.step(at, &cache, reserve(at, &cache, done));
             rounds.push(Round {
                 start: at,
                 end: s.end,
@@ -236,6 +255,7 @@ impl<'a> Planner<'a> {
                 area: s.bytes,
                 reads: s.reads,
             });
+            done += s.bytes;
             at = s.end;
             cache = s.cache_out;
         }
@@ -436,6 +456,18 @@ mod tests {
             let cache = r.cache_in.len().max(r.cache_out.len()) as u64 * 4 * MIB;
             assert!(r.area + cache <= 16 * MIB, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_large_budget_compares_eight_reserves_from_none_to_the_most() {
+        let locs = run_of(0, 0, 4);
+        let r = planner(&locs, 128).reserves;
+        let ks: Vec<u64> = r.iter().map(|r| r / (4 * MIB)).collect();
+        // 128 MiB leaves room for at most 31 containers beside 1 MiB of area.
+        assert_eq!(ks, vec![0, 4, 8, 13, 17, 22, 26, 31]);
+        // 32 MiB: every whole number of containers, 0..=7.
+        let r = planner(&locs, 32).reserves;
+        assert_eq!(r, (0..8).map(|k| k * 4 * MIB).collect::<Vec<_>>());
     }
 
     #[test]
