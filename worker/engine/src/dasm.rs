@@ -300,7 +300,6 @@ pub(crate) fn run(
     let mut cache: HashMap<ContainerId, Vec<u8>> = HashMap::new();
     let mut area: Vec<u8> = Vec::new();
     for round in &plan {
-        cache.retain(|c, _| round.cache_in.contains(c));
         // Where each stored piece goes in the area (offset, data-space
         // address, length), grouped by container in order of first use.
         let mut order: Vec<ContainerId> = Vec::new();
@@ -322,9 +321,12 @@ pub(crate) fn run(
             }
         }
         debug_assert_eq!(at as u64, round.area);
-        // A cached container this round neither uses nor keeps goes now,
-        // before anything is admitted in its place.
-        cache.retain(|c, _| by_container.contains_key(c) || round.cache_out.contains(c));
+        // Keep what the plan keeps into this round, and of that only what
+        // the round uses or keeps after it, before anything is admitted.
+        cache.retain(|c, _| {
+            round.cache_in.contains(c)
+                && (by_container.contains_key(c) || round.cache_out.contains(c))
+        });
         area.clear();
         area.resize(at, 0);
         // Cached containers first, dropping the ones this round is their
