@@ -126,7 +126,7 @@ impl Sink {
     async fn write(&mut self, b: Bytes) -> io::Result<()> {
         match self {
             Sink::Direct { out, .. } => out.write_all(&b),
-            // A closed channel means the extraction failed; `finish` says why.
+            // A closed channel means the extraction failed; `abandon` says why.
             Sink::Extract { tx, .. } => tx
                 .send(Ok(b))
                 .await
@@ -137,19 +137,17 @@ impl Sink {
     /// Completes the output: synced and renamed into place, or extracted.
     async fn finish(self) -> io::Result<()> {
         match self {
-            Sink::Direct { out, rename } => {
-                let done = (|| {
-                    if let Some((tmp, p)) = &rename {
-                        out.sync_all()?;
-                        std::fs::rename(tmp, p)?;
-                    }
-                    Ok(())
-                })();
+            Sink::Direct {
+                out,
+                rename: Some((tmp, p)),
+            } => {
+                let done = out.sync_all().and_then(|_| std::fs::rename(&tmp, p));
                 if done.is_err() {
-                    Sink::Direct { out, rename }.abandon().await;
+                    let _ = std::fs::remove_file(&tmp);
                 }
                 done
             }
+            Sink::Direct { rename: None, .. } => Ok(()),
             Sink::Extract { tx, task } => {
                 drop(tx);
                 task.await.map_err(io::Error::other)?
@@ -157,21 +155,26 @@ impl Sink {
         }
     }
 
-    /// Gives up after a broken download: a partial file is removed, an
-    /// extraction is told the stream failed and left to stop.
-    async fn abandon(self) {
+    /// Gives up: removes a partial file, or ends an extraction with `why`
+    /// and joins it. Returns the error to report: the extraction's own if
+    /// it had stopped first (writing to it fails only then), else `why`.
+    async fn abandon(self, why: io::Error) -> io::Error {
         match self {
             Sink::Direct { rename, .. } => {
                 if let Some((tmp, _)) = rename {
                     let _ = std::fs::remove_file(tmp);
                 }
+                why
             }
             Sink::Extract { tx, task } => {
                 let _ = tx
-                    .send(Err(io::Error::other("the download broke off")))
+                    .send(Err(io::Error::new(why.kind(), why.to_string())))
                     .await;
                 drop(tx);
-                let _ = task.await;
+                match task.await {
+                    Ok(Err(own)) => own,
+                    _ => why,
+                }
             }
         }
     }
@@ -250,19 +253,12 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
         }
         pb.finish_and_clear();
         if let Some(msg) = broke {
-            sink.abandon().await;
+            sink.abandon(io::Error::other(msg.clone())).await;
             bail!("{msg}; nothing was written under the output name");
         }
         let done = match write_err {
             None => sink.finish().await,
-            // An extraction that stopped says why when it is joined.
-            Some(e) => match sink {
-                s @ Sink::Extract { .. } => s.finish().await.and(Err(e)),
-                s => {
-                    s.abandon().await;
-                    Err(e)
-                }
-            },
+            Some(e) => Err(sink.abandon(e).await),
         };
         done.with_context(|| format!("writing {}", a.output))?;
         if let Some(t) = total {
