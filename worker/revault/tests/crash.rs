@@ -142,7 +142,7 @@ fn sigkill_during_backup_never_loses_or_half_commits() {
         .filter(|w| w.as_str().unwrap().contains("orphan"))
         .collect();
     assert!(orphans.is_empty(), "{orphans:?}");
-    let files = walk_count(&store.join("data"));
+    let files = files_under(&store.join("data")).len();
     let st = ok_json(&["stats", "--store", &s]);
     assert_eq!(
         files as u64,
@@ -164,18 +164,4 @@ fn sigkill_during_backup_never_loses_or_half_commits() {
         ]);
         assert_eq!(sha256_file(&out), sha256_file(path), "version {v}");
     }
-}
-
-fn walk_count(p: &std::path::Path) -> usize {
-    std::fs::read_dir(p)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                walk_count(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
 }

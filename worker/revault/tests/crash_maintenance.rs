@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -129,20 +129,6 @@ impl Fixture {
     }
 }
 
-fn walk_count(p: &Path) -> usize {
-    std::fs::read_dir(p)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                walk_count(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
-}
-
 #[test]
 fn sigkill_during_slide_expire_and_gc_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -222,7 +208,7 @@ fn sigkill_during_slide_expire_and_gc_loses_nothing() {
     assert!(orphans.is_empty(), "{orphans:?}");
     let st = ok_json(&["stats", "--store", &s]);
     assert_eq!(
-        walk_count(&store.join("data")) as u64,
+        files_under(&store.join("data")).len() as u64,
         st["containers"].as_u64().unwrap()
     );
     for i in 0..f.inputs.len() {

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::server::{client, client_ok, slow_push, wait_child, Server};
@@ -16,6 +16,10 @@ use sha2::{Digest, Sha256};
 
 fn push_args<'a>(url: &'a str, series: &'a str, input: &'a str) -> Vec<&'a str> {
     vec!["push", "--server", url, "--series", series, input]
+}
+
+fn pull_to<'a>(url: &'a str, series: &'a str, output: &'a str) -> Vec<&'a str> {
+    vec!["pull", "--server", url, "--series", series, "-o", output]
 }
 
 /// Every entry under `root`: type, mode, mtime, size, content hash, link.
@@ -155,18 +159,7 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     // latest into a FIFO (like -o /dev/null): written in place, not replaced
     let fifo = dir.path().join("pipe");
     let reader = fifo_reader(&fifo);
-    client_ok(
-        &[
-            "pull",
-            "--server",
-            &url,
-            "--series",
-            "default/db",
-            "-o",
-            fifo.to_str().unwrap(),
-        ],
-        None,
-    );
+    client_ok(&pull_to(&url, "default/db", fifo.to_str().unwrap()), None);
     assert!(reader.join().unwrap() == data);
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
     // no partial file is left beside the output
@@ -210,32 +203,13 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     );
     let back = dir.path().join("back");
     client_ok(
-        &[
-            "pull",
-            "--server",
-            &url,
-            "--series",
-            "default/files",
-            "-o",
-            &format!("{}/", back.display()),
-        ],
+        &pull_to(&url, "default/files", &format!("{}/", back.display())),
         None,
     );
     assert_eq!(tree_listing(&back), tree_listing(&tree));
     // The same version as a tar to a file.
     let tar = dir.path().join("files.tar");
-    client_ok(
-        &[
-            "pull",
-            "--server",
-            &url,
-            "--series",
-            "default/files",
-            "-o",
-            tar.to_str().unwrap(),
-        ],
-        None,
-    );
+    client_ok(&pull_to(&url, "default/files", tar.to_str().unwrap()), None);
     let mut names: Vec<String> = tar::Archive::new(std::fs::File::open(&tar).unwrap())
         .entries()
         .unwrap()
@@ -245,15 +219,11 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     assert!(names.iter().any(|n| n == "etc/secret"), "{names:?}");
     // A stream version cannot become a directory.
     let o = client(
-        &[
-            "pull",
-            "--server",
+        &pull_to(
             &url,
-            "--series",
             "default/db",
-            "-o",
             &format!("{}/", dir.path().join("nodir").display()),
-        ],
+        ),
         None,
     );
     assert!(!o.status.success());
@@ -435,7 +405,7 @@ fn a_pull_that_breaks_off_leaves_nothing_under_the_output_name() {
     );
     // Flip a byte inside the largest container: the server's restore finds
     // the bad checksum and ends the body with an error.
-    let mut files: Vec<PathBuf> = walkdir(&store.join("data"));
+    let mut files = files_under(&store.join("data"));
     files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
     let victim = files.last().expect("a container");
     let mut bytes = std::fs::read(victim).unwrap();
@@ -444,18 +414,7 @@ fn a_pull_that_breaks_off_leaves_nothing_under_the_output_name() {
     std::fs::write(victim, bytes).unwrap();
 
     let out = dir.path().join("out.bin");
-    let o = client(
-        &[
-            "pull",
-            "--server",
-            &url,
-            "--series",
-            "default/db",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        None,
-    );
+    let o = client(&pull_to(&url, "default/db", out.to_str().unwrap()), None);
     assert!(!o.status.success(), "a corrupt restore was pulled");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("nothing was written"), "{err}");
@@ -467,20 +426,6 @@ fn a_pull_that_breaks_off_leaves_nothing_under_the_output_name() {
         !names.iter().any(|n| n.contains("out.bin")),
         "left behind: {names:?}"
     );
-}
-
-/// Every file below `dir`.
-fn walkdir(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walkdir(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]
@@ -1104,15 +1049,7 @@ fn a_new_server_waits_for_the_store_lock_of_an_exiting_one() {
     let new = new.join().expect("the new server becomes ready");
     let out = dir.path().join("out");
     client_ok(
-        &[
-            "pull",
-            "--server",
-            &new.url(),
-            "--series",
-            "default/db",
-            "-o",
-            out.to_str().unwrap(),
-        ],
+        &pull_to(&new.url(), "default/db", out.to_str().unwrap()),
         None,
     );
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());

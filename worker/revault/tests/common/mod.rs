@@ -1,7 +1,7 @@
 //! Helpers for tests that run the real `revault` binary.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use rand::{RngCore, SeedableRng};
@@ -49,6 +49,20 @@ pub fn random(n: usize, seed: u64) -> Vec<u8> {
 
 pub fn sha256_file(p: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
+}
+
+/// Every file below `dir` (containers under a store's `data/`, say).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(files_under(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
 }
 
 pub fn init(store: &Path) {
