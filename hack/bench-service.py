@@ -64,6 +64,23 @@ def process_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def timed_cpu(cpu, key, args, server=None, **kw):
+    """`timed(args)`, adding the run's CPU seconds to cpu[key] (offline), or
+    to cpu[key + "_client"] and cpu[key + "_server"] against `server`."""
+    c = children_cpu()
+    s = process_cpu(server.p.pid) if server else 0.0
+    t = timed(args, **kw)
+    if server is None:
+        cpu[key] += children_cpu() - c
+        return t
+    cpu[key + "_client"] += children_cpu() - c
+    # The server's clock ticks are 10 ms: a short wait lets the last of the
+    # response's work be counted.
+    time.sleep(0.05)
+    cpu[key + "_server"] += process_cpu(server.p.pid) - s
+    return t
+
+
 def dataset(work, versions):
     kube = sorted(glob.glob(os.path.join(CACHE, "datasets/kube/*.tar")))
     if len(kube) >= versions:
@@ -121,33 +138,20 @@ def throughput(work, files, reps):
         try:
             tb_off = tb_srv = 0.0
             for f in files:
-                c = children_cpu()
-                tb_off += timed(["backup", "--store", off, "--series", "bench/s", f, "-q"],
-                                stdout=subprocess.DEVNULL)
-                cpu["backup"] += children_cpu() - c
-                c, s = children_cpu(), process_cpu(srv.p.pid)
-                tb_srv += timed(["push", "--server", srv.url, "--series", "bench/s", f, "-q"],
-                                stdout=subprocess.DEVNULL)
-                cpu["push_client"] += children_cpu() - c
-                time.sleep(0.05)  # see below
-                cpu["push_server"] += process_cpu(srv.p.pid) - s
+                tb_off += timed_cpu(cpu, "backup", ["backup", "--store", off, "--series", "bench/s", f, "-q"],
+                                    stdout=subprocess.DEVNULL)
+                tb_srv += timed_cpu(cpu, "push", ["push", "--server", srv.url, "--series", "bench/s", f, "-q"],
+                                    server=srv, stdout=subprocess.DEVNULL)
             b_off.append(tb_off)
             b_srv.append(tb_srv)
             tr_off = tr_srv = 0.0
             for i in range(len(files)):
-                c = children_cpu()
-                tr_off += timed(["restore", "--store", off, "--series", "bench/s", "--version",
-                                 str(i + 1), "-o", "-", "-q"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                cpu["restore"] += children_cpu() - c
-                c, s = children_cpu(), process_cpu(srv.p.pid)
-                tr_srv += timed(["pull", "--server", srv.url, "--series", "bench/s", "--version",
-                                 str(i + 1), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                cpu["pull_client"] += children_cpu() - c
-                # The server's clock ticks are 10 ms: a short wait lets the
-                # last of the response's work be counted.
-                time.sleep(0.05)
-                cpu["pull_server"] += process_cpu(srv.p.pid) - s
+                tr_off += timed_cpu(cpu, "restore", ["restore", "--store", off, "--series", "bench/s", "--version",
+                                                     str(i + 1), "-o", "-", "-q"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                tr_srv += timed_cpu(cpu, "pull", ["pull", "--server", srv.url, "--series", "bench/s", "--version",
+                                                  str(i + 1), "-q"],
+                                    server=srv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             r_off.append(tr_off)
             r_srv.append(tr_srv)
         finally:
@@ -165,7 +169,7 @@ def throughput(work, files, reps):
         "restore_offline_mibs": round(mb / r_off, 1),
         "pull_mibs": round(mb / r_srv, 1),
         "pull_vs_offline": round(r_off / r_srv, 3),
-        # CPU seconds over all repetitions: where a pull's extra work goes.
+        # CPU seconds over all repetitions: where the service's extra work goes.
         "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
     }
 
