@@ -14,7 +14,8 @@
 //! Nothing is visible until the final commit, which happens only after every
 //! container of the session is fsynced.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -234,10 +235,10 @@ pub fn backup(
         recipe: RecipeBuilder::new(),
         seg: Vec::new(),
         seg_len: 0,
-        new_by_fp: HashMap::new(),
-        resolved: HashMap::new(),
+        new_by_fp: FxHashMap::default(),
+        resolved: FxHashMap::default(),
         txn: Txn::default(),
-        referenced: HashSet::new(),
+        referenced: FxHashSet::default(),
         pinned: Vec::new(),
         logical: 0,
         chunks: 0,
@@ -249,15 +250,15 @@ pub fn backup(
             existing.as_ref().map(|s| s.last).unwrap_or_default(),
         ),
         pending: VecDeque::new(),
-        pending_fps: HashMap::new(),
+        pending_fps: FxHashMap::default(),
         decided: Vec::new(),
         window: RefWindow {
             cap: 8 * cfg.container_bytes,
             bytes: 0,
             refs: VecDeque::new(),
-            per: HashMap::new(),
+            per: FxHashMap::default(),
         },
-        container_bytes: HashMap::new(),
+        container_bytes: FxHashMap::default(),
         recent_chunks: RecentChunks::new(cfg.container_bytes),
         rewritten_units: 0,
         rewritten_chunks: 0,
@@ -550,14 +551,14 @@ struct Dedup<'s> {
     seg: Vec<SegChunk>,
     seg_len: u64,
     /// Units created by this backup, by fingerprint: later repeats dedup to them.
-    new_by_fp: HashMap<Fp, u64>,
+    new_by_fp: FxHashMap<Fp, u64>,
     /// What each fingerprint this backup decided resolved to (a unit it
     /// stored, or the existing copy it referenced): repeats classified while
     /// the first occurrence awaited its decision resolve the same way.
-    resolved: HashMap<Fp, u64>,
+    resolved: FxHashMap<Fp, u64>,
     txn: Txn,
     /// Distinct units this version references (each gets one live reference).
-    referenced: HashSet<u64>,
+    referenced: FxHashSet<u64>,
     pinned: Vec<u64>,
     logical: u64,
     chunks: u64,
@@ -569,10 +570,10 @@ struct Dedup<'s> {
     /// Rewrite selection: units wait here, in stream order, for its decisions.
     policy: Box<dyn Policy>,
     pending: VecDeque<Pending>,
-    pending_fps: HashMap<Fp, u32>,
+    pending_fps: FxHashMap<Fp, u32>,
     decided: Vec<bool>,
     window: RefWindow,
-    container_bytes: HashMap<ContainerId, u64>,
+    container_bytes: FxHashMap<ContainerId, u64>,
     /// Chunks this backup stored in its last container's worth of new data.
     recent_chunks: RecentChunks,
     rewritten_units: u64,
@@ -592,7 +593,7 @@ struct RecentChunks {
     window: u64,
     /// Bytes of new data stored so far.
     at: u64,
-    map: HashMap<Fp, (u64, u32)>,
+    map: FxHashMap<Fp, (u64, u32)>,
     order: VecDeque<(u64, Fp)>,
 }
 
@@ -601,7 +602,7 @@ impl RecentChunks {
         RecentChunks {
             window,
             at: 0,
-            map: HashMap::new(),
+            map: FxHashMap::default(),
             order: VecDeque::new(),
         }
     }
@@ -643,7 +644,7 @@ struct RefWindow {
     cap: u64,
     bytes: u64,
     refs: VecDeque<(ContainerId, u64)>,
-    per: HashMap<ContainerId, u64>,
+    per: FxHashMap<ContainerId, u64>,
 }
 
 impl RefWindow {
@@ -684,7 +685,7 @@ impl Dedup<'_> {
         // batched reads rather than one read per chunk.
         let found = match self.kind {
             DedupUnit::Chunk => {
-                let mut seen = HashSet::new();
+                let mut seen = FxHashSet::default();
                 let fps: Vec<Fp> = h
                     .fps
                     .iter()
@@ -699,7 +700,7 @@ impl Dedup<'_> {
                     .collect();
                 self.store.lookup_pin(self.kind, &fps, &mut self.pinned)?
             }
-            DedupUnit::Segment => HashMap::new(),
+            DedupUnit::Segment => FxHashMap::default(),
         };
         for (i, &(start, len)) in h.chunks.iter().enumerate() {
             self.logical += u64::from(len);
@@ -891,7 +892,7 @@ impl Dedup<'_> {
         // Segment mode: a chunk this backup stored shortly before, in an
         // earlier unit, is linked, not stored again (duplicates inside one
         // version; chunk mode dedups them as units).
-        let mut targets = HashSet::new();
+        let mut targets = FxHashSet::default();
         let pc: Vec<PackChunk<'_>> = chunks
             .iter()
             .map(|c| {

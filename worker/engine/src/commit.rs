@@ -6,7 +6,7 @@
 //! entries; containers left with no units are deleted, and their files are
 //! unlinked only after the batch is durable and no reader still needs them.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::Serialize;
 
@@ -28,7 +28,7 @@ pub(crate) struct Txn {
     /// Units moved or trimmed (same id, new location or fewer chunks).
     pub unit_updates: Vec<(u64, UnitRecord)>,
     /// (live, archival, links) reference deltas by unit id.
-    pub ref_deltas: HashMap<u64, [i64; 3]>,
+    pub ref_deltas: FxHashMap<u64, [i64; 3]>,
     pub new_containers: Vec<(ContainerId, ContainerRecord)>,
     pub index_puts: Vec<((DedupUnit, Fp), u64)>,
     pub puts: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
@@ -83,10 +83,10 @@ pub struct CommitOutcome {
 /// copy lists touched so far, loaded on first use.
 struct Ledger<'m> {
     meta: &'m Meta,
-    containers: HashMap<ContainerId, ContainerRecord>,
-    new_containers: HashSet<ContainerId>,
+    containers: FxHashMap<ContainerId, ContainerRecord>,
+    new_containers: FxHashSet<ContainerId>,
     totals: Totals,
-    index: HashMap<(DedupUnit, Fp), Vec<u64>>,
+    index: FxHashMap<(DedupUnit, Fp), Vec<u64>>,
 }
 
 impl<'m> Ledger<'m> {
@@ -124,7 +124,7 @@ impl<'m> Ledger<'m> {
 }
 
 /// The distinct units a unit's live links point into.
-pub(crate) fn link_targets(u: &UnitRecord) -> HashSet<u64> {
+pub(crate) fn link_targets(u: &UnitRecord) -> FxHashSet<u64> {
     u.chunks
         .iter()
         .filter_map(|c| c.link_target().map(|l| l.0))
@@ -144,10 +144,10 @@ impl Store {
         let mut b = meta.batch();
         let mut l = Ledger {
             meta,
-            containers: HashMap::new(),
+            containers: FxHashMap::default(),
             new_containers: txn.new_containers.iter().map(|c| c.0).collect(),
             totals: meta.totals()?,
-            index: HashMap::new(),
+            index: FxHashMap::default(),
         };
 
         for (id, rec) in &txn.new_containers {
@@ -156,7 +156,7 @@ impl Store {
             l.totals.container_vbytes += rec.vbytes;
             l.containers.insert(*id, rec.clone());
         }
-        let new_units: HashMap<u64, (&UnitRecord, Refs)> = txn
+        let new_units: FxHashMap<u64, (&UnitRecord, Refs)> = txn
             .new_units
             .iter()
             .map(|(id, u, r)| (*id, (u, *r)))
@@ -170,7 +170,7 @@ impl Store {
 
         // Moved or trimmed units: the old copy's container loses them. New
         // containers already count what was packed into them.
-        let mut updated: HashMap<u64, UnitRecord> = HashMap::new();
+        let mut updated: FxHashMap<u64, UnitRecord> = FxHashMap::default();
         for (id, new) in &txn.unit_updates {
             let old = meta
                 .unit(*id)?
@@ -203,7 +203,7 @@ impl Store {
         // Reference deltas; units left unreferenced are freed unless a backup
         // in flight pinned them (then gc frees them later). Freeing a unit
         // releases the units its links point into, which may free them too.
-        let mut now: HashMap<u64, Refs> = HashMap::new();
+        let mut now: FxHashMap<u64, Refs> = FxHashMap::default();
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
         // One batched read for the counts of every existing unit touched (a
@@ -213,7 +213,7 @@ impl Store {
             .map(|(id, _)| **id)
             .filter(|id| !new_units.contains_key(id))
             .collect();
-        let old_refs: HashMap<u64, Refs> = old_ids
+        let old_refs: FxHashMap<u64, Refs> = old_ids
             .iter()
             .copied()
             .zip(meta.refs_many(&old_ids)?)
@@ -259,7 +259,7 @@ impl Store {
         work.sort_unstable();
         let pin_state = self.pins.lock();
         let mut zombies = self.zombies.lock();
-        let mut freed: HashSet<u64> = HashSet::new();
+        let mut freed: FxHashSet<u64> = FxHashSet::default();
         let mut freed_units = 0u64;
         while let Some(id) = work.pop() {
             if freed.contains(&id) {
@@ -369,9 +369,9 @@ impl Store {
         }
         meta.write(b, true)?;
         // Held from the pin check to here: a backup that pinned a unit after
-        // the check must, when it reads the unit again, see it gone. Released
-        // before the write, a backup could pin and re-read a unit this batch
-        // was about to delete, and reference it (tests/concurrent.rs).
+        // the check must, when it then reads the unit, see it gone. Released
+        // before the write, a backup could pin and read a unit this batch was
+        // about to delete, and reference it (tests/concurrent.rs).
         drop(pin_state);
 
         // Durable: now the files can go, once no reader that started before

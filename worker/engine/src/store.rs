@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DedupUnit, StoreConfig};
@@ -299,50 +300,51 @@ impl Store {
     /// fingerprint's candidates come newest first, and an empty list means no
     /// usable copy.
     ///
-    /// No lock is held while reading: the copies are pinned first (a commit
-    /// never frees a pinned unit) and then read again, which covers a commit
-    /// that freed one between the first read and the pin. Reads are batched
-    /// (a chunk-mode backup looks up a whole buffer's chunks at once; one read
-    /// per key was half of its dedup stage).
+    /// No lock is held while reading. The copies are pinned before their
+    /// records are read: a commit never frees a pinned unit and holds the pin
+    /// lock until its batch is written, and a slide or gc dooms what it trims
+    /// before writing, so a record read after the pin is one that stays. Those
+    /// found gone or trimmed are unpinned at once. Reads are batched (a
+    /// chunk-mode backup looks up a whole buffer's chunks at once; one read
+    /// per key was half of its dedup stage), and each record is read once.
     pub(crate) fn lookup_pin(
         &self,
         kind: DedupUnit,
         fps: &[Fp],
         pinned: &mut Vec<u64>,
-    ) -> Result<HashMap<Fp, Vec<(u64, UnitRecord)>>> {
+    ) -> Result<FxHashMap<Fp, Vec<(u64, UnitRecord)>>> {
         let copies = self.meta.index_copies_many(kind, fps)?;
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        let usable: Vec<u64> = ids
-            .iter()
-            .zip(self.meta.units_many(&ids)?)
-            .filter(|(_, u)| u.as_ref().is_some_and(|u| !u.trimmed))
-            .map(|(id, _)| *id)
-            .collect();
-        let start = pinned.len();
-        {
-            let mut p = self.pins.lock();
-            for id in usable {
-                if !p.doomed.contains(&id) {
-                    *p.pins.entry(id).or_default() += 1;
+        let held: Vec<u64> = {
+            let mut guard = self.pins.lock();
+            let p = &mut *guard;
+            ids.into_iter()
+                .filter(|id| !p.doomed.contains(id))
+                .inspect(|&id| *p.pins.entry(id).or_default() += 1)
+                .collect()
+        };
+        let mut usable: FxHashMap<u64, UnitRecord> =
+            FxHashMap::with_capacity_and_hasher(held.len(), Default::default());
+        let mut unusable = Vec::new();
+        for (&id, u) in held.iter().zip(self.meta.units_many(&held)?) {
+            match u.filter(|u| !u.trimmed) {
+                Some(u) => {
+                    usable.insert(id, u);
                     pinned.push(id);
                 }
+                None => unusable.push(id),
             }
         }
-        let held = &pinned[start..];
-        let verified: HashMap<u64, UnitRecord> = held
-            .iter()
-            .zip(self.meta.units_many(held)?)
-            .filter_map(|(id, u)| u.filter(|u| !u.trimmed).map(|u| (*id, u)))
-            .collect();
+        self.unpin(unusable);
         Ok(fps
             .iter()
             .zip(copies)
             .map(|(fp, ids)| {
                 let cands = ids
                     .iter()
-                    .filter_map(|id| verified.get(id).map(|u| (*id, u.clone())))
+                    .filter_map(|id| usable.get(id).map(|u| (*id, u.clone())))
                     .collect();
                 (*fp, cands)
             })
