@@ -4,7 +4,8 @@
 //! stays bounded whatever the input size):
 //!
 //! 1. a chunking thread reads the source into 1 MiB buffers and cuts chunks
-//!    (restarting at every piece, i.e. every file of a tree);
+//!    (restarting at every piece, i.e. every file of a tree), a full buffer's
+//!    two halves at once on the rayon pool ([`Chunker::cut_span`]);
 //! 2. a hashing thread fingerprints each buffer's chunks in parallel (rayon)
 //!    and flags all-zero chunks;
 //! 3. the caller's thread groups chunks into segments, looks units up in the
@@ -448,7 +449,6 @@ fn chunk_stage(
     (home, pool): (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     cancel: Arc<AtomicBool>,
 ) -> Result<Box<dyn Source>> {
-    let max = chunker.max_size();
     let new_buf =
         |pool: &Receiver<Vec<u8>>| pool.try_recv().unwrap_or_else(|_| vec![0u8; BUF_BYTES]);
     let mut buf = new_buf(&pool);
@@ -480,14 +480,7 @@ fn chunk_stage(
                     filled += n;
                 }
             }
-            while start < filled {
-                if filled - start < max && !piece_end {
-                    break;
-                }
-                let n = chunker.cut(&buf[start..filled]);
-                chunks.push((start as u32, n as u32));
-                start += n;
-            }
+            start = chunker.cut_span(&buf[..filled], start, piece_end, &mut chunks);
             if piece_end && start == filled {
                 break;
             }
