@@ -51,11 +51,12 @@ impl fmt::Display for Fp {
 /// True when every byte is zero. Such chunks are never stored.
 #[inline]
 pub fn is_zero(data: &[u8]) -> bool {
-    // Word-at-a-time scan; the compiler vectorises the fold.
-    let (head, words, tail) = unsafe { data.align_to::<u64>() };
-    head.iter().all(|&b| b == 0)
-        && words.iter().fold(0u64, |acc, &w| acc | w) == 0
-        && tail.iter().all(|&b| b == 0)
+    // Blocks of 256 bytes, each OR-folded (the compiler vectorises the fold);
+    // the scan stops at the first block with a bit set, which for real data is
+    // nearly always the first: scanning every chunk whole cost a tenth of the
+    // hashing stage.
+    data.chunks(256)
+        .all(|b| b.iter().fold(0u8, |acc, &x| acc | x) == 0)
 }
 
 #[cfg(test)]
