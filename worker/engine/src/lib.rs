@@ -35,6 +35,7 @@ pub mod slide;
 pub mod source;
 pub mod store;
 pub mod tarsource;
+pub mod transfer;
 pub mod tree;
 
 pub use error::{Error, Result};

@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use serde::Serialize;
 use crate::caches::CachePolicy;
 use crate::catalog;
 use crate::config::MIB;
-use crate::container::{decode_block, ContainerFile, ContainerId};
+use crate::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::meta::{
     part_key, MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
@@ -307,37 +308,38 @@ impl ContainerCache {
 }
 
 #[derive(Default)]
-struct Counters {
-    reads: AtomicU64,
-    bytes_read: AtomicU64,
-    decoded: AtomicU64,
+pub(crate) struct Counters {
+    pub reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub decoded: AtomicU64,
 }
 
 /// A piece of the FAA to fill from a container: (destination, data-space address).
-type Piece<'a> = (&'a mut [u8], u64);
+pub(crate) type Piece<'a> = (&'a mut [u8], u64);
+
+/// The blocks of `cf` holding `[vaddr, vaddr+len)`; an error naming the
+/// container when the range lies outside its data.
+pub(crate) fn blocks_of(cf: &ContainerFile, vaddr: u64, len: u64) -> Result<Range<usize>> {
+    let blocks = &cf.footer.blocks;
+    let r = cf.footer.blocks_for(vaddr, len);
+    if r.is_empty()
+        || r.end > blocks.len()
+        || blocks[r.end - 1].vbase + u64::from(blocks[r.end - 1].vlen) < vaddr + len
+    {
+        return Err(Error::CorruptContainer {
+            container: cf.id.to_string(),
+            detail: format!("data range {vaddr}+{len} is outside the container"),
+        });
+    }
+    Ok(r)
+}
 
 /// Fills the pieces from one container with a single read.
-fn fill_from_container(cf: &ContainerFile, mut pieces: Vec<Piece<'_>>, c: &Counters) -> Result<()> {
-    pieces.sort_unstable_by_key(|p| p.1);
-    let blocks = &cf.footer.blocks;
+fn fill_from_container(cf: &ContainerFile, pieces: Vec<Piece<'_>>, c: &Counters) -> Result<()> {
     let mut lo = usize::MAX;
     let mut hi = 0;
     for (dst, vaddr) in &pieces {
-        let r = cf.footer.blocks_for(*vaddr, dst.len() as u64);
-        if r.is_empty()
-            || r.end > blocks.len()
-            || blocks[r.end - 1].vbase + u64::from(blocks[r.end - 1].vlen)
-                < vaddr + dst.len() as u64
-        {
-            return Err(Error::CorruptContainer {
-                container: cf.id.to_string(),
-                detail: format!(
-                    "data range {}+{} is outside the container",
-                    vaddr,
-                    dst.len()
-                ),
-            });
-        }
+        let r = blocks_of(cf, *vaddr, dst.len() as u64)?;
         lo = lo.min(r.start);
         hi = hi.max(r.end);
     }
@@ -345,10 +347,33 @@ fn fill_from_container(cf: &ContainerFile, mut pieces: Vec<Piece<'_>>, c: &Count
     let n = cf.read_blocks(lo..hi, &mut stored)?;
     c.reads.fetch_add(1, Ordering::Relaxed);
     c.bytes_read.fetch_add(n, Ordering::Relaxed);
-    let base = blocks[lo].offset;
+    let base = cf.footer.blocks[lo].offset;
+    let blocks: Vec<(&BlockInfo, &[u8])> = cf.footer.blocks[lo..hi]
+        .iter()
+        .map(|b| {
+            let s = (b.offset - base) as usize;
+            (b, &stored[s..s + b.stored_len as usize])
+        })
+        .collect();
+    fill_pieces(cf.id, &blocks, pieces, &c.decoded)
+}
+
+/// Decodes (checksum first) the blocks the pieces overlap and copies each
+/// piece out of them. `blocks` are (block, its stored bytes) in data-space
+/// order; blocks no piece overlaps are skipped. A piece not wholly covered
+/// by the blocks is an error naming the container, never a hole.
+pub(crate) fn fill_pieces(
+    id: ContainerId,
+    blocks: &[(&BlockInfo, &[u8])],
+    mut pieces: Vec<Piece<'_>>,
+    decoded: &AtomicU64,
+) -> Result<()> {
+    pieces.sort_unstable_by_key(|p| p.1);
+    let want: u64 = pieces.iter().map(|p| p.0.len() as u64).sum();
+    let mut copied = 0u64;
     let mut plain = Vec::new();
     let mut first_piece = 0;
-    for (bi, b) in blocks.iter().enumerate().take(hi).skip(lo) {
+    for &(b, stored) in blocks {
         let bend = b.vbase + u64::from(b.vlen);
         // Skip pieces that end before this block.
         while first_piece < pieces.len()
@@ -363,15 +388,9 @@ fn fill_from_container(cf: &ContainerFile, mut pieces: Vec<Piece<'_>>, c: &Count
         if !needed {
             continue;
         }
-        let s = (b.offset - base) as usize;
         plain.resize(b.vlen as usize, 0);
-        decode_block(
-            cf.id,
-            &blocks[bi],
-            &stored[s..s + b.stored_len as usize],
-            &mut plain,
-        )?;
-        c.decoded.fetch_add(u64::from(b.vlen), Ordering::Relaxed);
+        decode_block(id, b, stored, &mut plain)?;
+        decoded.fetch_add(u64::from(b.vlen), Ordering::Relaxed);
         for (dst, vaddr) in pieces[first_piece..].iter_mut() {
             if *vaddr >= bend {
                 break;
@@ -384,13 +403,23 @@ fn fill_from_container(cf: &ContainerFile, mut pieces: Vec<Piece<'_>>, c: &Count
             let to = pend.min(bend);
             dst[(from - *vaddr) as usize..(to - *vaddr) as usize]
                 .copy_from_slice(&plain[(from - b.vbase) as usize..(to - b.vbase) as usize]);
+            copied += to - from;
         }
+    }
+    if copied != want {
+        return Err(Error::CorruptContainer {
+            container: id.to_string(),
+            detail: format!(
+                "{} of {want} bytes asked of it are not in its blocks",
+                want - copied
+            ),
+        });
     }
     Ok(())
 }
 
 /// Asks the kernel to start reading what a window will need.
-fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent]) {
+pub(crate) fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent]) {
     let mut spans: HashMap<ContainerId, (u64, u64)> = HashMap::new();
     for e in window {
         if let Extent::Stored {
@@ -428,7 +457,7 @@ fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent]) {
 }
 
 /// Pulls the next window (at most `cap` bytes) of extents, splitting the last.
-fn take_window(
+pub(crate) fn take_window(
     r: &impl MetaRead,
     ex: &mut Extents,
     carry: &mut Option<Extent>,
@@ -553,16 +582,7 @@ pub fn restore(
     // One snapshot for the whole restore; containers it uses stay on disk
     // until it ends, whatever slides, expiries and gc commit meanwhile.
     let view = store.read_view();
-    let s = series_in(&view, series)?;
-    let v = resolve_version_in(&view, &s, &sel)?;
-    let mut rep = RestoreReport {
-        series: s.name.clone(),
-        version: v.number,
-        kind: Some(v.kind),
-        logical_bytes: v.logical_bytes,
-        cache_bytes: opts.cache_bytes.max(MIB),
-        ..Default::default()
-    };
+    let (s, v, mut rep) = begin(&view, series, &sel, opts)?;
     // Every cache but the FAA runs on the version's resolved chunk positions;
     // `auto` counts on them which of faa and opt reads fewer containers (and
     // when it picks faa, the FAA runs on them rather than resolving again).
@@ -637,6 +657,32 @@ pub fn restore(
             }
         }
     }
+    conclude(&mut rep, started);
+    Ok(rep)
+}
+
+/// The series and version a restore reads, and the report it starts.
+pub(crate) fn begin(
+    view: &ReadView<'_>,
+    series: &str,
+    sel: &VersionSel,
+    opts: &RestoreOptions,
+) -> Result<(SeriesRecord, VersionRecord, RestoreReport)> {
+    let s = series_in(view, series)?;
+    let v = resolve_version_in(view, &s, sel)?;
+    let rep = RestoreReport {
+        series: s.name.clone(),
+        version: v.number,
+        kind: Some(v.kind),
+        logical_bytes: v.logical_bytes,
+        cache_bytes: opts.cache_bytes.max(MIB),
+        ..Default::default()
+    };
+    Ok((s, v, rep))
+}
+
+/// Fills in a finished restore's time and derived figures.
+pub(crate) fn conclude(rep: &mut RestoreReport, started: Instant) {
     rep.seconds = started.elapsed().as_secs_f64();
     rep.read_amplification = if rep.logical_bytes > 0 {
         rep.bytes_decoded as f64 / rep.logical_bytes as f64
@@ -645,7 +691,6 @@ pub fn restore(
     };
     rep.speed_factor = (rep.container_reads > 0)
         .then(|| rep.logical_bytes as f64 / MIB as f64 / rep.container_reads as f64);
-    Ok(rep)
 }
 
 const PROGRESS_STEP: u64 = 4 << 20;
@@ -682,13 +727,22 @@ pub(crate) fn load_catalog(
     v: &VersionRecord,
 ) -> Result<Vec<catalog::Entry>> {
     let what = format!("{} version {}", s.name, v.number);
-    let parts = (0..v.catalog_parts)
+    catalog::decode(&what, &catalog_parts(r, s, v)?)
+}
+
+/// A tree version's catalog as stored (encoded parts).
+pub(crate) fn catalog_parts(
+    r: &impl MetaRead,
+    s: &SeriesRecord,
+    v: &VersionRecord,
+) -> Result<Vec<Vec<u8>>> {
+    let what = format!("{} version {}", s.name, v.number);
+    (0..v.catalog_parts)
         .map(|i| {
             r.get_raw(CF_CATALOGS, &part_key(s.id, v.number, i))?
                 .ok_or_else(|| {
                     corrupt_meta(format!("catalog of {what}"), format!("part {i} is missing"))
                 })
         })
-        .collect::<Result<Vec<_>>>()?;
-    catalog::decode(&what, &parts)
+        .collect()
 }
