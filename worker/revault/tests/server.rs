@@ -150,9 +150,17 @@ fn stream_and_directory_round_trips_are_byte_exact() {
         "{rep}"
     );
     assert_eq!(rep["server"]["state"], "done");
+    assert_eq!(rep["transfer"], "blocks");
     let mut v1 = data.clone();
     v1[100..200].copy_from_slice(&random(6 << 20, 1)[100..200]);
+    assert_eq!(rep["bytes"], v1.len());
     assert_eq!(sha256_file(&got), hex::encode(Sha256::digest(&v1)));
+    // The same version assembled by the server.
+    let got_bytes = dir.path().join("out-bytes.bin");
+    let mut args = pull_to(&url, "default/db", got_bytes.to_str().unwrap());
+    args.extend(["--version", "1", "--transfer", "bytes"]);
+    client_ok(&args, None);
+    assert_eq!(sha256_file(&got_bytes), hex::encode(Sha256::digest(&v1)));
     // latest to stdout
     let out = client_ok(&["pull", "--server", &url, "--series", "default/db"], None);
     assert_eq!(out.stdout, data);
@@ -207,6 +215,13 @@ fn stream_and_directory_round_trips_are_byte_exact() {
         None,
     );
     assert_eq!(tree_listing(&back), tree_listing(&tree));
+    // Extracted from the server's tar stream instead of assembled here.
+    let back_bytes = dir.path().join("back-bytes");
+    let mut args = pull_to(&url, "default/files", back_bytes.to_str().unwrap());
+    args.extend(["--transfer", "bytes"]);
+    std::fs::create_dir(&back_bytes).unwrap();
+    client_ok(&args, None);
+    assert_eq!(tree_listing(&back_bytes), tree_listing(&tree));
     // The same version as a tar to a file.
     let tar = dir.path().join("files.tar");
     client_ok(&pull_to(&url, "default/files", tar.to_str().unwrap()), None);

@@ -1,5 +1,10 @@
 //! `revault pull`: restore a version from the worker to a file, a directory
-//! (the tar stream extracted on the fly) or stdout.
+//! or stdout. By default the worker sends the stored blocks and the version
+//! is assembled here ([`revault_engine::transfer`]): a fraction of the bytes
+//! crosses the network and the decoding runs on this side. With `--transfer
+//! bytes` (or a worker without block transfer) the worker assembles the
+//! version and sends every byte, a directory version as a tar stream that is
+//! extracted on the fly.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -12,6 +17,8 @@ use bytes::Bytes;
 use clap::Args;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
+
+use revault_engine::transfer::{self, Destination, Receiver};
 
 use super::{check, runtime, series_path, ChannelRead, Conn, ServerArgs, QUEUE};
 use crate::output::{self, mib, rate};
@@ -36,6 +43,17 @@ pub struct PullArgs {
     /// extract a directory version into.
     #[arg(short = 'o', long = "output", default_value = "-")]
     pub output: String,
+    /// How the version travels: `blocks` (default: the stored, compressed
+    /// blocks, assembled here within the restore memory) or `bytes` (the
+    /// server assembles and sends every byte).
+    #[arg(long, value_enum, default_value = "blocks")]
+    pub transfer: Transfer,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    Blocks,
+    Bytes,
 }
 
 enum Target {
@@ -92,6 +110,13 @@ enum Sink {
         tx: mpsc::Sender<io::Result<Bytes>>,
         task: tokio::task::JoinHandle<io::Result<()>>,
     },
+    /// A block-transfer stream, decoded as it arrives: each complete window
+    /// is checked, decompressed and written out here.
+    Blocks {
+        rx: Box<Receiver>,
+        /// A file's handle (kept to sync it), its partial and final names.
+        file: Option<(File, PathBuf, PathBuf)>,
+    },
 }
 
 impl Sink {
@@ -123,9 +148,40 @@ impl Sink {
         })
     }
 
+    /// The sink for a block-transfer stream.
+    fn blocks(target: Target) -> io::Result<Sink> {
+        let (dest, file) = match target {
+            Target::Stdout => (
+                Destination::Writer(Box::new(File::from(
+                    io::stdout().as_fd().try_clone_to_owned()?,
+                ))),
+                None,
+            ),
+            Target::Special(p) => (
+                Destination::Writer(Box::new(std::fs::OpenOptions::new().write(true).open(p)?)),
+                None,
+            ),
+            Target::File(p) => {
+                let tmp = partial_name(&p);
+                let f = File::create(&tmp)?;
+                let keep = f.try_clone()?;
+                (
+                    Destination::Writer(Box::new(io::BufWriter::with_capacity(1 << 20, f))),
+                    Some((keep, tmp, p)),
+                )
+            }
+            Target::Dir(d) => (Destination::Dir(d), None),
+        };
+        Ok(Sink::Blocks {
+            rx: Box::new(Receiver::new(dest)),
+            file,
+        })
+    }
+
     async fn write(&mut self, b: Bytes) -> io::Result<()> {
         match self {
             Sink::Direct { out, .. } => out.write_all(&b),
+            Sink::Blocks { rx, .. } => rx.feed(&b).map_err(io::Error::other),
             // A closed channel means the extraction failed; `abandon` says why.
             Sink::Extract { tx, .. } => tx
                 .send(Ok(b))
@@ -135,7 +191,8 @@ impl Sink {
     }
 
     /// Completes the output: synced and renamed into place, or extracted.
-    async fn finish(self) -> io::Result<()> {
+    /// Returns the bytes of the version a block stream wrote.
+    async fn finish(self) -> io::Result<Option<u64>> {
         match self {
             Sink::Direct {
                 out,
@@ -145,12 +202,25 @@ impl Sink {
                 if done.is_err() {
                     let _ = std::fs::remove_file(&tmp);
                 }
-                done
+                done.map(|_| None)
             }
-            Sink::Direct { rename: None, .. } => Ok(()),
+            Sink::Direct { rename: None, .. } => Ok(None),
             Sink::Extract { tx, task } => {
                 drop(tx);
-                task.await.map_err(io::Error::other)?
+                task.await.map_err(io::Error::other)?.map(|_| None)
+            }
+            Sink::Blocks { rx, file } => {
+                let done = rx.finish().map_err(io::Error::other).and_then(|r| {
+                    if let Some((f, tmp, p)) = &file {
+                        f.sync_all()?;
+                        std::fs::rename(tmp, p)?;
+                    }
+                    Ok(Some(r.header.logical_bytes))
+                });
+                if let (Err(_), Some((_, tmp, _))) = (&done, &file) {
+                    let _ = std::fs::remove_file(tmp);
+                }
+                done
             }
         }
     }
@@ -162,6 +232,12 @@ impl Sink {
         match self {
             Sink::Direct { rename, .. } => {
                 if let Some((tmp, _)) = rename {
+                    let _ = std::fs::remove_file(tmp);
+                }
+                why
+            }
+            Sink::Blocks { file, .. } => {
+                if let Some((_, tmp, _)) = file {
                     let _ = std::fs::remove_file(tmp);
                 }
                 why
@@ -198,7 +274,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
     let conn = Conn::new(&a.server)?;
     let started = Instant::now();
     let rt = runtime()?;
-    let (kind, number, received, report) = rt.block_on(async {
+    let (kind, number, restored, received, blocks, report) = rt.block_on(async {
         let mut q: Vec<(&str, String)> = Vec::new();
         if let Some(c) = &a.cache {
             q.push(("cache", c.clone()));
@@ -206,9 +282,17 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
         if let Some(m) = a.cache_mib {
             q.push(("cache_mib", m.to_string()));
         }
-        let resp = conn
+        let mut req = conn
             .req(reqwest::Method::GET, &format!("{path}/versions/{version}"))
-            .query(&q)
+            .query(&q);
+        if a.transfer == Transfer::Blocks {
+            // A server without block transfer answers with the bytes.
+            req = req.header(
+                reqwest::header::ACCEPT,
+                format!("{}, */*;q=0.1", transfer::MEDIA_TYPE),
+            );
+        }
+        let resp = req
             .send()
             .await
             .with_context(|| format!("connecting to {}", conn.base))?;
@@ -224,6 +308,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
         let number = header("x-revault-version");
         let restore_id = header("x-revault-restore-id");
         let total = resp.content_length();
+        let blocks = header("content-type") == transfer::MEDIA_TYPE;
         if kind == "stream" && matches!(target, Target::Dir(_)) {
             bail!(
                 "{} version {number} is a single stream, not a directory; pull it to a file (-o FILE)",
@@ -231,7 +316,8 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             );
         }
         let pb = output::progress(total, quiet, &format!("pull {} v{number}", a.series));
-        let mut sink = Sink::open(target).with_context(|| format!("writing {}", a.output))?;
+        let mut sink = if blocks { Sink::blocks(target) } else { Sink::open(target) }
+            .with_context(|| format!("writing {}", a.output))?;
         let mut body = resp.bytes_stream();
         let mut received = 0u64;
         let (mut broke, mut write_err) = (None, None);
@@ -239,10 +325,18 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             match item {
                 Ok(b) => {
                     received += b.len() as u64;
-                    pb.set_position(received);
                     if let Err(e) = sink.write(b).await {
                         write_err = Some(e);
                         break;
+                    }
+                    match &sink {
+                        Sink::Blocks { rx, .. } => {
+                            if let Some(h) = rx.header() {
+                                pb.set_length(h.logical_bytes);
+                            }
+                            pb.set_position(rx.written());
+                        }
+                        _ => pb.set_position(received),
                     }
                 }
                 Err(e) => {
@@ -260,7 +354,10 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             None => sink.finish().await,
             Some(e) => Err(sink.abandon(e).await),
         };
-        done.with_context(|| format!("writing {}", a.output))?;
+        // Bytes of the version written (a block stream's wire bytes are fewer).
+        let restored = done
+            .with_context(|| format!("writing {}", a.output))?
+            .unwrap_or(received);
         if let Some(t) = total {
             if received != t {
                 bail!("the download ended after {received} of {t} bytes");
@@ -278,7 +375,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             },
             Err(_) => None,
         };
-        Ok::<_, anyhow::Error>((kind, number, received, report))
+        Ok::<_, anyhow::Error>((kind, number, restored, received, blocks, report))
     })?;
     let secs = started.elapsed().as_secs_f64();
     let report = report.unwrap_or(serde_json::Value::Null);
@@ -293,7 +390,9 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             "series": a.series,
             "version": number.parse::<u64>().ok(),
             "kind": kind,
-            "bytes": received,
+            "bytes": restored,
+            "transfer": if blocks { "blocks" } else { "bytes" },
+            "wire_bytes": received,
             "seconds": secs,
             "output": a.output,
             "server": report,
@@ -308,9 +407,9 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}",
             a.series,
             number,
-            mib(received),
+            mib(restored),
             secs,
-            rate(received, secs),
+            rate(restored, secs),
             report["container_reads"],
             report["speed_factor"]
                 .as_f64()

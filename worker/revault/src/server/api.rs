@@ -23,6 +23,7 @@ use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTar
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{check_series_name, Store, VersionSel};
 use revault_engine::tarsource::TarSource;
+use revault_engine::transfer;
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
@@ -875,10 +876,21 @@ pub struct GetQuery {
     cache_mib: Option<u64>,
 }
 
+/// Whether the client asked for a block-transfer stream (`Accept`).
+fn wants_blocks(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.split(';').next().map(str::trim) == Some(transfer::MEDIA_TYPE))
+}
+
 pub async fn get_version(
     State(app): AppState,
     p: Principal,
     path: VersionPath,
+    headers: HeaderMap,
     q: Result<Query<GetQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Path((ns, n, v)) = path.map_err(path_err)?;
@@ -924,6 +936,9 @@ pub async fn get_version(
         ..Default::default()
     };
     let n2 = name.clone();
+    // Block transfer: stored blocks go out and the client assembles the
+    // version (restore memory = its assembly window, policy always faa).
+    let blocks = wants_blocks(&headers);
     app.metrics.inflight_restores.inc();
     let body = restore_body(
         &app,
@@ -931,7 +946,11 @@ pub async fn get_version(
         "sending restored data",
         move |opts, w| {
             let sel = VersionSel::Number(number);
-            restore(&store, &n2, sel, opts, RestoreTarget::Writer(w))
+            if blocks {
+                transfer::send(&store, &n2, sel, opts, w)
+            } else {
+                restore(&store, &n2, sel, opts, RestoreTarget::Writer(w))
+            }
         },
         move |a, r| {
             a.metrics.inflight_restores.dec();
@@ -960,6 +979,7 @@ pub async fn get_version(
     );
 
     let ct = match v.kind {
+        _ if blocks => transfer::MEDIA_TYPE,
         VersionKind::Stream => "application/octet-stream",
         VersionKind::Tree => "application/x-tar",
     };
@@ -975,8 +995,10 @@ pub async fn get_version(
         "x-revault-restore-id",
         HeaderValue::from_str(&id).expect("hex is a valid header"),
     );
-    if v.kind == VersionKind::Stream {
-        // A known length lets clients tell a complete body from a cut one.
+    h.insert(header::VARY, HeaderValue::from_static("accept"));
+    if v.kind == VersionKind::Stream && !blocks {
+        // A known length lets clients tell a complete body from a cut one
+        // (a block stream ends with its own end frame).
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(v.logical_bytes));
     }
     Ok(resp)
