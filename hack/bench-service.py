@@ -124,7 +124,7 @@ class Server:
         self.p.wait(timeout=60)
 
 
-def throughput(work, files, reps):
+def throughput(work, files, reps, transfer="blocks"):
     """Offline and service runs alternate version by version, and each figure
     is the best of `reps` repetitions (fresh stores for backups), so a busy
     machine (other builds, other tests) biases neither side."""
@@ -150,7 +150,7 @@ def throughput(work, files, reps):
                                                      str(i + 1), "-o", "-", "-q"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 tr_srv += timed_cpu(cpu, "pull", ["pull", "--server", srv.url, "--series", "bench/s", "--version",
-                                                  str(i + 1), "-q"],
+                                                  str(i + 1), "-q", "--transfer", transfer],
                                     server=srv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             r_off.append(tr_off)
             r_srv.append(tr_srv)
@@ -166,6 +166,7 @@ def throughput(work, files, reps):
         "backup_offline_mibs": round(mb / b_off, 1),
         "push_mibs": round(mb / b_srv, 1),
         "push_vs_offline": round(b_off / b_srv, 3),
+        "pull_transfer": transfer,
         "restore_offline_mibs": round(mb / r_off, 1),
         "pull_mibs": round(mb / r_srv, 1),
         "pull_vs_offline": round(r_off / r_srv, 3),
@@ -248,6 +249,8 @@ def main():
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the throughput runs (best is kept)")
+    ap.add_argument("--transfer", choices=("blocks", "bytes"), default="blocks",
+                    help="how pulls receive the version (revault pull --transfer)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if not os.path.exists(BIN):
@@ -255,7 +258,7 @@ def main():
     work = tempfile.mkdtemp(prefix="revault-bench-service-")
     try:
         name, files = dataset(work, a.versions)
-        t = throughput(work, files, a.reps)
+        t = throughput(work, files, a.reps, a.transfer)
         l = load(work, files, a.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
