@@ -356,7 +356,9 @@ impl Receiver {
                         None => Vec::new(),
                     };
                     f.clear();
-                    f.reserve(len as usize);
+                    // Grows as the bytes arrive beyond 64 MiB: a damaged length
+                    // must not allocate what never comes.
+                    f.reserve((len as usize).min(64 << 20));
                     self.frame = f;
                     self.need = Some(len as usize);
                     len as usize
