@@ -565,6 +565,11 @@ impl StateMachineTest for Sut {
                     "{name} version {} does not restore byte-exact",
                     v.number
                 );
+                assert!(
+                    transfer_bytes(st, name, v.number) == *v.content,
+                    "{name} version {} does not arrive byte-exact by block transfer",
+                    v.number
+                );
             }
         }
         let c = revault_engine::check::check(st).unwrap();

@@ -80,3 +80,40 @@ pub fn restore_bytes(store: &Store, series: &str, v: u32) -> (Vec<u8>, RestoreRe
     .unwrap();
     (out, rep)
 }
+
+/// A version sent as a block-transfer stream and assembled by a receiver
+/// fed in 50 KiB pieces, as `revault pull` does.
+pub fn transfer_bytes(store: &Store, series: &str, v: u32) -> Vec<u8> {
+    use revault_engine::transfer::{send, Destination, Receiver};
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut wire = Vec::new();
+    send(
+        store,
+        series,
+        VersionSel::Number(v),
+        &RestoreOptions {
+            cache_bytes: MIB,
+            ..Default::default()
+        },
+        &mut wire,
+    )
+    .unwrap();
+    let out = Shared::default();
+    let mut rx = Receiver::new(Destination::Writer(Box::new(out.clone())));
+    for piece in wire.chunks(50 << 10) {
+        rx.feed(piece).unwrap();
+    }
+    rx.finish().unwrap();
+    let mut bytes = out.0.lock().unwrap();
+    std::mem::take(&mut *bytes)
+}
