@@ -125,9 +125,7 @@ pub fn send(
                 return Err(Error::Cancelled);
             }
         }
-        p.clear();
-        window_frame(store, &cache, &window, &mut p, &mut rep)?;
-        write_frame(out, WINDOW, &p)?;
+        window_frame(store, &cache, &window, &mut p, out, &mut rep)?;
         sent += window.iter().map(|e| e.len()).sum::<u64>();
         if let Some(pr) = &opts.progress {
             pr(sent);
@@ -141,12 +139,17 @@ pub fn send(
     Ok(rep)
 }
 
-/// Encodes one window: its containers' needed blocks, then its extents.
+/// Sends one window's frame: its containers' needed blocks, then its
+/// extents. The frame's length is known from the containers' block tables
+/// before anything is read, so each container's blocks go out as soon as
+/// they are read and checked: the server holds one container's blocks, not
+/// the window's.
 fn window_frame(
     store: &Store,
     cache: &ContainerCache,
     window: &[Extent],
     p: &mut Vec<u8>,
+    out: &mut dyn Write,
     rep: &mut RestoreReport,
 ) -> Result<()> {
     let mut group_of: FxHashMap<ContainerId, u32> = FxHashMap::default();
@@ -171,17 +174,43 @@ fn window_frame(
                 .extend(blocks_of(&files[g as usize], vaddr, len)?);
         }
     }
-    p.extend_from_slice(&(groups.len() as u32).to_le_bytes());
+    let mut len = 4 + 4;
+    for ((_, needed), cf) in groups.iter().zip(&files) {
+        len += 8 + 4 + needed.len() * BLOCK_META;
+        len += needed
+            .iter()
+            .map(|&i| cf.footer.blocks[i].stored_len as usize)
+            .sum::<usize>();
+    }
+    for e in window {
+        len += match e {
+            Extent::Zero { .. } => 1 + 8,
+            Extent::Stored { .. } => 1 + 4 + 8 + 8,
+        };
+    }
+    let mut head = [0u8; FRAME_HEAD];
+    head[0] = WINDOW;
+    head[1..].copy_from_slice(&(len as u64).to_le_bytes());
+    out.write_all(&head)
+        .map_err(|e| out_err(e, "sending restored data"))?;
+    let mut sent = 0;
+    let mut put = |b: &[u8]| -> Result<()> {
+        sent += b.len();
+        out.write_all(b)
+            .map_err(|e| out_err(e, "sending restored data"))
+    };
+    put(&(groups.len() as u32).to_le_bytes())?;
     let mut stored = Vec::new();
     for ((id, needed), cf) in groups.iter().zip(&files) {
         let (lo, hi) = (
             *needed.first().expect("a group has blocks"),
-            *needed.last().unwrap() + 1,
+            *needed.last().expect("a group has blocks") + 1,
         );
         // One read spanning the group's blocks, as the FAA does.
         let n = cf.read_blocks(lo..hi, &mut stored)?;
         rep.container_reads += 1;
         rep.bytes_read += n;
+        p.clear();
         p.extend_from_slice(&id.0.to_le_bytes());
         p.extend_from_slice(&(needed.len() as u32).to_le_bytes());
         for &i in needed {
@@ -193,6 +222,7 @@ fn window_frame(
             p.extend_from_slice(&b.crc.to_le_bytes());
             rep.bytes_decoded += u64::from(b.vlen);
         }
+        put(p)?;
         let base = cf.footer.blocks[lo].offset;
         for &i in needed {
             let b = &cf.footer.blocks[i];
@@ -204,9 +234,10 @@ fn window_frame(
                     detail: format!("checksum mismatch in the block at offset {}", b.offset),
                 });
             }
-            p.extend_from_slice(bytes);
+            put(bytes)?;
         }
     }
+    p.clear();
     p.extend_from_slice(&(window.len() as u32).to_le_bytes());
     for e in window {
         match *e {
@@ -225,6 +256,13 @@ fn window_frame(
                 p.extend_from_slice(&len.to_le_bytes());
             }
         }
+    }
+    put(p)?;
+    if sent != len {
+        // The receiver would misread everything after this frame.
+        return Err(Error::Invalid(format!(
+            "block transfer: a window frame announced {len} bytes and holds {sent}"
+        )));
     }
     Ok(())
 }
