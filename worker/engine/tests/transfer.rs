@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,20 +13,6 @@ use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use revault_engine::store::{Store, VersionSel};
 use revault_engine::transfer::{send, Destination, Receiver};
 use revault_engine::tree::TreeSource;
-
-/// A writer whose bytes the test can read back after handing it over.
-#[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Shared {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn opts(cache_bytes: u64) -> RestoreOptions {
     RestoreOptions {

@@ -81,21 +81,25 @@ pub fn restore_bytes(store: &Store, series: &str, v: u32) -> (Vec<u8>, RestoreRe
     (out, rep)
 }
 
+/// A writer whose bytes a test can read back after handing it over (to a
+/// block-transfer receiver, which owns its destination).
+#[derive(Clone, Default)]
+pub struct Shared(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A version sent as a block-transfer stream and assembled by a receiver
 /// fed in 50 KiB pieces, as `revault pull` does.
 pub fn transfer_bytes(store: &Store, series: &str, v: u32) -> Vec<u8> {
     use revault_engine::transfer::{send, Destination, Receiver};
-    #[derive(Clone, Default)]
-    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Shared {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let mut wire = Vec::new();
     send(
         store,
