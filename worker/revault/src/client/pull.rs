@@ -92,54 +92,95 @@ fn partial_name(p: &Path) -> PathBuf {
     p.with_file_name(format!(".{name}.revault-partial"))
 }
 
-/// Where the body goes. A file, stdout or a device is written from the
-/// download loop itself, each piece as it arrives: handing every piece (tens
-/// of KiB over loopback) to a writer thread cost more CPU than the writes,
-/// and a piece written and dropped at once lets the HTTP client reuse its
-/// read buffer instead of faulting in fresh pages. A write that blocks (a
-/// slow pipe) holds one of the two runtime threads, which is the
-/// backpressure we want. A directory is extracted by `tar` on a blocking
-/// thread fed through a bounded channel.
-enum Sink {
-    Direct {
-        out: File,
-        /// (partial name, final name): a file is renamed when complete.
-        rename: Option<(PathBuf, PathBuf)>,
-    },
-    Extract {
-        tx: mpsc::Sender<io::Result<Bytes>>,
-        task: tokio::task::JoinHandle<io::Result<()>>,
-    },
-    /// A block-transfer stream, decoded as it arrives: each complete window
-    /// is checked, decompressed and written out here.
-    Blocks {
-        rx: Box<Receiver>,
-        /// A file's handle (kept to sync it), its partial and final names.
-        file: Option<(File, PathBuf, PathBuf)>,
-    },
+/// A file, stdout or a device to write the version to. A file is written
+/// under a partial name beside it and renamed when complete.
+struct OutFile {
+    file: File,
+    /// (partial name, final name).
+    rename: Option<(PathBuf, PathBuf)>,
 }
 
-impl Sink {
-    fn open(target: Target) -> io::Result<Sink> {
-        Ok(match target {
+impl OutFile {
+    /// Opens the target; a directory target comes back as `Err(dir)`.
+    fn open(target: Target) -> io::Result<Result<OutFile, PathBuf>> {
+        Ok(Ok(match target {
             // The raw descriptor: `io::stdout()` is line-buffered, which
             // scans and re-buffers binary data.
-            Target::Stdout => Sink::Direct {
-                out: File::from(io::stdout().as_fd().try_clone_to_owned()?),
+            Target::Stdout => OutFile {
+                file: File::from(io::stdout().as_fd().try_clone_to_owned()?),
                 rename: None,
             },
-            Target::Special(p) => Sink::Direct {
-                out: std::fs::OpenOptions::new().write(true).open(p)?,
+            Target::Special(p) => OutFile {
+                file: std::fs::OpenOptions::new().write(true).open(p)?,
                 rename: None,
             },
             Target::File(p) => {
                 let tmp = partial_name(&p);
-                Sink::Direct {
-                    out: File::create(&tmp)?,
+                OutFile {
+                    file: File::create(&tmp)?,
                     rename: Some((tmp, p)),
                 }
             }
-            Target::Dir(d) => {
+            Target::Dir(d) => return Ok(Err(d)),
+        }))
+    }
+
+    /// Syncs a file and renames it into place (removing it if that fails).
+    fn complete(&self) -> io::Result<()> {
+        let Some((tmp, p)) = &self.rename else {
+            return Ok(());
+        };
+        let done = self.file.sync_all().and_then(|_| std::fs::rename(tmp, p));
+        if done.is_err() {
+            self.discard();
+        }
+        done
+    }
+
+    /// Removes a partial file.
+    fn discard(&self) {
+        if let Some((tmp, _)) = &self.rename {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// Where the body goes. Bytes for a file, stdout or a device are written
+/// from the download loop itself, each piece as it arrives: handing every
+/// piece (tens of KiB over loopback) to a writer thread cost more CPU than
+/// the writes, and a piece written and dropped at once lets the HTTP client
+/// reuse its read buffer instead of faulting in fresh pages. A write that
+/// blocks (a slow pipe) holds one of the two runtime threads, which is the
+/// backpressure we want. A tar stream for a directory is extracted by `tar`
+/// on a blocking thread fed through a bounded channel. A block stream goes
+/// to a [`Receiver`], which decodes it on its own thread.
+enum Sink {
+    Direct(OutFile),
+    Extract {
+        tx: mpsc::Sender<io::Result<Bytes>>,
+        task: tokio::task::JoinHandle<io::Result<()>>,
+    },
+    Blocks {
+        rx: Box<Receiver>,
+        /// The output file (its handle kept to sync it); none for a directory.
+        out: Option<OutFile>,
+    },
+}
+
+/// What a completed sink wrote: a block stream knows the version's size and
+/// what a directory restore could not reproduce.
+#[derive(Default)]
+struct Written {
+    bytes: Option<u64>,
+    warnings: Vec<String>,
+}
+
+impl Sink {
+    /// The sink for the server's bytes (a tar stream for a directory).
+    fn bytes(target: Target) -> io::Result<Sink> {
+        Ok(match OutFile::open(target)? {
+            Ok(out) => Sink::Direct(out),
+            Err(d) => {
                 let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
                 let task =
                     tokio::task::spawn_blocking(move || extract_tar(ChannelRead::new(rx), &d));
@@ -150,37 +191,22 @@ impl Sink {
 
     /// The sink for a block-transfer stream.
     fn blocks(target: Target) -> io::Result<Sink> {
-        let (dest, file) = match target {
-            Target::Stdout => (
-                Destination::Writer(Box::new(File::from(
-                    io::stdout().as_fd().try_clone_to_owned()?,
-                ))),
-                None,
-            ),
-            Target::Special(p) => (
-                Destination::Writer(Box::new(std::fs::OpenOptions::new().write(true).open(p)?)),
-                None,
-            ),
-            Target::File(p) => {
-                let tmp = partial_name(&p);
-                let f = File::create(&tmp)?;
-                let keep = f.try_clone()?;
-                (
-                    Destination::Writer(Box::new(io::BufWriter::with_capacity(1 << 20, f))),
-                    Some((keep, tmp, p)),
-                )
+        let (dest, out) = match OutFile::open(target)? {
+            Ok(out) => {
+                let w = io::BufWriter::with_capacity(1 << 20, out.file.try_clone()?);
+                (Destination::Writer(Box::new(w)), Some(out))
             }
-            Target::Dir(d) => (Destination::Dir(d), None),
+            Err(d) => (Destination::Dir(d), None),
         };
         Ok(Sink::Blocks {
             rx: Box::new(Receiver::new(dest)),
-            file,
+            out,
         })
     }
 
     async fn write(&mut self, b: Bytes) -> io::Result<()> {
         match self {
-            Sink::Direct { out, .. } => out.write_all(&b),
+            Sink::Direct(out) => out.file.write_all(&b),
             Sink::Blocks { rx, .. } => rx.feed(&b).map_err(io::Error::other),
             // A closed channel means the extraction failed; `abandon` says why.
             Sink::Extract { tx, .. } => tx
@@ -191,37 +217,32 @@ impl Sink {
     }
 
     /// Completes the output: synced and renamed into place, or extracted.
-    /// Returns the bytes of the version a block stream wrote.
-    async fn finish(self) -> io::Result<Option<u64>> {
+    async fn finish(self) -> io::Result<Written> {
         match self {
-            Sink::Direct {
-                out,
-                rename: Some((tmp, p)),
-            } => {
-                let done = out.sync_all().and_then(|_| std::fs::rename(&tmp, p));
-                if done.is_err() {
-                    let _ = std::fs::remove_file(&tmp);
-                }
-                done.map(|_| None)
-            }
-            Sink::Direct { rename: None, .. } => Ok(None),
+            Sink::Direct(out) => out.complete().map(|_| Written::default()),
             Sink::Extract { tx, task } => {
                 drop(tx);
-                task.await.map_err(io::Error::other)?.map(|_| None)
+                task.await
+                    .map_err(io::Error::other)?
+                    .map(|_| Written::default())
             }
-            Sink::Blocks { rx, file } => {
-                let done = rx.finish().map_err(io::Error::other).and_then(|r| {
-                    if let Some((f, tmp, p)) = &file {
-                        f.sync_all()?;
-                        std::fs::rename(tmp, p)?;
+            Sink::Blocks { rx, out } => match rx.finish() {
+                Ok(r) => {
+                    if let Some(out) = &out {
+                        out.complete()?;
                     }
-                    Ok(Some(r.header.logical_bytes))
-                });
-                if let (Err(_), Some((_, tmp, _))) = (&done, &file) {
-                    let _ = std::fs::remove_file(tmp);
+                    Ok(Written {
+                        bytes: Some(r.header.logical_bytes),
+                        warnings: r.warnings,
+                    })
                 }
-                done
-            }
+                Err(e) => {
+                    if let Some(out) = &out {
+                        out.discard();
+                    }
+                    Err(io::Error::other(e))
+                }
+            },
         }
     }
 
@@ -230,18 +251,11 @@ impl Sink {
     /// it had stopped first (writing to it fails only then), else `why`.
     async fn abandon(self, why: io::Error) -> io::Error {
         match self {
-            Sink::Direct { rename, .. } => {
-                if let Some((tmp, _)) = rename {
-                    let _ = std::fs::remove_file(tmp);
-                }
+            Sink::Direct(out) | Sink::Blocks { out: Some(out), .. } => {
+                out.discard();
                 why
             }
-            Sink::Blocks { file, .. } => {
-                if let Some((_, tmp, _)) = file {
-                    let _ = std::fs::remove_file(tmp);
-                }
-                why
-            }
+            Sink::Blocks { out: None, .. } => why,
             Sink::Extract { tx, task } => {
                 let _ = tx
                     .send(Err(io::Error::new(why.kind(), why.to_string())))
@@ -316,7 +330,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             );
         }
         let pb = output::progress(total, quiet, &format!("pull {} v{number}", a.series));
-        let mut sink = if blocks { Sink::blocks(target) } else { Sink::open(target) }
+        let mut sink = if blocks { Sink::blocks(target) } else { Sink::bytes(target) }
             .with_context(|| format!("writing {}", a.output))?;
         let mut body = resp.bytes_stream();
         let mut received = 0u64;
@@ -354,10 +368,12 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             None => sink.finish().await,
             Some(e) => Err(sink.abandon(e).await),
         };
+        let written = done.with_context(|| format!("writing {}", a.output))?;
+        for w in &written.warnings {
+            eprintln!("warning: {w}");
+        }
         // Bytes of the version written (a block stream's wire bytes are fewer).
-        let restored = done
-            .with_context(|| format!("writing {}", a.output))?
-            .unwrap_or(received);
+        let restored = written.bytes.unwrap_or(received);
         if let Some(t) = total {
             if received != t {
                 bail!("the download ended after {received} of {t} bytes");
