@@ -163,14 +163,29 @@ pub(crate) fn recipe_entries(
     v: &VersionRecord,
 ) -> Result<Vec<Vec<Entry>>> {
     let what = format!("{} version {}", series.name, v.number);
-    (0..v.recipe_parts)
+    version_parts(r, CF_RECIPES, "recipe", series, v, v.recipe_parts)?
+        .iter()
+        .map(|part| decode_part(&what, part))
+        .collect()
+}
+
+/// The stored parts of a version's recipe or catalog, in order.
+fn version_parts(
+    r: &impl MetaRead,
+    cf: &str,
+    kind: &str,
+    s: &SeriesRecord,
+    v: &VersionRecord,
+    count: u32,
+) -> Result<Vec<Vec<u8>>> {
+    (0..count)
         .map(|i| {
-            let part = r
-                .get_raw(CF_RECIPES, &part_key(series.id, v.number, i))?
-                .ok_or_else(|| {
-                    corrupt_meta(format!("recipe of {what}"), format!("part {i} is missing"))
-                })?;
-            decode_part(&what, &part)
+            r.get_raw(cf, &part_key(s.id, v.number, i))?.ok_or_else(|| {
+                corrupt_meta(
+                    format!("{kind} of {} version {}", s.name, v.number),
+                    format!("part {i} is missing"),
+                )
+            })
         })
         .collect()
 }
@@ -736,13 +751,5 @@ pub(crate) fn catalog_parts(
     s: &SeriesRecord,
     v: &VersionRecord,
 ) -> Result<Vec<Vec<u8>>> {
-    let what = format!("{} version {}", s.name, v.number);
-    (0..v.catalog_parts)
-        .map(|i| {
-            r.get_raw(CF_CATALOGS, &part_key(s.id, v.number, i))?
-                .ok_or_else(|| {
-                    corrupt_meta(format!("catalog of {what}"), format!("part {i} is missing"))
-                })
-        })
-        .collect()
+    version_parts(r, CF_CATALOGS, "catalog", s, v, v.catalog_parts)
 }
