@@ -92,7 +92,7 @@ impl Chunker {
             return self.cut_until(data, start, last, usize::MAX, out);
         }
         let mid = start + (data.len() - start) / 2;
-        let mut right = Vec::with_capacity(out.capacity() / 2);
+        let mut right = Vec::new();
         let (mut pos, right_end) = rayon::join(
             || self.cut_until(data, start, last, mid, out),
             || self.cut_until(data, mid, last, usize::MAX, &mut right),
