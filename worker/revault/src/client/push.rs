@@ -12,7 +12,7 @@ use clap::Args;
 use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 
-use super::{check, runtime, series_path, ChannelWrite, Conn, ServerArgs, CHUNK, QUEUE};
+use super::{check, runtime, series_path, ChannelWrite, Conn, ServerArgs, QUEUE};
 use crate::cli::NewVersionArgs;
 use crate::output::{self, mib, rate};
 
@@ -34,16 +34,11 @@ enum Input {
 
 /// Copies `r` into the body queue, counting bytes for the progress bar.
 fn pump(mut r: impl Read, w: &mut ChannelWrite, pb: &ProgressBar) -> io::Result<()> {
-    let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        w.write_all(&buf[..n])?;
-        pb.inc(n as u64);
+        match w.fill_from(&mut r)? {
+            0 => break,
+            n => pb.inc(n as u64),
+        }
     }
     w.flush()
 }
