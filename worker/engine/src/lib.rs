@@ -28,6 +28,7 @@ pub mod meta;
 pub mod objects;
 pub mod pack;
 pub mod recipe;
+pub mod repeats;
 pub mod restore;
 pub mod retention;
 pub mod rewrite;

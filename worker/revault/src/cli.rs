@@ -591,6 +591,16 @@ fn list(a: ListArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
+#[derive(Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Also count chunk data stored more than once (what the store holds
+    /// beyond exact chunk dedup, and where): reads every unit record.
+    #[arg(long)]
+    pub repeats: bool,
+}
+
 #[derive(Serialize)]
 struct StatsOut {
     #[serde(flatten)]
@@ -600,6 +610,8 @@ struct StatsOut {
     /// Logical / bytes on disk (after compression).
     total_ratio: f64,
     metadata_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repeats: Option<revault_engine::repeats::RepeatReport>,
 }
 
 fn dir_size(p: &Path) -> u64 {
@@ -616,8 +628,8 @@ fn dir_size(p: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn stats(a: StoreArg, json: bool) -> Result<()> {
-    let store = open(&a, OpenMode::ReadOnly, "revault stats")?;
+fn stats(a: StatsArgs, json: bool) -> Result<()> {
+    let store = open(&a.store, OpenMode::ReadOnly, "revault stats")?;
     let t = store.totals()?;
     let out = StatsOut {
         totals: t,
@@ -632,6 +644,11 @@ fn stats(a: StoreArg, json: bool) -> Result<()> {
             0.0
         },
         metadata_bytes: dir_size(&store.root().join("meta")),
+        repeats: if a.repeats {
+            Some(revault_engine::repeats::repeats(&store)?)
+        } else {
+            None
+        },
     };
     if json {
         output::json(&out);
@@ -660,6 +677,27 @@ fn stats(a: StoreArg, json: bool) -> Result<()> {
             mib(t.recipe_bytes + t.catalog_bytes)
         );
         println!("metadata (RocksDB)  {} MiB", mib(out.metadata_bytes));
+        if let Some(r) = &out.repeats {
+            let [c2, c3, c45, c6] = r.repeat_bytes_by_copies;
+            println!(
+                "stored more than once {} MiB of {} MiB ({:.1}% over exact chunk dedup)",
+                mib(r.repeat_bytes),
+                mib(r.stored_bytes),
+                100.0 * (r.excess_ratio() - 1.0)
+            );
+            println!(
+                "  in live units     {} MiB; inside one unit {} MiB",
+                mib(r.repeat_bytes_in_live_units),
+                mib(r.repeat_bytes_same_unit)
+            );
+            println!(
+                "  by copies         2: {} MiB, 3: {} MiB, 4-5: {} MiB, 6+: {} MiB",
+                mib(c2),
+                mib(c3),
+                mib(c45),
+                mib(c6)
+            );
+        }
     }
     Ok(())
 }

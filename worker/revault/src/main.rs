@@ -52,7 +52,7 @@ pub enum Cmd {
     /// List series, or the versions of one series.
     List(cli::ListArgs),
     /// Store totals: logical and stored bytes, dedup and compression ratios.
-    Stats(cli::StoreArg),
+    Stats(cli::StatsArgs),
     /// Verify every checksum and that every recipe resolves.
     Check(cli::StoreArg),
     /// Set a series' retention: versions kept, the live window, automatic slides.
