@@ -882,19 +882,29 @@ impl Dedup<'_> {
         pack: &mut PackWriter,
     ) -> Result<u64> {
         let id = self.store.alloc_unit();
-        // Segment mode: a chunk this backup stored shortly before, in an
-        // earlier unit, is linked, not stored again (duplicates inside one
-        // version; chunk mode dedups them as units).
+        // Segment mode: a chunk stored earlier in this unit, or shortly before
+        // by this backup in an earlier unit, is linked, not stored again
+        // (duplicates inside one version; chunk mode dedups them as units).
+        // A link inside the unit costs a restore nothing (same container);
+        // they were 4.5 of the 6.8 MiB the kube series' segment-rev store held
+        // more than once (`revault stats --repeats`).
         let mut targets = FxHashSet::default();
+        let mut in_unit: FxHashMap<Fp, u32> = FxHashMap::default();
         let pc: Vec<PackChunk<'_>> = chunks
             .iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(k, c)| {
                 let mut entry = c.entry();
                 if self.kind == DedupUnit::Segment && !c.zero {
-                    if let Some((t, j)) = self.recent_chunks.get(&c.fp) {
+                    if let Some(&j) = in_unit.get(&c.fp) {
+                        entry.flags |= CHUNK_LINK;
+                        entry.link = Some((id, j));
+                    } else if let Some((t, j)) = self.recent_chunks.get(&c.fp) {
                         entry.flags |= CHUNK_LINK;
                         entry.link = Some((t, j));
                         targets.insert(t);
+                    } else {
+                        in_unit.insert(c.fp, k as u32);
                     }
                 }
                 let data = if entry.stored_len() > 0 {

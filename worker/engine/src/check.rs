@@ -182,7 +182,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     // Links: each points at a stored chunk with the same fingerprint, and
     // counts once per linking unit.
     for (id, u) in &units {
-        for t in crate::commit::link_targets(u) {
+        for t in crate::commit::link_targets(*id, u) {
             want.entry(t).or_default().links += 1;
         }
         for (i, c) in u.chunks.iter().enumerate() {
@@ -193,7 +193,8 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                 .get(&t)
                 .and_then(|tu| tu.chunks.get(j as usize))
                 .is_some_and(|tc| tc.stored_len() > 0 && tc.fp == c.fp);
-            if !ok || t == *id {
+            // Inside one unit a link goes back, to the chunk's first copy.
+            if !ok || (t == *id && j as usize >= i) {
                 rep.errors.push(format!(
                     "unit {id}: chunk {i} links to chunk {j} of unit {t}, which does not hold it"
                 ));

@@ -123,11 +123,15 @@ impl<'m> Ledger<'m> {
     }
 }
 
-/// The distinct units a unit's live links point into.
-pub(crate) fn link_targets(u: &UnitRecord) -> FxHashSet<u64> {
+/// The distinct other units unit `id`'s live links point into: the units
+/// whose `links` counts it holds. A link to an earlier chunk of the same unit
+/// (a chunk repeated inside one segment) counts nowhere: the unit cannot
+/// outlive itself.
+pub(crate) fn link_targets(id: u64, u: &UnitRecord) -> FxHashSet<u64> {
     u.chunks
         .iter()
         .filter_map(|c| c.link_target().map(|l| l.0))
+        .filter(|t| *t != id)
         .collect()
 }
 
@@ -189,7 +193,7 @@ impl Store {
                 l.copies(old.kind, &old.fp)?.retain(|c| c != id);
             }
             // Links a move keeps cost nothing; links a trim drops release their targets.
-            let (before, after) = (link_targets(&old), link_targets(new));
+            let (before, after) = (link_targets(*id, &old), link_targets(*id, new));
             for t in before.difference(&after) {
                 txn.ref_deltas.entry(*t).or_default()[2] -= 1;
             }
@@ -288,7 +292,7 @@ impl Store {
             zombies.remove(&id);
             freed.insert(id);
             freed_units += 1;
-            for t in link_targets(&unit) {
+            for t in link_targets(id, &unit) {
                 let r = match now.get_mut(&t) {
                     Some(r) => r,
                     None => {

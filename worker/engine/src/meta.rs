@@ -744,9 +744,10 @@ impl UnitRecord {
 }
 
 /// Reference counts of a unit: live recipes that reference it whole,
-/// archival recipes that reference some of its chunks directly, and units of
-/// the same backup whose duplicate chunks link to its chunks. A unit with all
-/// three at zero is unreachable and is deleted.
+/// archival recipes that reference some of its chunks directly, and other
+/// units of the same backup whose duplicate chunks link to its chunks (links
+/// inside one unit count nowhere). A unit with all three at zero is
+/// unreachable and is deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refs {
     pub live: u32,

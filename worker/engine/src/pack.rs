@@ -292,9 +292,15 @@ pub(crate) fn repack(
 ) -> Result<UnitRecord> {
     // Every chunk entry goes to the footer (absent ones flagged); only kept,
     // stored chunks carry bytes.
+    let all = data;
     let mut chunks = Vec::with_capacity(old.chunks.len());
     let mut off = old.vbase as usize;
     let mut trimmed = old.trimmed;
+    // Chunks of this unit that hold bytes after the repack, by fingerprint:
+    // a resolved link whose chunk the unit already holds links there instead
+    // (two chunks of a segment that linked to one copy elsewhere must not
+    // both take its bytes).
+    let mut held: HashMap<crate::fp::Fp, u32> = HashMap::new();
     for (i, c) in old.chunks.iter().enumerate() {
         let len = c.stored_len() as usize;
         let src = data
@@ -312,9 +318,16 @@ pub(crate) fn repack(
             entry.flags |= CHUNK_ABSENT;
             trimmed = true;
         }
-        // A link resolved to its bytes (`fills`) becomes a stored chunk.
+        // A link resolved to its bytes (`fills`) becomes a stored chunk, or a
+        // link to the unit's own copy.
         let mut data = if entry.stored_len() > 0 { src } else { &[][..] };
-        if let (Some(_), Some(bytes)) = (entry.link_target(), fills.get(&(i as u32))) {
+        let own = fills
+            .contains_key(&(i as u32))
+            .then(|| held.get(&entry.fp).copied())
+            .flatten();
+        if let (Some(_), Some(j)) = (entry.link_target(), own) {
+            entry.link = Some((id, j));
+        } else if let (Some(_), Some(bytes)) = (entry.link_target(), fills.get(&(i as u32))) {
             if bytes.len() != entry.len as usize {
                 return Err(Error::CorruptContainer {
                     container: old.container.to_string(),
@@ -329,6 +342,28 @@ pub(crate) fn repack(
             entry.link = None;
             data = bytes;
         }
+        // A kept link to a chunk of this unit that this repack drops takes
+        // the bytes (slides and gc keep a linked chunk whenever they keep its
+        // linker; this holds whatever the keep set).
+        if let Some((_, j)) = entry.link_target().filter(|(t, _)| *t == id) {
+            let dropped = chunks
+                .get(j as usize)
+                .is_none_or(|p: &PackChunk<'_>| p.entry.flags & CHUNK_ABSENT != 0);
+            if dropped {
+                let at = crate::archive::chunk_vaddr(old, j as usize) as usize;
+                data = all.get(at..at + entry.len as usize).ok_or_else(|| {
+                    Error::CorruptContainer {
+                        container: old.container.to_string(),
+                        detail: format!("unit {id} chunk {i}: links past the container's data"),
+                    }
+                })?;
+                entry.flags &= !CHUNK_LINK;
+                entry.link = None;
+            }
+        }
+        if entry.stored_len() > 0 {
+            held.entry(entry.fp).or_insert(i as u32);
+        }
         chunks.push(PackChunk { data, entry });
     }
     let (container, vbase) = pack.add_unit(id, &chunks)?;
@@ -341,4 +376,104 @@ pub(crate) fn repack(
         trimmed,
         chunks: entries,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::container::{ChunkEntry, ContainerFile};
+    use crate::fp::Fp;
+    use crate::store::{InitOptions, OpenMode, Store};
+
+    /// Writes one unit and returns its record and its container's data.
+    fn written(store: &Store, id: u64, chunks: &[PackChunk<'_>]) -> (UnitRecord, Vec<u8>) {
+        let session = store.begin_session("test").unwrap();
+        let cfg = store.config().clone();
+        let mut pack = PackWriter::new(
+            session.allocator(),
+            store.data_dir().to_path_buf(),
+            cfg.container_bytes,
+            cfg.block_bytes,
+            cfg.compression,
+        );
+        let (container, vbase) = pack.add_unit(id, chunks).unwrap();
+        pack.finish().unwrap();
+        let u = UnitRecord {
+            kind: crate::config::DedupUnit::Segment,
+            fp: Fp::of(b"unit"),
+            container,
+            vbase,
+            trimmed: false,
+            chunks: chunks.iter().map(|c| c.entry.clone()).collect(),
+        };
+        let data = ContainerFile::open(store.data_dir(), container, false)
+            .unwrap()
+            .read_all()
+            .unwrap();
+        (u, data)
+    }
+
+    #[test]
+    fn a_kept_link_inside_the_unit_takes_the_bytes_of_a_dropped_target() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        let store = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+        let (a, b) = (vec![7u8; 3000], vec![9u8; 2000]);
+        let entry = |d: &[u8]| ChunkEntry::new(0, d.len() as u32, Fp::of(d));
+        let mut repeat = entry(&a);
+        repeat.flags |= CHUNK_LINK;
+        repeat.link = Some((42, 0));
+        let chunks = [
+            PackChunk {
+                data: &a,
+                entry: entry(&a),
+            },
+            PackChunk {
+                data: &b,
+                entry: entry(&b),
+            },
+            PackChunk {
+                data: &[],
+                entry: repeat,
+            },
+        ];
+        let (old, data) = written(&store, 42, &chunks);
+
+        // Keep the second and third chunks only: the third's target goes.
+        let session = store.begin_session("test").unwrap();
+        let cfg = store.config().clone();
+        let mut pack = PackWriter::new(
+            session.allocator(),
+            store.data_dir().to_path_buf(),
+            cfg.container_bytes,
+            cfg.block_bytes,
+            cfg.compression,
+        );
+        let keep = BTreeSet::from([1, 2]);
+        let new = repack(42, &old, Some(&keep), &data, &HashMap::new(), &mut pack).unwrap();
+        pack.finish().unwrap();
+        assert!(new.trimmed);
+        assert_ne!(new.chunks[0].flags & CHUNK_ABSENT, 0);
+        assert_eq!(new.chunks[2].link_target(), None);
+        assert_eq!(new.chunks[2].stored_len(), a.len() as u64);
+        let moved = ContainerFile::open(store.data_dir(), new.container, false)
+            .unwrap()
+            .read_all()
+            .unwrap();
+        let at = crate::archive::chunk_vaddr(&new, 2) as usize;
+        assert_eq!(&moved[at..at + a.len()], &a[..]);
+
+        // With its target kept, the link stays a link.
+        let mut pack = PackWriter::new(
+            session.allocator(),
+            store.data_dir().to_path_buf(),
+            cfg.container_bytes,
+            cfg.block_bytes,
+            cfg.compression,
+        );
+        let all = BTreeSet::from([0, 1, 2]);
+        let same = repack(42, &old, Some(&all), &data, &HashMap::new(), &mut pack).unwrap();
+        pack.finish().unwrap();
+        assert_eq!(same.chunks[2].link_target(), Some((42, 0)));
+    }
 }

@@ -166,8 +166,8 @@ fn slide_one(
     // backup that stored its target, so a linker outside V's recipe is an
     // older version's archival leftover: such a unit stays whole).
     let mut linkers_in_v: HashMap<u64, u32> = HashMap::new();
-    for u in v_units.values() {
-        for t in crate::commit::link_targets(u) {
+    for (id, u) in &v_units {
+        for t in crate::commit::link_targets(*id, u) {
             *linkers_in_v.entry(t).or_default() += 1;
         }
     }

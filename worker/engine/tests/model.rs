@@ -56,6 +56,13 @@ enum Edit {
         at: f64,
         len: usize,
     },
+    /// Repeat a region a little after itself: chunks repeated inside one
+    /// segment (linked inside their unit) or in the next few.
+    Echo {
+        at: f64,
+        len: usize,
+        gap: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -168,6 +175,12 @@ fn apply_edit(model: &Model, data: &mut Vec<u8>, e: &Edit) {
             let p = data.len() / 2;
             data.splice(p..p, piece);
         }
+        Edit::Echo { at, len, gap } => {
+            let p = pos(at, data);
+            let piece = data[p..(p + len).min(data.len())].to_vec();
+            let q = (p + piece.len() + gap).min(data.len());
+            data.splice(q..q, piece);
+        }
     }
 }
 
@@ -178,6 +191,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         3 => (0.0..1.0f64, 1usize..6_000, any::<u64>()).prop_map(|(at, len, seed)| Edit::Overwrite { at, len, seed }),
         1 => (0.0..1.0f64, 1usize..40_000).prop_map(|(at, len)| Edit::Zeros { at, len }),
         2 => (0usize..3, 0.0..1.0f64, 1usize..60_000).prop_map(|(from, at, len)| Edit::Paste { from, at, len }),
+        2 => (0.0..1.0f64, 1usize..6_000, 0usize..3_000).prop_map(|(at, len, gap)| Edit::Echo { at, len, gap }),
     ]
 }
 
