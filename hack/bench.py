@@ -163,9 +163,13 @@ def chunk_sizes(tars, kibs=(2, 8)):
             unit = "chunk" if mode == "chunk" else "segment"
             for t in tars:
                 rv("backup", "--store", store, "--series", series, "--unit", unit, t, "--json")
-            st = rv("stats", "--store", store, "--json")
-            res[f"{kib}KiB/{mode}"] = {"dedup_ratio": st["dedup_ratio"], "total_ratio": st["total_ratio"]}
-            log(f"chunk {kib} KiB {mode}: dedup {st['dedup_ratio']:.2f}x, with compression {st['total_ratio']:.2f}x")
+            st = rv("stats", "--store", store, "--json", "--repeats")
+            rep = st["repeats"]
+            exact = rep["stored_bytes"] - rep["repeat_bytes"]
+            res[f"{kib}KiB/{mode}"] = {"dedup_ratio": st["dedup_ratio"], "total_ratio": st["total_ratio"],
+                                      "beyond_exact_pct": round(100 * rep["repeat_bytes"] / exact, 2) if exact else 0.0}
+            log(f"chunk {kib} KiB {mode}: dedup {st['dedup_ratio']:.2f}x, with compression {st['total_ratio']:.2f}x, "
+                f"{res[f'{kib}KiB/{mode}']['beyond_exact_pct']}% stored beyond exact chunk dedup")
             shutil.rmtree(store, ignore_errors=True)
     return res
 

@@ -753,9 +753,14 @@ impl Dedup<'_> {
         let bytes: u32 = chunks.iter().map(|c| c.len).sum();
         let n = chunks.len() as u32;
         let zero = self.kind == DedupUnit::Chunk && chunks[0].zero;
-        // Repeats inside this backup resolve to the first copy when decided.
-        let internal =
-            zero || self.new_by_fp.contains_key(&fp) || self.pending_fps.contains_key(&fp);
+        // Repeats inside this backup resolve to the first copy when decided,
+        // whether it was stored or found: the rewrite policy never sees them,
+        // since they cost a restore no container read (reuse.rs serves a
+        // repeated chunk from memory).
+        let internal = zero
+            || self.new_by_fp.contains_key(&fp)
+            || self.resolved.contains_key(&fp)
+            || self.pending_fps.contains_key(&fp);
         let (item, found) = if internal {
             (Item::unique(bytes, n), None)
         } else {

@@ -31,6 +31,7 @@ pub mod recipe;
 pub mod repeats;
 pub mod restore;
 pub mod retention;
+pub mod reuse;
 pub mod rewrite;
 pub mod slide;
 pub mod source;

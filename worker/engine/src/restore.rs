@@ -43,6 +43,9 @@ pub struct RestoreOptions {
     /// Restore memory: the forward assembly area, or the cache of `cache`.
     pub cache_bytes: u64,
     pub cache: CachePolicy,
+    /// Serve chunks the version repeats from memory (`reuse.rs`); off only
+    /// to measure what it saves.
+    pub reuse: bool,
     pub progress: Option<crate::backup::Progress>,
     pub cancel: Option<Arc<AtomicBool>>,
 }
@@ -52,6 +55,7 @@ impl Default for RestoreOptions {
         RestoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             cache: CachePolicy::default(),
+            reuse: true,
             progress: None,
             cancel: None,
         }
@@ -90,6 +94,11 @@ pub struct RestoreReport {
     pub cache_bytes: u64,
     /// The most memory the cache held (never more than `cache_bytes`).
     pub peak_cache_bytes: u64,
+    /// Bytes of chunks the version repeats that were served from memory
+    /// rather than read again (see `reuse.rs`), and the most it held for that
+    /// (part of `peak_cache_bytes`).
+    pub reused_bytes: u64,
+    pub reuse_peak_bytes: u64,
     pub seconds: f64,
     pub warnings: Vec<String>,
 }
@@ -601,18 +610,47 @@ pub fn restore(
     // Every cache but the FAA runs on the version's resolved chunk positions;
     // `auto` counts on them which of faa and opt reads fewer containers (and
     // when it picks faa, the FAA runs on them rather than resolving again).
+    // Every cache runs on the version's resolved chunk positions, less those
+    // the reuse plan serves from memory (chunks the version repeats); `auto`
+    // counts on them which of faa and opt reads fewer containers.
+    // `auto` also picks how much of the budget reuse gets: every share it
+    // weighs is counted on the recipe, the fewest container reads wins.
     let mut policy = opts.cache;
-    let mut locs = None;
-    if policy != CachePolicy::Faa {
-        let parts = recipe_entries(&view, &s, &v)?;
-        let (l, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
-        rep.chain_depth = depth;
-        if policy == CachePolicy::Auto {
-            policy = crate::caches::choose(&l, rep.cache_bytes, store.config().container_bytes);
-            rep.cache_auto = true;
+    let parts = recipe_entries(&view, &s, &v)?;
+    let (all, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
+    rep.chain_depth = depth;
+    let budget = rep.cache_bytes;
+    // lru-chunk is a chunk cache itself: reuse would only take its memory.
+    let reuse_on = opts.reuse && policy != CachePolicy::LruChunk;
+    let plan = |share| {
+        let held = if reuse_on {
+            crate::reuse::budget_of(budget, share)
+        } else {
+            0
+        };
+        crate::reuse::plan(&all, held)
+    };
+    let mut reuse = if policy == CachePolicy::Auto {
+        rep.cache_auto = true;
+        let cb = store.config().container_bytes;
+        let mut best: Option<(u64, crate::reuse::Plan)> = None;
+        for share in crate::reuse::AUTO_SHARES {
+            let p = plan(share);
+            let (engine, reads) = crate::caches::choose(&p.engine_locs, budget - p.peak_bytes, cb);
+            if best.as_ref().is_none_or(|(r, _)| reads < *r) {
+                policy = engine;
+                best = Some((reads, p));
+            }
         }
-        locs = Some(l);
-    }
+        best.map(|b| b.1).unwrap_or_default()
+    } else {
+        plan(crate::reuse::DEFAULT_SHARE)
+    };
+    drop(all);
+    let locs = std::mem::take(&mut reuse.engine_locs);
+    rep.reused_bytes = reuse.served_bytes;
+    rep.reuse_peak_bytes = reuse.peak_bytes;
+    let engine_budget = budget - reuse.peak_bytes;
     rep.cache = policy.name().to_string();
     let run = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
         let mut out = Progressed {
@@ -621,27 +659,36 @@ pub fn restore(
             next: PROGRESS_STEP,
             progress: opts.progress.clone(),
         };
-        match (policy, locs) {
-            (CachePolicy::Faa, Some(locs)) => {
-                let extents = Extents::resolved(crate::archive::loc_extents(&locs));
-                drop(locs); // before the FAA allocates its area
-                run_faa(&view, extents, opts, &mut out, rep)
+        let engine = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
+            match policy {
+                CachePolicy::Faa | CachePolicy::Auto => {
+                    let extents = Extents::resolved(crate::archive::loc_extents(&locs));
+                    drop(locs); // before the FAA allocates its area
+                    let opts = RestoreOptions {
+                        cache_bytes: engine_budget,
+                        ..opts.clone()
+                    };
+                    run_faa(&view, extents, &opts, out, rep)
+                }
+                policy => {
+                    let st = crate::caches::run(store, policy, &locs, engine_budget, out)?;
+                    rep.container_reads = st.reads;
+                    rep.bytes_read = st.bytes_read;
+                    rep.bytes_decoded = st.decoded;
+                    rep.peak_cache_bytes = st.peak;
+                    Ok(())
+                }
             }
-            (CachePolicy::Faa, None) => {
-                let (extents, depth) = version_extents(&view, &s, &v)?;
-                rep.chain_depth = depth;
-                run_faa(&view, extents, opts, &mut out, rep)
-            }
-            (policy, locs) => {
-                let locs = locs.expect("resolved for every cache but faa");
-                let st = crate::caches::run(store, policy, &locs, rep.cache_bytes, &mut out)?;
-                rep.container_reads = st.reads;
-                rep.bytes_read = st.bytes_read;
-                rep.bytes_decoded = st.decoded;
-                rep.peak_cache_bytes = st.peak;
-                Ok(())
-            }
+        };
+        if reuse.is_empty() {
+            engine(&mut out, rep)?;
+        } else {
+            let mut w = crate::reuse::ReuseWriter::new(&mut out, reuse);
+            engine(&mut w, rep)?;
+            w.finish()?;
         }
+        rep.peak_cache_bytes += rep.reuse_peak_bytes;
+        Ok(())
     };
     match (v.kind, target) {
         (VersionKind::Stream, RestoreTarget::Writer(w)) => {

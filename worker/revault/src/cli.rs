@@ -177,6 +177,10 @@ pub struct RestoreArgs {
     /// reads fewer containers), faa, opt, lru-container, lru-chunk or dasm.
     #[arg(long, default_value = "auto")]
     pub cache: String,
+    /// Read every chunk the version repeats from its container again instead
+    /// of keeping it in memory between uses (to measure what reuse saves).
+    #[arg(long)]
+    pub no_reuse: bool,
     /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
     /// `/`) to extract a directory version into. A directory version written to
     /// a file or stdout is a tar stream.
@@ -431,6 +435,7 @@ fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
     let opts = RestoreOptions {
         cache,
         cache_bytes: a.cache_mib * MIB,
+        reuse: !a.no_reuse,
         progress: Some(Arc::new(move |n| pb2.set_position(n))),
         cancel: None,
     };
