@@ -622,13 +622,18 @@ pub fn restore(
     let budget = rep.cache_bytes;
     // lru-chunk is a chunk cache itself: reuse would only take its memory.
     let reuse_on = opts.reuse && policy != CachePolicy::LruChunk;
+    let next = if reuse_on {
+        crate::reuse::next_uses(&all)
+    } else {
+        vec![usize::MAX; all.len()]
+    };
     let plan = |share| {
         let held = if reuse_on {
             crate::reuse::budget_of(budget, share)
         } else {
             0
         };
-        crate::reuse::plan(&all, held)
+        crate::reuse::plan_with(&all, &next, held)
     };
     let mut reuse = if policy == CachePolicy::Auto {
         rep.cache_auto = true;
@@ -636,6 +641,9 @@ pub fn restore(
         let mut best: Option<(u64, crate::reuse::Plan)> = None;
         for share in crate::reuse::AUTO_SHARES {
             let p = plan(share);
+            if share != 0 && p.is_empty() {
+                continue; // the same positions as without reuse, counted already
+            }
             let (engine, reads) = crate::caches::choose(&p.engine_locs, budget - p.peak_bytes, cb);
             if best.as_ref().is_none_or(|(r, _)| reads < *r) {
                 policy = engine;
@@ -646,7 +654,7 @@ pub fn restore(
     } else {
         plan(crate::reuse::DEFAULT_SHARE)
     };
-    drop(all);
+    drop((all, next));
     let locs = std::mem::take(&mut reuse.engine_locs);
     rep.reused_bytes = reuse.served_bytes;
     rep.reuse_peak_bytes = reuse.peak_bytes;

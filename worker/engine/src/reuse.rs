@@ -16,8 +16,10 @@
 //! output, keeps the planned chunks as the engine's bytes pass through it and
 //! writes them again where the plan says.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io::Write;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::archive::Loc;
 use crate::container::ContainerId;
@@ -64,19 +66,23 @@ pub(crate) fn budget_of(restore_budget: u64, share: u64) -> u64 {
     (restore_budget / share).min(restore_budget.saturating_sub(crate::config::MIB))
 }
 
-/// Plans chunk reuse for `locs` with at most `budget` bytes of chunks held.
-pub(crate) fn plan(locs: &[Loc], budget: u64) -> Plan {
-    let key = |l: &Loc| match *l {
+fn key(l: &Loc) -> Option<Key> {
+    match *l {
         Loc::Stored {
             container,
             vaddr,
             len,
         } => Some((container, vaddr, len)),
         Loc::Zero { .. } => None,
-    };
-    // next[i]: the next position holding the same chunk.
+    }
+}
+
+/// next[i]: the next position holding the same chunk as position i
+/// (`usize::MAX` when none does, and for zeros). Computed once for all the
+/// budgets a restore weighs.
+pub(crate) fn next_uses(locs: &[Loc]) -> Vec<usize> {
     let mut next = vec![usize::MAX; locs.len()];
-    let mut last: HashMap<Key, usize> = HashMap::new();
+    let mut last: HashMap<Key, usize> = HashMap::default();
     for (i, l) in locs.iter().enumerate().rev() {
         if let Some(k) = key(l) {
             if let Some(&n) = last.get(&k) {
@@ -85,13 +91,27 @@ pub(crate) fn plan(locs: &[Loc], budget: u64) -> Plan {
             last.insert(k, i);
         }
     }
-    drop(last);
+    next
+}
 
+/// Plans chunk reuse for `locs` with at most `budget` bytes of chunks held.
+#[cfg(test)]
+pub(crate) fn plan(locs: &[Loc], budget: u64) -> Plan {
+    plan_with(locs, &next_uses(locs), budget)
+}
+
+/// [`plan`] with the positions' [`next_uses`].
+pub(crate) fn plan_with(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
     let mut p = Plan::default();
+    if budget == 0 || next.iter().all(|&n| n == usize::MAX) {
+        // Nothing repeats, or no room: the engine restores everything.
+        p.engine_locs = locs.to_vec();
+        return p;
+    }
     // Held chunks: key -> (slot, next use); `by_next` orders them for eviction.
-    let mut held: HashMap<Key, (u32, usize)> = HashMap::new();
+    let mut held: HashMap<Key, (u32, usize)> = HashMap::default();
     let mut by_next: BTreeSet<(usize, u32)> = BTreeSet::new();
-    let mut slot_key: HashMap<u32, Key> = HashMap::new();
+    let mut slot_key: HashMap<u32, Key> = HashMap::default();
     let mut bytes = 0u64;
     let mut next_slot = 0u32;
     let mut at = 0u64; // offset in the engine's output
@@ -181,7 +201,7 @@ impl<'a> ReuseWriter<'a> {
             events,
             pending,
             at: 0,
-            held: HashMap::new(),
+            held: HashMap::default(),
             keeping: None,
         }
     }
