@@ -7,14 +7,16 @@
    one when kube is absent): `revault backup` of the tenth version into copies
    of a store holding the first nine (a ~99%-duplicate version), and warm
    `revault restore` of the latest version, medians of several runs;
-3. `revault bench schemes` (units x rewrite policies x restore caches, knob
+3. the issue's Destor anchor at 2 KiB chunks (chunk mode, chunk mode with
+   lbw, segment-rev; latest version at 32 MiB, with and without reuse);
+4. `revault bench schemes` (units x rewrite policies x restore caches, knob
    sweeps, cache memory) on the kube series and on a 20-version synthetic one;
-4. `revault bench expire` (expiry cost at 10, 20, 40 versions beside a full
+5. `revault bench expire` (expiry cost at 10, 20, 40 versions beside a full
    mark-and-sweep).
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
 Options: --quick (fewer runs, no sweeps) for a smoke test; --only STEP,... runs some
-steps (criterion, throughput, chunk-sizes, schemes, expire) and keeps the others' results.
+steps (criterion, throughput, chunk-sizes, anchor, schemes, expire) and keeps the others' results.
 """
 import argparse
 import json
@@ -174,6 +176,41 @@ def chunk_sizes(tars, kibs=(2, 8)):
     return res
 
 
+def anchor(tars):
+    """The issue's anchor, measured by Destor on the kube series (exact dedup
+    10.77x at speed factor 1.26, CBR 8.19x / 3.85, capping 10.30x / 2.53):
+    at 2 KiB chunks, where exact dedup here stores as much as Destor's,
+    the dedup ratio and the latest version's speed factor at 32 MiB, with
+    the default cache and with an LRU container cache, with and without
+    reuse of repeated chunks."""
+    res = {}
+    configs = (("chunk", "chunk", []), ("chunk-lbw", "chunk", ["--rewrite", "lbw", "--loss", 3]),
+               ("segment-rev", "segment", []))
+    for name, unit, extra in configs:
+        store = WORK / f"anchor-{name}"
+        shutil.rmtree(store, ignore_errors=True)
+        rv("init", "--store", store, "--chunk-kib", 2, "--json")
+        series = "bench/anchor"
+        if name == "segment-rev":
+            rv("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
+        for t in tars:
+            rv("backup", "--store", store, "--series", series, "--unit", unit, *extra, t, "--json")
+        entry = {"dedup_ratio": rv("stats", "--store", store, "--json")["dedup_ratio"]}
+        for cache in ("auto", "lru-container"):
+            for reuse in (True, False):
+                r = rv("restore", "--store", store, "--series", series, "--version", "latest", "--cache", cache,
+                       "--cache-mib", 32, "-o", "/dev/null", "--json", *([] if reuse else ["--no-reuse"]))
+                key = cache if reuse else f"{cache}/no-reuse"
+                entry[key] = {"speed_factor": r["speed_factor"], "container_reads": r["container_reads"],
+                              "cache": r["cache"]}
+        res[name] = entry
+        log(f"anchor {name}: dedup {entry['dedup_ratio']:.2f}x, speed factor {entry['auto']['speed_factor']:.2f} "
+            f"(no reuse {entry['auto/no-reuse']['speed_factor']:.2f}), lru-container "
+            f"{entry['lru-container']['speed_factor']:.2f}")
+        shutil.rmtree(store, ignore_errors=True)
+    return res
+
+
 def schemes(name, series_dir, quick):
     out = OUT / f"schemes-{name}"
     shutil.rmtree(out, ignore_errors=True)
@@ -185,7 +222,7 @@ def schemes(name, series_dir, quick):
     return str(out.relative_to(ROOT))
 
 
-STEPS = ("criterion", "throughput", "chunk-sizes", "schemes", "expire")
+STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire")
 
 
 def main():
@@ -213,6 +250,8 @@ def main():
         results["throughput"] = throughput(name, tars, 2 if args.quick else 5)
     if "chunk-sizes" in steps:
         results["chunk_sizes"] = chunk_sizes(tars)
+    if "anchor" in steps:
+        results["anchor"] = anchor(tars)
     if "schemes" in steps:
         results["schemes"] = {name: schemes(name, tars[0].parent, args.quick)}
         # A 20-version synthetic series in the style of RevDedup's SG1.
@@ -232,7 +271,8 @@ def main():
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
     log(f"wrote {results_file}")
-    print(json.dumps({k: results[k] for k in ("criterion_gb_s", "throughput", "chunk_sizes") if k in results}, indent=2))
+    print(json.dumps({k: results[k] for k in ("criterion_gb_s", "throughput", "chunk_sizes", "anchor") if k in results},
+                     indent=2))
 
 
 if __name__ == "__main__":
