@@ -364,7 +364,7 @@ fn lru_chunk(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> R
 /// (`usize::MAX` when none does, and for zero chunks).
 pub(crate) fn next_uses(locs: &[Loc]) -> Vec<usize> {
     let mut next = vec![usize::MAX; locs.len()];
-    let mut last: HashMap<ContainerId, usize> = HashMap::new();
+    let mut last: rustc_hash::FxHashMap<ContainerId, usize> = Default::default();
     for (i, l) in locs.iter().enumerate().rev() {
         if let Loc::Stored { container, .. } = *l {
             if let Some(&n) = last.get(&container) {
@@ -491,7 +491,7 @@ pub(crate) fn choose(locs: &[Loc], budget: u64, container_bytes: u64) -> (CacheP
 fn faa_reads(locs: &[Loc], budget: u64) -> u64 {
     let window = budget.max(1 << 20);
     let mut reads = 0u64;
-    let mut seen: std::collections::HashSet<ContainerId> = std::collections::HashSet::new();
+    let mut seen: rustc_hash::FxHashSet<ContainerId> = Default::default();
     let mut room = window;
     for l in locs {
         let (mut len, c) = match *l {
@@ -532,10 +532,17 @@ fn opt_reads(locs: &[Loc], budget: u64, container_bytes: u64) -> u64 {
         return stored.filter(|&(_, c)| prev.replace(c) != Some(c)).count() as u64;
     }
     let next = next_uses(locs);
-    let mut cached: HashMap<ContainerId, usize> = HashMap::new();
+    let mut cached: rustc_hash::FxHashMap<ContainerId, usize> = Default::default();
     let mut by_next: BTreeSet<(usize, ContainerId)> = BTreeSet::new();
     let mut reads = 0u64;
-    for (i, c) in stored {
+    // Within a run of chunks from one container nothing else touches the
+    // cache: the run's last position stands for it (its next use is the
+    // run's), which keeps `auto`'s counting cheap.
+    let mut stored = stored.peekable();
+    while let Some((i, c)) = stored.next() {
+        if stored.peek().is_some_and(|&(_, n)| n == c) {
+            continue;
+        }
         match cached.get(&c) {
             Some(&nu) => {
                 by_next.remove(&(nu, c));

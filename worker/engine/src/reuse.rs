@@ -53,7 +53,9 @@ pub(crate) struct Plan {
 type Key = (ContainerId, u64, u32);
 
 /// The share of a restore's memory budget reuse may hold when a cache is
-/// named: an eighth. `auto` also weighs none, a sixteenth and a quarter.
+/// named: an eighth. `auto` also weighs none, a sixteenth and a quarter
+/// (a quarter reads fewer containers at small budgets: 107 against 113 for
+/// an eighth on the kube series in 2 KiB chunk mode at 16 MiB).
 pub(crate) const DEFAULT_SHARE: u64 = 8;
 pub(crate) const AUTO_SHARES: [u64; 4] = [0, 16, 8, 4];
 
