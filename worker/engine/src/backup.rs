@@ -202,13 +202,7 @@ pub fn backup(
     };
 
     let mut session = store.begin_session("backup")?;
-    let mut pack = PackWriter::new(
-        session.allocator(),
-        store.data_dir().to_path_buf(),
-        cfg.container_bytes,
-        cfg.block_bytes,
-        cfg.compression,
-    );
+    let mut pack = PackWriter::for_session(store, &session);
 
     // Stage 1 and 2 threads.
     let cancel = opts.cancel.clone().unwrap_or_default();

@@ -377,14 +377,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
         })?;
     }
     let mut session = store.begin_session("gc")?;
-    let cfg = store.config().clone();
-    let mut pack = PackWriter::new(
-        session.allocator(),
-        store.data_dir().to_path_buf(),
-        cfg.container_bytes,
-        cfg.block_bytes,
-        cfg.compression,
-    );
+    let mut pack = PackWriter::for_session(store, &session);
     let mut txn = Txn::default();
     let mut doomed: Vec<u64> = Vec::new();
     // Units whose references reached zero while a backup had them pinned.

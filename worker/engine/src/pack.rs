@@ -59,6 +59,22 @@ pub struct PackWriter {
 type Written = (SealedContainer, std::fs::File);
 
 impl PackWriter {
+    /// A writer for `session`'s new containers, with the store's container
+    /// size, block size and compression.
+    pub(crate) fn for_session(
+        store: &crate::store::Store,
+        session: &crate::store::Session,
+    ) -> Self {
+        let cfg = store.config();
+        PackWriter::new(
+            session.allocator(),
+            store.data_dir().to_path_buf(),
+            cfg.container_bytes,
+            cfg.block_bytes,
+            cfg.compression,
+        )
+    }
+
     pub(crate) fn new(
         alloc: ContainerAlloc,
         data_dir: PathBuf,
@@ -388,14 +404,7 @@ mod tests {
     /// Writes one unit and returns its record and its container's data.
     fn written(store: &Store, id: u64, chunks: &[PackChunk<'_>]) -> (UnitRecord, Vec<u8>) {
         let session = store.begin_session("test").unwrap();
-        let cfg = store.config().clone();
-        let mut pack = PackWriter::new(
-            session.allocator(),
-            store.data_dir().to_path_buf(),
-            cfg.container_bytes,
-            cfg.block_bytes,
-            cfg.compression,
-        );
+        let mut pack = PackWriter::for_session(store, &session);
         let (container, vbase) = pack.add_unit(id, chunks).unwrap();
         pack.finish().unwrap();
         let u = UnitRecord {
@@ -441,14 +450,7 @@ mod tests {
 
         // Keep the second and third chunks only: the third's target goes.
         let session = store.begin_session("test").unwrap();
-        let cfg = store.config().clone();
-        let mut pack = PackWriter::new(
-            session.allocator(),
-            store.data_dir().to_path_buf(),
-            cfg.container_bytes,
-            cfg.block_bytes,
-            cfg.compression,
-        );
+        let mut pack = PackWriter::for_session(&store, &session);
         let keep = BTreeSet::from([1, 2]);
         let new = repack(42, &old, Some(&keep), &data, &HashMap::new(), &mut pack).unwrap();
         pack.finish().unwrap();
@@ -464,13 +466,7 @@ mod tests {
         assert_eq!(&moved[at..at + a.len()], &a[..]);
 
         // With its target kept, the link stays a link.
-        let mut pack = PackWriter::new(
-            session.allocator(),
-            store.data_dir().to_path_buf(),
-            cfg.container_bytes,
-            cfg.block_bytes,
-            cfg.compression,
-        );
+        let mut pack = PackWriter::for_session(&store, &session);
         let all = BTreeSet::from([0, 1, 2]);
         let same = repack(42, &old, Some(&all), &data, &HashMap::new(), &mut pack).unwrap();
         pack.finish().unwrap();

@@ -218,18 +218,8 @@ fn slide_one(
 
     // 3 and 4: trim-and-repack exclusive units, split their containers.
     let mut session = store.begin_session("slide")?;
-    let cfg = store.config().clone();
-    let new_pack = || {
-        PackWriter::new(
-            session.allocator(),
-            store.data_dir().to_path_buf(),
-            cfg.container_bytes,
-            cfg.block_bytes,
-            cfg.compression,
-        )
-    };
-    let mut owned = new_pack();
-    let mut shared = new_pack();
+    let mut owned = PackWriter::for_session(store, &session);
+    let mut shared = PackWriter::for_session(store, &session);
     let mut moved: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // Containers to split, in the order V first uses them.
     let mut touched: Vec<ContainerId> = Vec::new();
