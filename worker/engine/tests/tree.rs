@@ -203,3 +203,54 @@ fn a_stream_version_refuses_a_directory_target() {
     .to_string();
     assert!(e.contains("single stream"), "{e}");
 }
+
+#[test]
+fn identical_files_far_apart_restore_exactly_through_reuse() {
+    // Four copies of one file between large unrelated files: chunk mode
+    // dedups the copies, and a small assembly area (each window holds about
+    // one copy) gets them from memory instead of their first container.
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("tree");
+    let same = random(100_000, 77);
+    for d in 0..4u64 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("big.bin"), random(1_500_000, 80 + d)).unwrap();
+        fs::write(dir.join("same.txt"), &same).unwrap();
+    }
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        let (_dir, store) = new_store(small_config());
+        let series = format!("default/same-{unit}");
+        backup(
+            &store,
+            &series,
+            Box::new(TreeSource::new(&src).unwrap()),
+            &BackupOptions {
+                unit: Some(unit),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let out = work.path().join(format!("out-{unit}"));
+        let rep = restore(
+            &store,
+            &series,
+            VersionSel::Latest,
+            &RestoreOptions {
+                cache_bytes: 2 << 20,
+                cache: revault_engine::caches::CachePolicy::Faa,
+                ..Default::default()
+            },
+            RestoreTarget::Dir(&out),
+        )
+        .unwrap();
+        if unit == DedupUnit::Chunk {
+            assert!(rep.reused_bytes > 0, "{rep:?}");
+        }
+        assert_eq!(describe(&out), describe(&src));
+        for d in 0..4 {
+            let p = format!("d{d}/same.txt");
+            assert_eq!(fs::read(out.join(&p)).unwrap(), same, "{unit}: {p}");
+        }
+    }
+}
