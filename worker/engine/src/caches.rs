@@ -470,10 +470,10 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
 }
 
 /// What `auto` runs: `faa` or `opt`, whichever reads fewer containers for
-/// these positions under `budget`, and that count. Both are counted on the recipe alone (no
-/// I/O), `opt` as if every container were `container_bytes` (the store's
-/// largest; repacked ones are smaller, so its count errs high). Ties go to
-/// `faa`, which reads only the blocks a window needs.
+/// these positions under `budget`, and that count. Both are counted on the
+/// recipe alone (no I/O), `opt` as if every container were `container_bytes`
+/// (the store's largest; repacked ones are smaller, so its count errs high).
+/// Ties go to `faa`, which reads only the blocks a window needs.
 pub(crate) fn choose(locs: &[Loc], budget: u64, container_bytes: u64) -> (CachePolicy, u64) {
     let (faa, opt) = (
         faa_reads(locs, budget),

@@ -607,58 +607,52 @@ pub fn restore(
     // until it ends, whatever slides, expiries and gc commit meanwhile.
     let view = store.read_view();
     let (s, v, mut rep) = begin(&view, series, &sel, opts)?;
-    // Every cache but the FAA runs on the version's resolved chunk positions;
-    // `auto` counts on them which of faa and opt reads fewer containers (and
-    // when it picks faa, the FAA runs on them rather than resolving again).
     // Every cache runs on the version's resolved chunk positions, less those
-    // the reuse plan serves from memory (chunks the version repeats); `auto`
-    // counts on them which of faa and opt reads fewer containers.
-    // `auto` also picks how much of the budget reuse gets: every share it
-    // weighs is counted on the recipe, the fewest container reads wins.
+    // the reuse plan serves from memory (chunks the version repeats). `auto`
+    // counts on the recipe which of faa and opt reads fewer containers, and
+    // with how much of the budget given to reuse (none, or one of a few
+    // shares): the fewest container reads wins.
     let mut policy = opts.cache;
     let parts = recipe_entries(&view, &s, &v)?;
     let (all, depth) = crate::archive::resolve_positions(&view, &s, &v, parts)?;
     rep.chain_depth = depth;
     let budget = rep.cache_bytes;
     // lru-chunk is a chunk cache itself: reuse would only take its memory.
-    let reuse_on = opts.reuse && policy != CachePolicy::LruChunk;
-    let next = if reuse_on {
-        crate::reuse::next_uses(&all)
-    } else {
-        vec![usize::MAX; all.len()]
-    };
+    let next =
+        (opts.reuse && policy != CachePolicy::LruChunk).then(|| crate::reuse::next_uses(&all));
     let plan = |share| {
-        let held = if reuse_on {
-            crate::reuse::budget_of(budget, share)
-        } else {
-            0
-        };
-        crate::reuse::plan_with(&all, &next, held)
+        let next = next.as_deref()?;
+        let p = crate::reuse::plan(&all, next, crate::reuse::budget_of(budget, share));
+        (!p.is_empty()).then_some(p)
     };
-    let mut reuse = if policy == CachePolicy::Auto {
+    let mut reuse: Option<(crate::reuse::Plan, Vec<crate::archive::Loc>)> = None;
+    if policy == CachePolicy::Auto {
         rep.cache_auto = true;
         let cb = store.config().container_bytes;
-        let mut best: Option<(u64, crate::reuse::Plan)> = None;
-        for share in crate::reuse::AUTO_SHARES {
-            let p = plan(share);
-            if share != 0 && p.is_empty() {
-                continue; // the same positions as without reuse, counted already
-            }
-            let (engine, reads) = crate::caches::choose(&p.engine_locs, budget - p.peak_bytes, cb);
-            if best.as_ref().is_none_or(|(r, _)| reads < *r) {
-                policy = engine;
-                best = Some((reads, p));
+        let (engine, mut fewest) = crate::caches::choose(&all, budget, cb);
+        policy = engine;
+        for p in crate::reuse::AUTO_SHARES.into_iter().filter_map(plan) {
+            let locs = p.engine_locs(&all);
+            let (engine, reads) = crate::caches::choose(&locs, budget - p.peak_bytes, cb);
+            if reads < fewest {
+                (policy, fewest) = (engine, reads);
+                reuse = Some((p, locs));
             }
         }
-        best.map(|b| b.1).unwrap_or_default()
-    } else {
-        plan(crate::reuse::DEFAULT_SHARE)
+    } else if let Some(p) = plan(crate::reuse::DEFAULT_SHARE) {
+        let locs = p.engine_locs(&all);
+        reuse = Some((p, locs));
+    }
+    drop(next);
+    let (reuse, locs) = match reuse {
+        Some((p, locs)) => (Some(p), locs),
+        None => (None, all),
     };
-    drop((all, next));
-    let locs = std::mem::take(&mut reuse.engine_locs);
-    rep.reused_bytes = reuse.served_bytes;
-    rep.reuse_peak_bytes = reuse.peak_bytes;
-    let engine_budget = budget - reuse.peak_bytes;
+    if let Some(p) = &reuse {
+        rep.reused_bytes = p.served_bytes;
+        rep.reuse_peak_bytes = p.peak_bytes;
+    }
+    let engine_budget = budget - rep.reuse_peak_bytes;
     rep.cache = policy.name().to_string();
     let run = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
         let mut out = Progressed {
@@ -667,33 +661,13 @@ pub fn restore(
             next: PROGRESS_STEP,
             progress: opts.progress.clone(),
         };
-        let engine = |out: &mut dyn Write, rep: &mut RestoreReport| -> Result<()> {
-            match policy {
-                CachePolicy::Faa | CachePolicy::Auto => {
-                    let extents = Extents::resolved(crate::archive::loc_extents(&locs));
-                    drop(locs); // before the FAA allocates its area
-                    let opts = RestoreOptions {
-                        cache_bytes: engine_budget,
-                        ..opts.clone()
-                    };
-                    run_faa(&view, extents, &opts, out, rep)
-                }
-                policy => {
-                    let st = crate::caches::run(store, policy, &locs, engine_budget, out)?;
-                    rep.container_reads = st.reads;
-                    rep.bytes_read = st.bytes_read;
-                    rep.bytes_decoded = st.decoded;
-                    rep.peak_cache_bytes = st.peak;
-                    Ok(())
-                }
+        match &reuse {
+            None => run_engine(&view, policy, locs, engine_budget, opts, &mut out, rep)?,
+            Some(p) => {
+                let mut w = crate::reuse::ReuseWriter::new(&mut out, p);
+                run_engine(&view, policy, locs, engine_budget, opts, &mut w, rep)?;
+                w.finish()?;
             }
-        };
-        if reuse.is_empty() {
-            engine(&mut out, rep)?;
-        } else {
-            let mut w = crate::reuse::ReuseWriter::new(&mut out, reuse);
-            engine(&mut w, rep)?;
-            w.finish()?;
         }
         rep.peak_cache_bytes += rep.reuse_peak_bytes;
         Ok(())
@@ -729,6 +703,37 @@ pub fn restore(
     }
     conclude(&mut rep, started);
     Ok(rep)
+}
+
+/// Restores `locs` with `policy`'s container engine under `budget` bytes.
+fn run_engine(
+    view: &ReadView<'_>,
+    policy: CachePolicy,
+    locs: Vec<crate::archive::Loc>,
+    budget: u64,
+    opts: &RestoreOptions,
+    out: &mut dyn Write,
+    rep: &mut RestoreReport,
+) -> Result<()> {
+    match policy {
+        CachePolicy::Faa | CachePolicy::Auto => {
+            let extents = Extents::resolved(crate::archive::loc_extents(&locs));
+            drop(locs); // before the FAA allocates its area
+            let opts = RestoreOptions {
+                cache_bytes: budget,
+                ..opts.clone()
+            };
+            run_faa(view, extents, &opts, out, rep)
+        }
+        policy => {
+            let st = crate::caches::run(view.store(), policy, &locs, budget, out)?;
+            rep.container_reads = st.reads;
+            rep.bytes_read = st.bytes_read;
+            rep.bytes_decoded = st.decoded;
+            rep.peak_cache_bytes = st.peak;
+            Ok(())
+        }
+    }
 }
 
 /// The series and version a restore reads, and the report it starts.

@@ -14,7 +14,8 @@
 //! [`plan`] decides, on the resolved positions alone, which occurrences are
 //! served from memory; [`ReuseWriter`] sits between the engine and the
 //! output, keeps the planned chunks as the engine's bytes pass through it and
-//! writes them again where the plan says.
+//! writes them again where the plan says. The restore weighs plans for a few
+//! budgets, so [`next_uses`] is computed once for all of them.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -39,12 +40,11 @@ enum Event {
 /// Which positions of a restore are served from memory.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
-    /// The positions the container engine restores, in order.
-    pub engine_locs: Vec<Loc>,
+    /// Positions served from memory, ascending.
+    served: Vec<usize>,
     /// (offset in the engine's output, event), in order.
     events: Vec<(u64, Event)>,
-    /// Chunks and bytes served from memory.
-    pub served_chunks: u64,
+    /// Bytes served from memory.
     pub served_bytes: u64,
     /// The most chunk bytes held at once (never more than the plan's budget).
     pub peak_bytes: u64,
@@ -53,18 +53,15 @@ pub(crate) struct Plan {
 type Key = (ContainerId, u64, u32);
 
 /// The share of a restore's memory budget reuse may hold when a cache is
-/// named: an eighth. `auto` also weighs none, a sixteenth and a quarter
+/// named: an eighth. `auto` also weighs no reuse, a sixteenth and a quarter
 /// (a quarter reads fewer containers at small budgets: 107 against 113 for
 /// an eighth on the kube series in 2 KiB chunk mode at 16 MiB).
 pub(crate) const DEFAULT_SHARE: u64 = 8;
-pub(crate) const AUTO_SHARES: [u64; 4] = [0, 16, 8, 4];
+pub(crate) const AUTO_SHARES: [u64; 3] = [16, 8, 4];
 
-/// Bytes reuse may hold: `1/share` of the restore budget (none for 0), and
-/// never so much that the engine gets less than the 1 MiB it needs.
+/// Bytes reuse may hold: `1/share` of the restore budget, and never so much
+/// that the engine gets less than the 1 MiB it needs.
 pub(crate) fn budget_of(restore_budget: u64, share: u64) -> u64 {
-    if share == 0 {
-        return 0;
-    }
     (restore_budget / share).min(restore_budget.saturating_sub(crate::config::MIB))
 }
 
@@ -96,30 +93,22 @@ pub(crate) fn next_uses(locs: &[Loc]) -> Vec<usize> {
     next
 }
 
-/// Plans chunk reuse for `locs` with at most `budget` bytes of chunks held.
-#[cfg(test)]
-pub(crate) fn plan(locs: &[Loc], budget: u64) -> Plan {
-    plan_with(locs, &next_uses(locs), budget)
-}
-
-/// [`plan`] with the positions' [`next_uses`].
-pub(crate) fn plan_with(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
+/// Plans chunk reuse for `locs` (whose [`next_uses`] are `next`) with at
+/// most `budget` bytes of chunks held.
+pub(crate) fn plan(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
     let mut p = Plan::default();
     if budget == 0 || next.iter().all(|&n| n == usize::MAX) {
-        // Nothing repeats, or no room: the engine restores everything.
-        p.engine_locs = locs.to_vec();
-        return p;
+        return p; // no room, or nothing repeats
     }
-    // Held chunks: key -> (slot, next use); `by_next` orders them for eviction.
+    // Held chunks: key -> (slot, next use); `by_next` orders them for
+    // eviction; slots are numbered in the order chunks are kept.
     let mut held: HashMap<Key, (u32, usize)> = HashMap::default();
     let mut by_next: BTreeSet<(usize, u32)> = BTreeSet::new();
-    let mut slot_key: HashMap<u32, Key> = HashMap::default();
+    let mut slot_key: Vec<Key> = Vec::new();
     let mut bytes = 0u64;
-    let mut next_slot = 0u32;
     let mut at = 0u64; // offset in the engine's output
     for (i, l) in locs.iter().enumerate() {
         let Some(k) = key(l) else {
-            p.engine_locs.push(*l);
             if let Loc::Zero { len } = *l {
                 at += u64::from(len);
             }
@@ -132,18 +121,16 @@ pub(crate) fn plan_with(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
             let last = next[i] == usize::MAX;
             if last {
                 held.remove(&k);
-                slot_key.remove(&slot);
                 bytes -= len;
             } else {
                 held.insert(k, (slot, next[i]));
                 by_next.insert((next[i], slot));
             }
             p.events.push((at, Event::Insert { slot, last }));
-            p.served_chunks += 1;
+            p.served.push(i);
             p.served_bytes += len;
             continue;
         }
-        p.engine_locs.push(*l);
         if next[i] != usize::MAX && len <= budget {
             // Make room by dropping chunks needed later than this one.
             while bytes + len > budget {
@@ -154,17 +141,16 @@ pub(crate) fn plan_with(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
                     break;
                 }
                 by_next.remove(&(far, victim));
-                let vk = slot_key.remove(&victim).expect("held slot");
+                let vk = slot_key[victim as usize];
                 held.remove(&vk);
                 bytes -= u64::from(vk.2);
                 p.events.push((at, Event::Release { slot: victim }));
             }
             if bytes + len <= budget {
-                let slot = next_slot;
-                next_slot += 1;
+                let slot = slot_key.len() as u32;
+                slot_key.push(k);
                 held.insert(k, (slot, next[i]));
                 by_next.insert((next[i], slot));
-                slot_key.insert(slot, k);
                 bytes += len;
                 p.peak_bytes = p.peak_bytes.max(bytes);
                 p.events.push((at, Event::Keep { slot, len: k.2 }));
@@ -178,14 +164,25 @@ pub(crate) fn plan_with(locs: &[Loc], next: &[usize], budget: u64) -> Plan {
 impl Plan {
     /// True when nothing is served from memory (the writer is not needed).
     pub(crate) fn is_empty(&self) -> bool {
-        self.served_chunks == 0
+        self.served.is_empty()
+    }
+
+    /// The positions of `locs` the container engine restores: all but the
+    /// served ones, in order.
+    pub(crate) fn engine_locs(&self, locs: &[Loc]) -> Vec<Loc> {
+        let mut served = self.served.iter().copied().peekable();
+        locs.iter()
+            .enumerate()
+            .filter(|&(i, _)| served.next_if_eq(&i).is_none())
+            .map(|(_, l)| *l)
+            .collect()
     }
 }
 
 /// Writes the engine's output and the planned repeats, in recipe order.
 pub(crate) struct ReuseWriter<'a> {
     out: &'a mut dyn Write,
-    events: std::vec::IntoIter<(u64, Event)>,
+    events: std::slice::Iter<'a, (u64, Event)>,
     pending: Option<(u64, Event)>,
     /// Offset in the engine's output.
     at: u64,
@@ -195,9 +192,9 @@ pub(crate) struct ReuseWriter<'a> {
 }
 
 impl<'a> ReuseWriter<'a> {
-    pub(crate) fn new(out: &'a mut dyn Write, plan: Plan) -> Self {
-        let mut events = plan.events.into_iter();
-        let pending = events.next();
+    pub(crate) fn new(out: &'a mut dyn Write, plan: &'a Plan) -> Self {
+        let mut events = plan.events.iter();
+        let pending = events.next().copied();
         ReuseWriter {
             out,
             events,
@@ -232,7 +229,7 @@ impl<'a> ReuseWriter<'a> {
                     self.held.remove(&slot);
                 }
             }
-            self.pending = self.events.next();
+            self.pending = self.events.next().copied();
         }
         Ok(())
     }
@@ -312,21 +309,15 @@ mod tests {
     /// Runs a plan the way a restore does: the engine writes its positions
     /// in pieces of `step` bytes through the reuse writer.
     fn replay(locs: &[Loc], budget: u64, step: usize) -> (Vec<u8>, Plan) {
-        let p = plan(locs, budget);
-        let summary = Plan {
-            engine_locs: p.engine_locs.clone(),
-            events: Vec::new(),
-            ..p
-        };
-        let engine = expand(&summary.engine_locs);
-        let full = plan(locs, budget);
+        let p = plan(locs, &next_uses(locs), budget);
+        let engine = expand(&p.engine_locs(locs));
         let mut out = Vec::new();
-        let mut w = ReuseWriter::new(&mut out, full);
+        let mut w = ReuseWriter::new(&mut out, &p);
         for piece in engine.chunks(step.max(1)) {
             w.write_all(piece).unwrap();
         }
         w.finish().unwrap();
-        (out, summary)
+        (out, p)
     }
 
     #[test]
@@ -335,9 +326,9 @@ mod tests {
         let locs = [a, b, a, c, a];
         let (out, p) = replay(&locs, 1000, 7);
         assert_eq!(out, expand(&locs));
-        assert_eq!(p.engine_locs, vec![a, b, c]);
+        assert_eq!(p.engine_locs(&locs), vec![a, b, c]);
         assert_eq!(
-            (p.served_chunks, p.served_bytes, p.peak_bytes),
+            (p.served.len() as u64, p.served_bytes, p.peak_bytes),
             (2, 200, 100)
         );
     }
@@ -349,10 +340,10 @@ mod tests {
         // Room for b only: a is read twice.
         let (out, p) = replay(&locs, 60, 3);
         assert_eq!(out, expand(&locs));
-        assert_eq!(p.engine_locs, vec![a, b, a]);
-        assert_eq!((p.served_chunks, p.peak_bytes), (1, 50));
+        assert_eq!(p.engine_locs(&locs), vec![a, b, a]);
+        assert_eq!((p.served.len() as u64, p.peak_bytes), (1, 50));
         let (_, none) = replay(&locs, 0, 3);
-        assert_eq!(none.engine_locs, locs.to_vec());
+        assert_eq!(none.engine_locs(&locs), locs.to_vec());
         assert!(none.is_empty());
     }
 
@@ -363,8 +354,8 @@ mod tests {
         let locs = [a, b, b, c, a];
         let (out, p) = replay(&locs, 100, 64);
         assert_eq!(out, expand(&locs));
-        assert_eq!(p.engine_locs, vec![a, b, c, a]);
-        assert_eq!(p.served_chunks, 1);
+        assert_eq!(p.engine_locs(&locs), vec![a, b, c, a]);
+        assert_eq!(p.served.len() as u64, 1);
     }
 
     fn loc() -> impl Strategy<Value = Loc> {
@@ -387,7 +378,7 @@ mod tests {
             let (out, p) = replay(&locs, budget, step);
             prop_assert_eq!(out, expand(&locs));
             prop_assert!(p.peak_bytes <= budget);
-            prop_assert_eq!(p.engine_locs.len() as u64 + p.served_chunks, locs.len() as u64);
+            prop_assert_eq!(p.engine_locs(&locs).len() as u64 + p.served.len() as u64, locs.len() as u64);
         }
     }
 }
