@@ -308,14 +308,10 @@ pub(crate) fn repack(
 ) -> Result<UnitRecord> {
     // Every chunk entry goes to the footer (absent ones flagged); only kept,
     // stored chunks carry bytes.
-    let all = data;
-    let mut chunks = Vec::with_capacity(old.chunks.len());
+    let mut chunks: Vec<PackChunk<'_>> = Vec::with_capacity(old.chunks.len());
     let mut off = old.vbase as usize;
     let mut trimmed = old.trimmed;
-    // Chunks of this unit that hold bytes after the repack, by fingerprint:
-    // a resolved link whose chunk the unit already holds links there instead
-    // (two chunks of a segment that linked to one copy elsewhere must not
-    // both take its bytes).
+    // Chunks of this unit that hold bytes after the repack, by fingerprint.
     let mut held: HashMap<crate::fp::Fp, u32> = HashMap::new();
     for (i, c) in old.chunks.iter().enumerate() {
         let len = c.stored_len() as usize;
@@ -334,53 +330,56 @@ pub(crate) fn repack(
             entry.flags |= CHUNK_ABSENT;
             trimmed = true;
         }
-        // A link resolved to its bytes (`fills`) becomes a stored chunk, or a
-        // link to the unit's own copy.
-        let mut data = if entry.stored_len() > 0 { src } else { &[][..] };
-        let own = fills
-            .contains_key(&(i as u32))
-            .then(|| held.get(&entry.fp).copied())
-            .flatten();
-        if let (Some(_), Some(j)) = (entry.link_target(), own) {
-            entry.link = Some((id, j));
-        } else if let (Some(_), Some(bytes)) = (entry.link_target(), fills.get(&(i as u32))) {
-            if bytes.len() != entry.len as usize {
-                return Err(Error::CorruptContainer {
-                    container: old.container.to_string(),
-                    detail: format!(
-                        "unit {id} chunk {i}: link resolved to {} bytes, expected {}",
-                        bytes.len(),
-                        entry.len
-                    ),
-                });
-            }
-            entry.flags &= !CHUNK_LINK;
-            entry.link = None;
-            data = bytes;
-        }
-        // A kept link to a chunk of this unit that this repack drops takes
-        // the bytes (slides and gc keep a linked chunk whenever they keep its
-        // linker; this holds whatever the keep set).
-        if let Some((_, j)) = entry.link_target().filter(|(t, _)| *t == id) {
-            let dropped = chunks
-                .get(j as usize)
-                .is_none_or(|p: &PackChunk<'_>| p.entry.flags & CHUNK_ABSENT != 0);
-            if dropped {
+        let mut bytes = if entry.stored_len() > 0 { src } else { &[][..] };
+        // A kept link this repack must resolve: one into a trimmed unit
+        // (`fills` has its bytes), or one into this unit whose target the
+        // repack drops (slides and gc keep a linked chunk whenever they keep
+        // its linker; this holds whatever the keep set).
+        let resolved = match entry.link_target() {
+            Some(_) if fills.contains_key(&(i as u32)) => Some(&fills[&(i as u32)][..]),
+            Some((t, j))
+                if t == id
+                    && chunks
+                        .get(j as usize)
+                        .is_none_or(|p| p.entry.flags & CHUNK_ABSENT != 0) =>
+            {
                 let at = crate::archive::chunk_vaddr(old, j as usize) as usize;
-                data = all.get(at..at + entry.len as usize).ok_or_else(|| {
+                Some(data.get(at..at + entry.len as usize).ok_or_else(|| {
                     Error::CorruptContainer {
                         container: old.container.to_string(),
                         detail: format!("unit {id} chunk {i}: links past the container's data"),
                     }
-                })?;
-                entry.flags &= !CHUNK_LINK;
-                entry.link = None;
+                })?)
+            }
+            _ => None,
+        };
+        if let Some(b) = resolved {
+            if b.len() != entry.len as usize {
+                return Err(Error::CorruptContainer {
+                    container: old.container.to_string(),
+                    detail: format!(
+                        "unit {id} chunk {i}: link resolved to {} bytes, expected {}",
+                        b.len(),
+                        entry.len
+                    ),
+                });
+            }
+            // It links to the unit's own copy when the unit holds one (two
+            // chunks of a segment that linked to one copy elsewhere must not
+            // both take its bytes); otherwise it becomes a stored chunk.
+            match held.get(&entry.fp) {
+                Some(&k) => entry.link = Some((id, k)),
+                None => {
+                    entry.flags &= !CHUNK_LINK;
+                    entry.link = None;
+                    bytes = b;
+                }
             }
         }
         if entry.stored_len() > 0 {
             held.entry(entry.fp).or_insert(i as u32);
         }
-        chunks.push(PackChunk { data, entry });
+        chunks.push(PackChunk { data: bytes, entry });
     }
     let (container, vbase) = pack.add_unit(id, &chunks)?;
     let entries = chunks.into_iter().map(|c| c.entry).collect();
