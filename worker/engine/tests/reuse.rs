@@ -5,30 +5,17 @@ mod common;
 use common::*;
 use revault_engine::caches::CachePolicy;
 use revault_engine::config::{DedupUnit, KIB, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
+use revault_engine::restore::{RestoreOptions, RestoreReport};
 use revault_engine::store::{Store, VersionSel};
 
-fn restore_with(
-    store: &Store,
-    cache: CachePolicy,
-    budget: u64,
-    reuse: bool,
-) -> (Vec<u8>, RestoreReport) {
-    let mut out = Vec::new();
-    let rep = restore(
-        store,
-        "t/s",
-        VersionSel::Latest,
-        &RestoreOptions {
-            cache,
-            cache_bytes: budget,
-            reuse,
-            ..Default::default()
-        },
-        RestoreTarget::Writer(&mut out),
-    )
-    .unwrap();
-    (out, rep)
+fn latest(store: &Store, cache: CachePolicy, budget: u64, reuse: bool) -> (Vec<u8>, RestoreReport) {
+    let opts = RestoreOptions {
+        cache,
+        cache_bytes: budget,
+        reuse,
+        ..Default::default()
+    };
+    restore_with(store, "t/s", VersionSel::Latest, &opts)
 }
 
 /// A 16 KiB piece repeated every 600 KiB of otherwise new data: chunk
@@ -51,8 +38,8 @@ fn a_repeated_piece_is_read_once_whatever_the_cache() {
     backup_bytes(&st, "t/s", &data, DedupUnit::Chunk);
     let budget = 3 * MIB / 2;
     for cache in CachePolicy::ALL.into_iter().chain([CachePolicy::Auto]) {
-        let (with, r) = restore_with(&st, cache, budget, true);
-        let (without, n) = restore_with(&st, cache, budget, false);
+        let (with, r) = latest(&st, cache, budget, true);
+        let (without, n) = latest(&st, cache, budget, false);
         assert!(
             with == data && without == data,
             "{cache}: restored bytes differ"
@@ -91,38 +78,32 @@ fn reuse_leaves_a_version_without_repeats_alone() {
     let data = random(3 * MIB as usize, 5);
     let (_d, st) = new_store(small_config());
     backup_bytes(&st, "t/s", &data, DedupUnit::Chunk);
-    let (out, r) = restore_with(&st, CachePolicy::Auto, 2 * MIB, true);
+    let (out, r) = latest(&st, CachePolicy::Auto, 2 * MIB, true);
     assert_eq!(out, data);
     assert_eq!((r.reused_bytes, r.reuse_peak_bytes), (0, 0));
 }
 
 fn backup_capped(store: &Store, data: &[u8]) -> revault_engine::backup::BackupReport {
-    revault_engine::backup::backup(
-        store,
-        "t/s",
-        Box::new(revault_engine::source::StreamSource::new(
-            "test input",
-            std::io::Cursor::new(data.to_vec()),
-        )),
-        &revault_engine::backup::BackupOptions {
-            unit: Some(DedupUnit::Chunk),
-            rewrite: Some(revault_engine::rewrite::RewriteSettings::Capping {
-                segment: 5,
-                level: 1,
-            }),
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    let opts = revault_engine::backup::BackupOptions {
+        unit: Some(DedupUnit::Chunk),
+        rewrite: Some(revault_engine::rewrite::RewriteSettings::Capping {
+            segment: 5,
+            level: 1,
+        }),
+        ..Default::default()
+    };
+    backup_with(store, "t/s", data, &opts)
 }
 
 #[test]
 fn a_repeat_of_a_chunk_the_backup_already_referenced_is_never_rewritten() {
     // Version 2 references piece A where A's container is the only old one
     // (capping keeps it), then repeats A among pieces of three other old
-    // containers, where capping at level 1 would drop A's container. The
-    // repeat costs a restore nothing (reuse serves it), so it is not
-    // rewritten: version 2 rewrites exactly what it rewrites without it.
+    // containers, where capping at level 1 keeps one of them. The repeat
+    // costs a restore nothing (reuse serves it), so it is not a rewrite
+    // candidate and changes no decision: version 2 rewrites exactly what it
+    // rewrites without it. (Seen by the policy, it changed what capping
+    // rewrote.)
     let a = random(64 * KIB as usize, 20);
     let c = random(4 * MIB as usize, 21);
     let v1 = [&a[..], &c[..]].concat();

@@ -52,32 +52,43 @@ pub fn random(n: usize, seed: u64) -> Vec<u8> {
 }
 
 pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -> BackupReport {
-    let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
-    backup(
+    backup_with(
         store,
         series,
-        Box::new(src),
+        data,
         &BackupOptions {
             unit: Some(unit),
             ..Default::default()
         },
     )
-    .unwrap()
+}
+
+pub fn backup_with(store: &Store, series: &str, data: &[u8], opts: &BackupOptions) -> BackupReport {
+    let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
+    backup(store, series, Box::new(src), opts).unwrap()
+}
+
+/// What the tests restore with: a 1 MiB budget, so that small versions
+/// take several windows and container reads.
+pub fn small_restore() -> RestoreOptions {
+    RestoreOptions {
+        cache_bytes: MIB,
+        ..Default::default()
+    }
 }
 
 pub fn restore_bytes(store: &Store, series: &str, v: u32) -> (Vec<u8>, RestoreReport) {
+    restore_with(store, series, VersionSel::Number(v), &small_restore())
+}
+
+pub fn restore_with(
+    store: &Store,
+    series: &str,
+    sel: VersionSel,
+    opts: &RestoreOptions,
+) -> (Vec<u8>, RestoreReport) {
     let mut out: Vec<u8> = Vec::new();
-    let rep = restore(
-        store,
-        series,
-        VersionSel::Number(v),
-        &RestoreOptions {
-            cache_bytes: MIB,
-            ..Default::default()
-        },
-        RestoreTarget::Writer(&mut out),
-    )
-    .unwrap();
+    let rep = restore(store, series, sel, opts, RestoreTarget::Writer(&mut out)).unwrap();
     (out, rep)
 }
 
@@ -105,10 +116,7 @@ pub fn transfer_bytes(store: &Store, series: &str, v: u32) -> Vec<u8> {
         store,
         series,
         VersionSel::Number(v),
-        &RestoreOptions {
-            cache_bytes: MIB,
-            ..Default::default()
-        },
+        &small_restore(),
         &mut wire,
     )
     .unwrap();
