@@ -202,7 +202,7 @@ def anchor(tars):
                        "--cache-mib", 32, "-o", "/dev/null", "--json", *([] if reuse else ["--no-reuse"]))
                 key = cache if reuse else f"{cache}/no-reuse"
                 entry[key] = {"speed_factor": r["speed_factor"], "container_reads": r["container_reads"],
-                              "cache": r["cache"]}
+                              "cache": r["cache"], "reused_mib": round(r["reused_bytes"] / MIB, 1)}
         res[name] = entry
         log(f"anchor {name}: dedup {entry['dedup_ratio']:.2f}x, speed factor {entry['auto']['speed_factor']:.2f} "
             f"(no reuse {entry['auto/no-reuse']['speed_factor']:.2f}), lru-container "
