@@ -31,12 +31,13 @@ use crate::commit::Txn;
 use crate::config::DedupUnit;
 use crate::container::{ChunkEntry, ContainerId, CHUNK_LINK, CHUNK_ZERO};
 use crate::error::{Error, Result};
-use crate::fp::{is_zero, Fp};
+use crate::fp::Fp;
 use crate::meta::{
     part_key, version_key, MetaRead, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind,
     VersionRecord, CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
 };
 use crate::pack::{PackChunk, PackWriter};
+use crate::predict::{fingerprint, Cuts, Known, Loader, Predictor, Window};
 use crate::recipe::RecipeBuilder;
 use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
@@ -94,6 +95,9 @@ pub struct BackupReport {
     pub rewritten_units: u64,
     pub rewritten_chunks: u64,
     pub rewritten_bytes: u64,
+    /// Bytes whose chunk boundaries came from the previous version (checked,
+    /// not scanned for; see the predict module).
+    pub predicted_bytes: u64,
     /// What the series' automatic retention did after the backup committed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slide: Option<crate::slide::SlideReport>,
@@ -126,6 +130,8 @@ impl std::ops::Deref for PooledBuf {
 struct Batch {
     buf: Arc<PooledBuf>,
     chunks: Vec<(u32, u32)>,
+    /// Fingerprints the chunking stage already computed (predictions, probes).
+    known: Vec<Known>,
 }
 
 struct Hashed {
@@ -133,6 +139,8 @@ struct Hashed {
     chunks: Vec<(u32, u32)>,
     fps: Vec<Fp>,
     zero: Vec<bool>,
+    /// Bytes of this batch whose chunk boundaries were predicted.
+    predicted: u64,
 }
 
 /// A chunk waiting in the current segment.
@@ -211,12 +219,38 @@ pub fn backup(
     let (pool_tx, pool_rx) = bounded::<Vec<u8>>(8);
     let chunker = Chunker::new(cfg.chunk);
     let chunk_cancel = cancel.clone();
-    let chunk_thread = std::thread::Builder::new()
-        .name("revault-chunk".into())
-        .spawn(move || chunk_stage(source, chunker, batch_tx, (pool_tx, pool_rx), chunk_cancel))
-        .expect("spawn chunker");
     let max_len = cfg.chunk.max as usize;
     let zero_fp_max = Fp::of(&vec![0u8; max_len]);
+    // Boundaries are predicted from the series' latest version (see predict).
+    let previous = match &existing {
+        Some(s) => store.versions(s)?.pop().map(|v| (s.clone(), v)),
+        None => None,
+    };
+    let (mut loader, old_chunks) = match previous
+        .as_ref()
+        .and_then(|(s, v)| Loader::new(&store.meta, s, v, max_len, zero_fp_max))
+    {
+        Some((l, rx)) => (Some(l), Some(rx)),
+        None => (None, None),
+    };
+    if let Some(l) = loader.as_mut() {
+        if !l.pump(&store.meta) {
+            loader = None;
+        }
+    }
+    let window = Window::new(old_chunks);
+    let chunk_thread = std::thread::Builder::new()
+        .name("revault-chunk".into())
+        .spawn(move || {
+            chunk_stage(
+                source,
+                (chunker, window, zero_fp_max),
+                batch_tx,
+                (pool_tx, pool_rx),
+                chunk_cancel,
+            )
+        })
+        .expect("spawn chunker");
     let hash_thread = std::thread::Builder::new()
         .name("revault-hash".into())
         .spawn(move || hash_stage(batch_rx, hashed_tx, max_len, zero_fp_max))
@@ -258,6 +292,7 @@ pub fn backup(
         rewritten_units: 0,
         rewritten_chunks: 0,
         rewritten_bytes: 0,
+        predicted_bytes: 0,
     };
     let result = (|| -> Result<()> {
         for h in hashed_rx.iter() {
@@ -265,6 +300,12 @@ pub fn backup(
                 return Err(Error::Cancelled);
             }
             d.take_batch(&h, &mut pack)?;
+            d.predicted_bytes += h.predicted;
+            if let Some(l) = loader.as_mut() {
+                if !l.pump(&store.meta) {
+                    loader = None;
+                }
+            }
             if let Some(p) = &opts.progress {
                 p(d.logical);
             }
@@ -413,6 +454,7 @@ pub fn backup(
             rewritten_units: d.rewritten_units,
             rewritten_chunks: d.rewritten_chunks,
             rewritten_bytes: d.rewritten_bytes,
+            predicted_bytes: d.predicted_bytes,
             slide: None,
             expire: None,
         })
@@ -438,7 +480,7 @@ pub fn backup(
 
 fn chunk_stage(
     mut src: Box<dyn Source>,
-    chunker: Chunker,
+    (chunker, mut window, zero_fp_max): (Chunker, Window, Fp),
     tx: Sender<Batch>,
     (home, pool): (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     cancel: Arc<AtomicBool>,
@@ -448,14 +490,18 @@ fn chunk_stage(
     let mut buf = new_buf(&pool);
     let mut filled = 0usize;
     let mut start = 0usize;
-    let mut chunks: Vec<(u32, u32)> = Vec::with_capacity(1024);
-    let ship = |buf: Vec<u8>, chunks: &mut Vec<(u32, u32)>| -> Result<()> {
+    let mut cuts = Cuts::default();
+    // The old chunk predicted to start at `start`, and where the window sits.
+    let mut cursor: Option<u64> = None;
+    let mut at = 0u64;
+    let ship = |buf: Vec<u8>, cuts: &mut Cuts| -> Result<()> {
         let b = Batch {
             buf: Arc::new(PooledBuf {
                 data: buf,
                 home: home.clone(),
             }),
-            chunks: std::mem::take(chunks),
+            chunks: std::mem::take(&mut cuts.chunks),
+            known: std::mem::take(&mut cuts.known),
         };
         // The receiver is gone only when the dedup stage failed; it reports why.
         tx.send(b).map_err(|_| Error::Cancelled)
@@ -474,7 +520,16 @@ fn chunk_stage(
                     filled += n;
                 }
             }
-            start = chunker.cut_span(&buf[..filled], start, piece_end, &mut chunks);
+            window.advance(at);
+            let p = Predictor {
+                chunker: &chunker,
+                window: &window,
+                zero_fp_max: &zero_fp_max,
+            };
+            (start, cursor) = p.span(&buf[..filled], start, piece_end, cursor, &mut cuts);
+            if let Some(c) = cursor {
+                at = c;
+            }
             if piece_end && start == filled {
                 break;
             }
@@ -482,13 +537,13 @@ fn chunk_stage(
             let mut next = new_buf(&pool);
             let tail = filled - start;
             next[..tail].copy_from_slice(&buf[start..filled]);
-            ship(std::mem::replace(&mut buf, next), &mut chunks)?;
+            ship(std::mem::replace(&mut buf, next), &mut cuts)?;
             filled = tail;
             start = 0;
         }
     }
-    if !chunks.is_empty() {
-        ship(buf, &mut chunks)?;
+    if !cuts.chunks.is_empty() {
+        ship(buf, &mut cuts)?;
     }
     Ok(src)
 }
@@ -498,30 +553,29 @@ fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_m
         let (fps, zero): (Vec<Fp>, Vec<bool>) = b
             .chunks
             .par_iter()
+            .zip(&b.known)
             .with_min_len(16)
-            .map(|&(s, l)| {
-                let d = &b.buf[s as usize..(s + l) as usize];
-                if is_zero(d) {
-                    // Long zero runs are cut at the maximum size: hashed once, up front.
-                    (
-                        if d.len() == max_len {
-                            zero_fp_max
-                        } else {
-                            Fp::of(d)
-                        },
-                        true,
-                    )
-                } else {
-                    (Fp::of(d), false)
+            .map(|(&(s, l), k)| match *k {
+                Known::Predicted(fp, z) | Known::Probed(fp, z) => (fp, z),
+                Known::No => {
+                    fingerprint(&b.buf[s as usize..(s + l) as usize], max_len, &zero_fp_max)
                 }
             })
             .unzip();
+        let predicted = b
+            .chunks
+            .iter()
+            .zip(&b.known)
+            .filter(|(_, k)| matches!(k, Known::Predicted(..)))
+            .map(|(c, _)| u64::from(c.1))
+            .sum();
         if tx
             .send(Hashed {
                 buf: b.buf,
                 chunks: b.chunks,
                 fps,
                 zero,
+                predicted,
             })
             .is_err()
         {
@@ -532,6 +586,8 @@ fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_m
 
 struct Dedup<'s> {
     store: &'s Store,
+    /// Bytes whose chunk boundaries were predicted rather than scanned.
+    predicted_bytes: u64,
     kind: DedupUnit,
     segmenter: Segmenter,
     recipe: RecipeBuilder,

@@ -115,9 +115,65 @@ impl Chunker {
         }
     }
 
+    /// Whether cutting `data` (which starts where a chunk starts) gives a first
+    /// chunk of exactly `len` bytes, *given* that no cut point lies before
+    /// `len` in the context where those bytes were first chunked. That holds
+    /// when `data[..len]` has the content of a chunk some earlier chunking
+    /// produced; [`crate::predict`] checks the content, this checks the rest
+    /// without scanning the chunk: the cut test at `len` (which also reads the
+    /// byte after the chunk), and at `len - 1` for an odd `len` (a chunk that
+    /// ended a piece of odd length was never tested there). `last`: `data`
+    /// runs to the end of its piece.
+    pub fn cuts_at(&self, data: &[u8], len: usize, last: bool) -> bool {
+        let avail = data.len();
+        if len == 0 || len > avail || len > self.max {
+            return false;
+        }
+        if last && len == avail {
+            // The piece ends here: cut whatever came before.
+            return true;
+        }
+        if len == self.max {
+            // No cut point before the maximum: cut at it.
+            return true;
+        }
+        // `fastcdc::v2020::cut_gear` tests the positions from `min` on, in
+        // pairs, up to the piece's end or the maximum (a piece shorter than
+        // the average also narrows the strict-mask region to itself, which
+        // changes no tested position's mask).
+        let rem = if last { avail.min(self.max) } else { self.max };
+        let tested = |x: usize| x >= self.min && (x & !1) < 2 * (rem / 2);
+        if !tested(len) || !self.natural_cut(data, len) {
+            return false;
+        }
+        !(len % 2 == 1 && tested(len - 1) && self.natural_cut(data, len - 1))
+    }
+
+    /// The gear test FastCDC v2020 makes for a cut after `x` bytes (it reads
+    /// byte `x` too, two bytes per step: an even `x` is tested with the
+    /// left-shifted hash and mask). The hash is a 64-bit shift register, so
+    /// only the last 64 bytes count.
+    fn natural_cut(&self, data: &[u8], x: usize) -> bool {
+        let (gear, _) = v2020::get_gear_with_seed(0);
+        let mut h: u64 = 0;
+        for &b in &data[self.min.max(x.saturating_sub(63))..=x] {
+            h = (h << 1).wrapping_add(gear[b as usize]);
+        }
+        let mask = if (x & !1) < self.avg {
+            self.mask_s
+        } else {
+            self.mask_l
+        };
+        if x.is_multiple_of(2) {
+            (h << 1) & (mask << 1) == 0
+        } else {
+            h & mask == 0
+        }
+    }
+
     /// Whether the chunk starting at `pos` can be cut now (see [`Self::cut_span`]).
     #[inline]
-    fn can_cut(&self, data: &[u8], pos: usize, last: bool) -> bool {
+    pub(crate) fn can_cut(&self, data: &[u8], pos: usize, last: bool) -> bool {
         pos < data.len() && (last || data.len() - pos >= self.max)
     }
 
@@ -363,6 +419,124 @@ mod tests {
         assert!(
             (512 << 10..=2 << 20).contains(&mean),
             "mean segment {mean} bytes is far from the 1 MiB target"
+        );
+    }
+
+    /// `cuts_at` must say yes at the length the chunker cuts and no at every
+    /// shorter one, mid-stream and at a piece's end: prediction relies on it
+    /// to keep exactly the chunks a full scan would cut.
+    #[test]
+    fn cuts_at_agrees_with_the_chunker() {
+        let small = SizeRange {
+            min: 64,
+            avg: 256,
+            max: 1024,
+        };
+        let mut pattern = random(1 << 16, 7);
+        for (i, b) in pattern.iter_mut().enumerate().skip(1 << 15) {
+            *b = (i % 7) as u8; // no cut points: maximum-size chunks
+        }
+        let cases = [
+            (StoreConfig::default().chunk, random(1 << 20, 3)),
+            (small, random(1 << 18, 4)),
+            (small, pattern),
+            (small, vec![0u8; 5000]),
+        ];
+        for (range, data) in cases {
+            let c = Chunker::new(range);
+            for end in [data.len(), data.len() - 1, data.len() - 333] {
+                let piece = &data[..end];
+                let mut pos = 0;
+                let mut checked = 0;
+                while pos < piece.len() {
+                    let rest = &piece[pos..];
+                    let n = c.cut(rest);
+                    assert!(c.cuts_at(rest, n, true), "at {pos}: the piece's cut {n}");
+                    for l in 1..n {
+                        assert!(!c.cuts_at(rest, l, true), "at {pos}: {l} < cut {n}");
+                    }
+                    if rest.len() >= c.max_size() {
+                        // Mid-stream: the same cut whatever follows the window.
+                        let window = &rest[..c.max_size().min(rest.len())];
+                        let w = if window.len() > n { window } else { rest };
+                        assert!(c.cuts_at(w, n, false), "at {pos}: mid-stream cut {n}");
+                        for l in (1..n).step_by(7) {
+                            assert!(!c.cuts_at(w, l, false), "at {pos}: {l} < cut {n}");
+                        }
+                    }
+                    pos += n;
+                    checked += 1;
+                }
+                assert!(checked > 3);
+            }
+        }
+    }
+
+    /// A chunk that ended its piece (no cut point there) may go on in the
+    /// next version: `cuts_at` must then answer for the new context, reading
+    /// the bytes that follow, exactly as the chunker would cut.
+    #[test]
+    fn cuts_at_judges_a_chunk_in_its_new_context() {
+        let small = SizeRange {
+            min: 64,
+            avg: 256,
+            max: 1024,
+        };
+        let c = Chunker::new(small);
+        let data = random(4 << 20, 11);
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let (mut agreed_cut, mut agreed_no, mut odd_traps) = (0, 0, 0);
+        let mut pos = 0;
+        while pos + 4096 < data.len() {
+            let natural = c.cut(&data[pos..]);
+            // An old piece starting at `pos` and ending at a random point,
+            // at a cut point, or one byte past one: a chunk of odd length
+            // whose piece ended there was never tested one byte earlier.
+            let end = pos
+                + match rng.next_u32() % 3 {
+                    0 => 1 + rng.next_u32() as usize % 1200,
+                    1 => natural,
+                    _ => natural + 1,
+                };
+            let mut p = pos;
+            let mut last_len = 0;
+            while p < end {
+                last_len = c.cut(&data[p..end]);
+                p += last_len;
+            }
+            let start = end - last_len;
+            // The same bytes followed by the original ones, or by new ones.
+            let mut next = data[start..end].to_vec();
+            let more = 1 + rng.next_u32() as usize % 1500;
+            if rng.next_u32() % 2 == 0 {
+                next.extend_from_slice(&data[end..end + more]);
+            } else {
+                next.extend_from_slice(&random(more, u64::from(rng.next_u32())));
+            }
+            let cut = c.cut(&next);
+            let want = cut == last_len;
+            assert_eq!(c.cuts_at(&next, last_len, true), want, "piece ends after");
+            if next.len() >= c.max_size() {
+                assert_eq!(c.cuts_at(&next, last_len, false), want, "mid-stream");
+            }
+            if last_len % 2 == 1
+                && last_len > c.min
+                && next.len() > last_len
+                && c.natural_cut(&next, last_len)
+                && cut == last_len - 1
+            {
+                odd_traps += 1;
+            }
+            if want {
+                agreed_cut += 1;
+            } else {
+                agreed_no += 1;
+            }
+            pos += natural;
+        }
+        assert!(
+            agreed_cut > 100 && agreed_no > 100 && odd_traps > 0,
+            "{agreed_cut} / {agreed_no} / {odd_traps}"
         );
     }
 }

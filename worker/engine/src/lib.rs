@@ -27,6 +27,7 @@ pub mod lock;
 pub mod meta;
 pub mod objects;
 pub mod pack;
+mod predict;
 pub mod recipe;
 pub mod repeats;
 pub mod restore;

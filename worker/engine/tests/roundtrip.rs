@@ -151,6 +151,44 @@ fn duplicate_versions_store_nothing_new_and_zeros_are_not_stored() {
     }
 }
 
+/// A series' next backup takes its chunk boundaries from the previous
+/// version where the data is the same (checked, not scanned for), and cuts
+/// exactly the chunks a backup without a previous version cuts.
+#[test]
+fn the_next_version_predicts_its_chunks_and_cuts_the_same_ones() {
+    let (_dir, store) = new_store(small_config());
+    let mut data = random(3_000_000, 21);
+    data[1_000_000..1_200_000].fill(0);
+    let mut next = data.clone();
+    for (i, at) in [2_500_000, 1_700_000, 900_000, 10_000]
+        .into_iter()
+        .enumerate()
+    {
+        next.splice(at..at, random(3000 + i * 1000, i as u64));
+    }
+    for unit in [DedupUnit::Segment, DedupUnit::Chunk] {
+        let name = format!("default/p-{unit}");
+        let a = backup_bytes(&store, &name, &data, unit);
+        assert_eq!(a.predicted_bytes, 0, "nothing to predict from");
+        let b = backup_bytes(&store, &name, &next, unit);
+        assert!(
+            b.predicted_bytes * 10 > b.logical_bytes * 9,
+            "{unit}: {} of {} bytes predicted",
+            b.predicted_bytes,
+            b.logical_bytes
+        );
+        // The same content as a first version elsewhere: scanned throughout.
+        let fresh = backup_bytes(&store, &format!("other/p-{unit}"), &next, unit);
+        assert_eq!(fresh.predicted_bytes, 0);
+        assert_eq!((b.chunks, b.units), (fresh.chunks, fresh.units));
+        assert_eq!(
+            fresh.new_units, 0,
+            "{unit}: the same chunks, already stored"
+        );
+        assert_eq!(restore_bytes(&store, &name, 2).0, next);
+    }
+}
+
 #[test]
 fn empty_input_is_a_valid_zero_length_version() {
     let (_dir, store) = new_store(small_config());

@@ -1,0 +1,558 @@
+//! Chunk boundaries predicted from the previous version.
+//!
+//! A daily full backup is mostly the previous version again, in the same
+//! order (duplicate locality). After a chunk that matches chunk `i` of the
+//! previous version, the next one is most likely chunk `i + 1`. The chunking
+//! stage checks that guess instead of running the gear hash over the chunk:
+//! the bytes must hash to that chunk's fingerprint (the hash is needed anyway)
+//! and [`Chunker::cuts_at`] must confirm that the chunker would end a chunk
+//! there. The idea is RapidCDC's (Ni and Jiang, SoCC '19); the second check
+//! keeps the chunks exactly those a full scan cuts, so dedup and every later
+//! version's chunking are unchanged, only the scan is skipped.
+//!
+//! After a miss, chunks are cut by scanning and hashed at once (probes) until
+//! one is found in the previous version, and prediction resumes from there.
+//!
+//! The previous version's chunk list reaches the chunking stage through a
+//! bounded channel, fed a batch at a time by the dedup stage ([`Loader`]),
+//! and is held as a [`Window`] around the current position: memory stays
+//! bounded whatever the version's size, and a version that moved data
+//! further than the window only loses prediction there.
+
+use std::collections::VecDeque;
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use rustc_hash::FxHashMap;
+
+use crate::chunker::Chunker;
+use crate::container::CHUNK_ZERO;
+use crate::error::Result;
+use crate::fp::{is_zero, Fp};
+use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
+use crate::recipe::Entry;
+
+/// Old chunks per batch from the loader.
+const BATCH: usize = 4096;
+/// Old chunks held ahead of and behind the position (about 512 MiB of data
+/// each at 8 KiB chunks; 36 bytes per chunk plus its map entry).
+const AHEAD: u64 = 1 << 16;
+const BEHIND: u64 = 1 << 16;
+
+/// A chunk of the previous version: what a prediction is checked against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OldChunk {
+    pub fp: Fp,
+    pub len: u32,
+    pub zero: bool,
+}
+
+/// The fingerprint of a chunk and whether it is all zeros. Long zero runs are
+/// cut at the maximum size: their fingerprint is computed once, up front.
+pub(crate) fn fingerprint(d: &[u8], max_len: usize, zero_fp_max: &Fp) -> (Fp, bool) {
+    if is_zero(d) {
+        (
+            if d.len() == max_len {
+                *zero_fp_max
+            } else {
+                Fp::of(d)
+            },
+            true,
+        )
+    } else {
+        (Fp::of(d), false)
+    }
+}
+
+/// The part of the previous version's chunk list around the current position.
+pub(crate) struct Window {
+    rx: Option<Receiver<Vec<OldChunk>>>,
+    chunks: VecDeque<OldChunk>,
+    /// Old index of `chunks[0]`.
+    lo: u64,
+    /// Latest old index of each fingerprint in the window.
+    by_fp: FxHashMap<Fp, u64>,
+}
+
+impl Window {
+    pub fn new(rx: Option<Receiver<Vec<OldChunk>>>) -> Self {
+        Window {
+            rx,
+            chunks: VecDeque::new(),
+            lo: 0,
+            by_fp: FxHashMap::default(),
+        }
+    }
+
+    pub fn get(&self, i: u64) -> Option<&OldChunk> {
+        i.checked_sub(self.lo)
+            .and_then(|k| self.chunks.get(usize::try_from(k).ok()?))
+    }
+
+    pub fn find(&self, fp: &Fp) -> Option<u64> {
+        self.by_fp.get(fp).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Takes in what the loader has ready, up to [`AHEAD`] past `at`, and
+    /// drops what lies more than [`BEHIND`] before it.
+    pub fn advance(&mut self, at: u64) {
+        while self.lo + (self.chunks.len() as u64) < at + AHEAD {
+            let Some(rx) = &self.rx else { break };
+            match rx.try_recv() {
+                Ok(batch) => {
+                    for c in batch {
+                        let i = self.lo + self.chunks.len() as u64;
+                        self.by_fp.insert(c.fp, i);
+                        self.chunks.push_back(c);
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.rx = None;
+                    break;
+                }
+            }
+        }
+        while self.lo + BEHIND < at {
+            let Some(c) = self.chunks.pop_front() else {
+                break;
+            };
+            if self.by_fp.get(&c.fp) == Some(&self.lo) {
+                self.by_fp.remove(&c.fp);
+            }
+            self.lo += 1;
+        }
+    }
+}
+
+/// How a chunk's fingerprint became known while cutting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// Not yet: the hashing stage computes it.
+    No,
+    /// Cut by scanning and hashed to look for it in the previous version.
+    Probed(Fp, bool),
+    /// Predicted from the previous version and confirmed.
+    Predicted(Fp, bool),
+}
+
+/// Chunks cut from a buffer, as (offset, length), with what is known of each.
+#[derive(Default)]
+pub(crate) struct Cuts {
+    pub chunks: Vec<(u32, u32)>,
+    pub known: Vec<Known>,
+}
+
+impl Cuts {
+    fn push(&mut self, pos: usize, len: usize, k: Known) {
+        self.chunks.push((pos as u32, len as u32));
+        self.known.push(k);
+    }
+}
+
+/// Cuts chunks like [`Chunker::cut_span`], following predictions.
+pub(crate) struct Predictor<'a> {
+    pub chunker: &'a Chunker,
+    pub window: &'a Window,
+    pub zero_fp_max: &'a Fp,
+}
+
+impl Predictor<'_> {
+    /// Cuts the chunks of `data[start..]` whose ends are certain, as
+    /// [`Chunker::cut_span`] does (and with the same result), predicting from
+    /// old chunk `cursor` on. Returns where the uncut rest begins and the old
+    /// chunk predicted to start there.
+    pub fn span(
+        &self,
+        data: &[u8],
+        start: usize,
+        last: bool,
+        cursor: Option<u64>,
+        out: &mut Cuts,
+    ) -> (usize, Option<u64>) {
+        const PARALLEL_MIN: usize = 256 << 10;
+        if data.len().saturating_sub(start) < PARALLEL_MIN {
+            return self.chain(data, start, last, usize::MAX, cursor, out);
+        }
+        // Two halves at once, joined where their chunks meet (see cut_span).
+        let mid = start + (data.len() - start) / 2;
+        let mut right = Cuts::default();
+        let ((mut pos, mut cur), (right_end, right_cur)) = rayon::join(
+            || self.chain(data, start, last, mid, cursor, out),
+            || self.chain(data, mid, last, usize::MAX, None, &mut right),
+        );
+        let mut i = 0;
+        loop {
+            while i < right.chunks.len() && (right.chunks[i].0 as usize) < pos {
+                i += 1;
+            }
+            if i < right.chunks.len() && right.chunks[i].0 as usize == pos {
+                out.chunks.extend_from_slice(&right.chunks[i..]);
+                out.known.extend_from_slice(&right.known[i..]);
+                return (right_end, right_cur);
+            }
+            if pos == right_end || !self.chunker.can_cut(data, pos, last) {
+                return (pos, cur);
+            }
+            (pos, cur) = self.chain(data, pos, last, pos + 1, cur, out);
+        }
+    }
+
+    /// Cuts chunks from `pos` while they can be cut and until one ends at or
+    /// after `stop`, predicting from old chunk `cursor`.
+    fn chain(
+        &self,
+        data: &[u8],
+        mut pos: usize,
+        last: bool,
+        stop: usize,
+        mut cursor: Option<u64>,
+        out: &mut Cuts,
+    ) -> (usize, Option<u64>) {
+        let max_len = self.chunker.max_size();
+        // Hashing a chunk here rather than in the hashing stage costs nothing
+        // extra (both run on the same two workers), so with a previous
+        // version to predict from every scanned chunk is a probe.
+        let probe = !self.window.is_empty();
+        while pos < stop && self.chunker.can_cut(data, pos, last) {
+            if let Some((j, old)) = cursor.and_then(|j| Some((j, self.window.get(j)?))) {
+                let len = old.len as usize;
+                let rest = &data[pos..];
+                // The cheap check first: would the chunker end a chunk there?
+                if self.chunker.cuts_at(rest, len, last) {
+                    let d = &rest[..len];
+                    let same = if old.zero {
+                        is_zero(d)
+                    } else {
+                        Fp::of(d) == old.fp
+                    };
+                    if same {
+                        out.push(pos, len, Known::Predicted(old.fp, old.zero));
+                        pos += len;
+                        cursor = Some(j + 1);
+                        continue;
+                    }
+                }
+            }
+            cursor = None;
+            let n = self.chunker.cut(&data[pos..]);
+            if probe {
+                let (fp, zero) = fingerprint(&data[pos..pos + n], max_len, self.zero_fp_max);
+                cursor = self.window.find(&fp).map(|i| i + 1);
+                out.push(pos, n, Known::Probed(fp, zero));
+            } else {
+                out.push(pos, n, Known::No);
+            }
+            pos += n;
+        }
+        (pos, cursor)
+    }
+}
+
+/// Reads the previous version's chunk list and feeds it to the [`Window`], a
+/// batch whenever there is room (called between the dedup stage's batches).
+/// Prediction only saves work, so a version it cannot read (archival form,
+/// or removed meanwhile) just ends the list.
+pub(crate) struct Loader {
+    tx: Sender<Vec<OldChunk>>,
+    entries: std::vec::IntoIter<Entry>,
+    /// The entry being expanded and how many of its chunks were sent.
+    entry: Option<(Entry, u64)>,
+    zero_fps: FxHashMap<u32, Fp>,
+    max_len: usize,
+    zero_fp_max: Fp,
+}
+
+impl Loader {
+    /// A loader for `v` of `series`, and the window's end of the channel.
+    pub fn new(
+        r: &impl MetaRead,
+        series: &SeriesRecord,
+        v: &VersionRecord,
+        max_len: usize,
+        zero_fp_max: Fp,
+    ) -> Option<(Loader, Receiver<Vec<OldChunk>>)> {
+        if v.form != RecipeForm::Live {
+            return None;
+        }
+        let parts = match crate::restore::recipe_entries(r, series, v) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "no chunk prediction: the previous recipe is unreadable");
+                return None;
+            }
+        };
+        let (tx, rx) = crossbeam_channel::bounded((AHEAD as usize).div_ceil(BATCH));
+        Some((
+            Loader {
+                tx,
+                entries: parts.into_iter().flatten().collect::<Vec<_>>().into_iter(),
+                entry: None,
+                zero_fps: FxHashMap::default(),
+                max_len,
+                zero_fp_max,
+            },
+            rx,
+        ))
+    }
+
+    /// Sends batches while the channel has room; false once the list is done.
+    pub fn pump(&mut self, r: &impl MetaRead) -> bool {
+        while !self.tx.is_full() {
+            match self.next_batch(r) {
+                Ok(Some(b)) => {
+                    if self.tx.try_send(b).is_err() {
+                        return false;
+                    }
+                }
+                Ok(None) => return false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "chunk prediction stops: the previous version is unreadable");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn next_batch(&mut self, r: &impl MetaRead) -> Result<Option<Vec<OldChunk>>> {
+        // Up to BATCH units' worth of entries, in order.
+        let mut plan: Vec<Entry> = Vec::new();
+        let mut units = 0u64;
+        while units < BATCH as u64 {
+            let (e, done) = match self.entry.take() {
+                Some(x) => x,
+                None => match self.entries.next() {
+                    Some(e) => (e, 0),
+                    None => break,
+                },
+            };
+            match e {
+                Entry::Units { first, count } => {
+                    let take = (count - done).min(BATCH as u64 - units);
+                    plan.push(Entry::Units {
+                        first: first + done,
+                        count: take,
+                    });
+                    units += take;
+                    if done + take < count {
+                        self.entry = Some((e, done + take));
+                    }
+                }
+                Entry::Zero { .. } => plan.push(e),
+                // A live recipe holds nothing else.
+                Entry::Direct { .. } | Entry::Indirect { .. } => {
+                    self.entries = Vec::new().into_iter();
+                    break;
+                }
+            }
+        }
+        if plan.is_empty() {
+            return Ok(None);
+        }
+        let ids: Vec<u64> = plan
+            .iter()
+            .flat_map(|e| match *e {
+                Entry::Units { first, count } => first..first + count,
+                _ => 0..0,
+            })
+            .collect();
+        let mut records = crate::restore::load_units(r, &ids)?.into_iter();
+        let mut out = Vec::with_capacity(BATCH);
+        for e in plan {
+            match e {
+                Entry::Units { count, .. } => {
+                    for u in records.by_ref().take(count as usize) {
+                        out.extend(u.chunks.iter().map(|c| OldChunk {
+                            fp: c.fp,
+                            len: c.len,
+                            zero: c.flags & CHUNK_ZERO != 0,
+                        }));
+                    }
+                }
+                Entry::Zero { len, count } => {
+                    let fp = *self.zero_fps.entry(len).or_insert_with(|| {
+                        fingerprint(&vec![0u8; len as usize], self.max_len, &self.zero_fp_max).0
+                    });
+                    out.extend((0..count).map(|_| OldChunk {
+                        fp,
+                        len,
+                        zero: true,
+                    }));
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SizeRange;
+    use proptest::prelude::*;
+    use rand::{Rng, RngCore, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn old_chunks(c: &Chunker, data: &[u8], zero_fp_max: &Fp) -> Vec<OldChunk> {
+        let mut pos = 0;
+        c.chunk_all(data)
+            .into_iter()
+            .map(|n| {
+                let (fp, zero) = fingerprint(&data[pos..pos + n], c.max_size(), zero_fp_max);
+                pos += n;
+                OldChunk {
+                    fp,
+                    len: n as u32,
+                    zero,
+                }
+            })
+            .collect()
+    }
+
+    /// Cuts `data` as the chunking stage does: `buf`-byte reads, the uncut
+    /// tail carried over, predictions followed across buffers.
+    fn cut_predicted(c: &Chunker, w: &mut Window, zfp: &Fp, data: &[u8], buf: usize) -> Cuts {
+        let mut all = Cuts::default();
+        let (mut base, mut start, mut cursor, mut at) = (0usize, 0usize, None, 0u64);
+        loop {
+            let end = (base + buf).min(data.len());
+            let last = end == data.len();
+            w.advance(at);
+            let p = Predictor {
+                chunker: c,
+                window: w,
+                zero_fp_max: zfp,
+            };
+            let mut cuts = Cuts::default();
+            let (s, cur) = p.span(&data[base..end], start, last, cursor, &mut cuts);
+            cursor = cur;
+            if let Some(x) = cur {
+                at = x;
+            }
+            for (&(o, l), k) in cuts.chunks.iter().zip(&cuts.known) {
+                all.push(base + o as usize, l as usize, *k);
+            }
+            if last && base + s == end {
+                return all;
+            }
+            start = 0;
+            base += s;
+        }
+    }
+
+    /// A new version: the old data with random inserts (some exactly where
+    /// an old chunk ended, where the byte after the chunk changes), deletes,
+    /// overwrites and zero runs, and more data at the end.
+    fn edit(c: &Chunker, old: &[u8], rng: &mut ChaCha8Rng, edits: usize) -> Vec<u8> {
+        let ends: Vec<usize> = c
+            .chunk_all(old)
+            .into_iter()
+            .scan(0, |acc, n| {
+                *acc += n;
+                Some(*acc)
+            })
+            .collect();
+        let mut v = old.to_vec();
+        for e in 0..edits {
+            let mut at = rng.random_range(0..=v.len());
+            let n = rng.random_range(1..5000usize);
+            if e % 2 == 0 {
+                // Back to front, so this is (mostly) still an old chunk end.
+                at = ends[ends.len() * (edits - e) / (edits + 1)].min(v.len());
+            }
+            match rng.random_range(0..4) {
+                0 => {
+                    let mut ins = vec![0u8; n];
+                    rng.fill_bytes(&mut ins);
+                    v.splice(at..at, ins);
+                }
+                1 => {
+                    v.drain(at..(at + n).min(v.len()));
+                }
+                2 => {
+                    let end = (at + n).min(v.len());
+                    rng.fill_bytes(&mut v[at..end]);
+                }
+                _ => {
+                    v.splice(at..at, std::iter::repeat_n(0u8, n * 20));
+                }
+            }
+        }
+        v
+    }
+
+    fn check(range: SizeRange, seed: u64, edits: usize, buf: usize) {
+        let c = Chunker::new(range);
+        let zfp = Fp::of(&vec![0u8; c.max_size()]);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut old = vec![0u8; 3 << 20];
+        rng.fill_bytes(&mut old);
+        old[1 << 20..(1 << 20) + 300_000].fill(0);
+        let mut new = edit(&c, &old, &mut rng, edits);
+        let mut more = vec![0u8; rng.random_range(0..3000usize)];
+        rng.fill_bytes(&mut more);
+        new.extend_from_slice(&more);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for b in old_chunks(&c, &old, &zfp).chunks(BATCH) {
+            tx.send(b.to_vec()).unwrap();
+        }
+        drop(tx);
+        let mut w = Window::new(Some(rx));
+        let got = cut_predicted(&c, &mut w, &zfp, &new, buf);
+        // Exactly the chunks a full scan cuts ...
+        let mut pos = 0;
+        let want: Vec<(u32, u32)> = c
+            .chunk_all(&new)
+            .into_iter()
+            .map(|n| {
+                pos += n;
+                ((pos - n) as u32, n as u32)
+            })
+            .collect();
+        assert_eq!(got.chunks, want);
+        // ... with the right fingerprints for those it hashed ...
+        let mut predicted = 0;
+        for (&(o, l), k) in got.chunks.iter().zip(&got.known) {
+            let d = &new[o as usize..(o + l) as usize];
+            match *k {
+                Known::Predicted(fp, z) | Known::Probed(fp, z) => {
+                    assert_eq!((fp, z), fingerprint(d, c.max_size(), &zfp))
+                }
+                Known::No => {}
+            }
+            if matches!(k, Known::Predicted(..)) {
+                predicted += l as usize;
+            }
+        }
+        // ... and most of an edited copy predicted rather than scanned.
+        assert!(
+            predicted * 10 > new.len() * 7,
+            "predicted {predicted} of {}",
+            new.len()
+        );
+    }
+
+    #[test]
+    fn predicted_chunks_are_the_scanned_ones() {
+        check(crate::config::StoreConfig::default().chunk, 1, 20, 1 << 20);
+        check(crate::config::StoreConfig::default().chunk, 2, 0, 1 << 20);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn predicted_chunks_are_the_scanned_ones_for_any_edits(
+            seed in any::<u64>(),
+            edits in 0usize..40,
+            buf in prop::sample::select(vec![5000usize, 300 << 10, 1 << 20]),
+        ) {
+            let small = SizeRange { min: 64, avg: 256, max: 1024 };
+            check(small, seed, edits, buf);
+        }
+    }
+}
