@@ -5,7 +5,8 @@
 //!
 //! 1. a chunking thread reads the source into 1 MiB buffers and cuts chunks
 //!    (restarting at every piece, i.e. every file of a tree), a full buffer's
-//!    two halves at once on the rayon pool ([`Chunker::cut_span`]);
+//!    two halves at once on the rayon pool, following predictions from the
+//!    series' previous version ([`crate::predict::Cutter::cut_span`]);
 //! 2. a hashing thread fingerprints each buffer's chunks in parallel (rayon)
 //!    and flags all-zero chunks;
 //! 3. the caller's thread groups chunks into segments, looks units up in the
@@ -37,7 +38,7 @@ use crate::meta::{
     VersionRecord, CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
 };
 use crate::pack::{PackChunk, PackWriter};
-use crate::predict::{fingerprint, Cuts, Known, Loader, Predictor, Window};
+use crate::predict::{fingerprint, Cuts, Cutter, Known, Loader, Window};
 use crate::recipe::RecipeBuilder;
 use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
@@ -176,10 +177,11 @@ pub fn backup(
     // A series without versions takes its unit from this backup: one created by `retention
     // set`, or one emptied by expiring every version (DELETE of the series through the API,
     // after which a new series of the same name may pick another unit).
-    let empty = match &existing {
-        Some(s) => s.next_version == 1 || store.versions(s)?.is_empty(),
-        None => true,
+    let latest = match &existing {
+        Some(s) if s.next_version > 1 => store.versions(s)?.pop(),
+        _ => None,
     };
+    let empty = latest.is_none();
     let unit_kind = match (&existing, opts.unit) {
         (Some(_), Some(u)) if empty => u,
         (Some(s), Some(u)) if s.unit != u => {
@@ -222,21 +224,14 @@ pub fn backup(
     let max_len = cfg.chunk.max as usize;
     let zero_fp_max = Fp::of(&vec![0u8; max_len]);
     // Boundaries are predicted from the series' latest version (see predict).
-    let previous = match &existing {
-        Some(s) => store.versions(s)?.pop().map(|v| (s.clone(), v)),
-        None => None,
-    };
-    let (mut loader, old_chunks) = match previous
+    let (mut loader, old_chunks) = existing
         .as_ref()
+        .zip(latest.as_ref())
         .and_then(|(s, v)| Loader::new(&store.meta, s, v, max_len, zero_fp_max))
-    {
-        Some((l, rx)) => (Some(l), Some(rx)),
-        None => (None, None),
-    };
-    if let Some(l) = loader.as_mut() {
-        if !l.pump(&store.meta) {
-            loader = None;
-        }
+        .unzip();
+    // A batch of the list before the chunking starts, the rest as it goes.
+    if loader.as_mut().is_some_and(|l| !l.pump(&store.meta)) {
+        loader = None;
     }
     let window = Window::new(old_chunks);
     let chunk_thread = std::thread::Builder::new()
@@ -244,7 +239,7 @@ pub fn backup(
         .spawn(move || {
             chunk_stage(
                 source,
-                (chunker, window, zero_fp_max),
+                Cutter::new(chunker, window, zero_fp_max),
                 batch_tx,
                 (pool_tx, pool_rx),
                 chunk_cancel,
@@ -301,10 +296,8 @@ pub fn backup(
             }
             d.take_batch(&h, &mut pack)?;
             d.predicted_bytes += h.predicted;
-            if let Some(l) = loader.as_mut() {
-                if !l.pump(&store.meta) {
-                    loader = None;
-                }
+            if loader.as_mut().is_some_and(|l| !l.pump(&store.meta)) {
+                loader = None;
             }
             if let Some(p) = &opts.progress {
                 p(d.logical);
@@ -480,7 +473,7 @@ pub fn backup(
 
 fn chunk_stage(
     mut src: Box<dyn Source>,
-    (chunker, mut window, zero_fp_max): (Chunker, Window, Fp),
+    mut cutter: Cutter,
     tx: Sender<Batch>,
     (home, pool): (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     cancel: Arc<AtomicBool>,
@@ -491,9 +484,6 @@ fn chunk_stage(
     let mut filled = 0usize;
     let mut start = 0usize;
     let mut cuts = Cuts::default();
-    // The old chunk predicted to start at `start`, and where the window sits.
-    let mut cursor: Option<u64> = None;
-    let mut at = 0u64;
     let ship = |buf: Vec<u8>, cuts: &mut Cuts| -> Result<()> {
         let b = Batch {
             buf: Arc::new(PooledBuf {
@@ -520,16 +510,7 @@ fn chunk_stage(
                     filled += n;
                 }
             }
-            window.advance(at);
-            let p = Predictor {
-                chunker: &chunker,
-                window: &window,
-                zero_fp_max: &zero_fp_max,
-            };
-            (start, cursor) = p.span(&buf[..filled], start, piece_end, cursor, &mut cuts);
-            if let Some(c) = cursor {
-                at = c;
-            }
+            start = cutter.cut_span(&buf[..filled], start, piece_end, &mut cuts);
             if piece_end && start == filled {
                 break;
             }

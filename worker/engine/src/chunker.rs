@@ -67,54 +67,6 @@ impl Chunker {
         n.max(1)
     }
 
-    /// Cuts the chunks of `data[start..]` whose ends are already certain and
-    /// appends them to `out` as (offset, length); returns where the uncut rest
-    /// begins. Unless `last` (the data runs to the end of its piece), the final
-    /// `max` bytes may belong to a chunk that continues in the next read, so
-    /// they are left uncut.
-    ///
-    /// A long span is cut in two halves at once, on two threads: the second
-    /// half is cut as if a chunk started at its middle, and the first half's
-    /// chunks continue past the middle until one ends where one of the second
-    /// half's begins. Cut points depend only on where a chunk starts, so from
-    /// there on both agree and the result is exactly the sequential one; they
-    /// meet within a chunk or two, except inside runs with no cut point (long
-    /// zero runs), where the first half simply carries on alone.
-    pub fn cut_span(
-        &self,
-        data: &[u8],
-        start: usize,
-        last: bool,
-        out: &mut Vec<(u32, u32)>,
-    ) -> usize {
-        const PARALLEL_MIN: usize = 256 << 10;
-        if data.len().saturating_sub(start) < PARALLEL_MIN {
-            return self.cut_until(data, start, last, usize::MAX, out);
-        }
-        let mid = start + (data.len() - start) / 2;
-        let mut right = Vec::new();
-        let (mut pos, right_end) = rayon::join(
-            || self.cut_until(data, start, last, mid, out),
-            || self.cut_until(data, mid, last, usize::MAX, &mut right),
-        );
-        let mut i = 0;
-        loop {
-            while i < right.len() && (right[i].0 as usize) < pos {
-                i += 1;
-            }
-            if i < right.len() && right[i].0 as usize == pos {
-                out.extend_from_slice(&right[i..]);
-                return right_end;
-            }
-            if pos == right_end || !self.can_cut(data, pos, last) {
-                return pos;
-            }
-            let n = self.cut(&data[pos..]);
-            out.push((pos as u32, n as u32));
-            pos += n;
-        }
-    }
-
     /// Whether cutting `data` (which starts where a chunk starts) gives a first
     /// chunk of exactly `len` bytes, *given* that no cut point lies before
     /// `len` in the context where those bytes were first chunked. That holds
@@ -171,28 +123,12 @@ impl Chunker {
         }
     }
 
-    /// Whether the chunk starting at `pos` can be cut now (see [`Self::cut_span`]).
+    /// Whether the chunk starting at `pos` can be cut now: unless `last` (the
+    /// data runs to the end of its piece), the final `max` bytes may belong to
+    /// a chunk that continues in the next read.
     #[inline]
     pub(crate) fn can_cut(&self, data: &[u8], pos: usize, last: bool) -> bool {
         pos < data.len() && (last || data.len() - pos >= self.max)
-    }
-
-    /// Cuts chunks from `pos` while they can be cut and until one ends at or
-    /// after `stop`; returns where the next chunk starts.
-    fn cut_until(
-        &self,
-        data: &[u8],
-        mut pos: usize,
-        last: bool,
-        stop: usize,
-        out: &mut Vec<(u32, u32)>,
-    ) -> usize {
-        while pos < stop && self.can_cut(data, pos, last) {
-            let n = self.cut(&data[pos..]);
-            out.push((pos as u32, n as u32));
-            pos += n;
-        }
-        pos
     }
 
     /// All chunk lengths of a complete piece of data (a file or a whole stream).
@@ -323,54 +259,6 @@ mod tests {
             moved <= 3,
             "{moved} boundaries moved for one small insertion"
         );
-    }
-
-    /// The chunks of `d[start..]` one after another, as `cut_span` must return them.
-    fn cut_sequentially(
-        c: &Chunker,
-        d: &[u8],
-        start: usize,
-        last: bool,
-    ) -> (Vec<(u32, u32)>, usize) {
-        let mut out = Vec::new();
-        let mut pos = start;
-        while pos < d.len() && (last || d.len() - pos >= c.max_size()) {
-            let n = c.cut(&d[pos..]);
-            out.push((pos as u32, n as u32));
-            pos += n;
-        }
-        (out, pos)
-    }
-
-    #[test]
-    fn cutting_a_span_in_halves_gives_the_sequential_chunks() {
-        let c = Chunker::new(StoreConfig::default().chunk);
-        // Random data, a long zero run (no cut points: inside it chains that
-        // start apart stay apart), a short repeated pattern, random again.
-        let mut data = random(600 << 10, 5);
-        data.extend(std::iter::repeat_n(0u8, 700 << 10));
-        data.extend(b"0123456789abcdef".iter().cycle().take(300 << 10));
-        data.extend(random(900 << 10, 6));
-        // Spans whose middle falls in random data, in the zero run, in the
-        // pattern; one too short to split.
-        for (start, end) in [
-            (0, data.len()),
-            (12_345, data.len()),
-            (0, 1 << 20),
-            (999, 1 << 20),
-            (650_000, 1_400_000),
-            (0, 200 << 10),
-        ] {
-            let d = &data[..end];
-            for last in [false, true] {
-                let mut out = vec![(7, 7)];
-                let pos = c.cut_span(d, start, last, &mut out);
-                let (want, want_pos) = cut_sequentially(&c, d, start, last);
-                assert_eq!(out[0], (7, 7), "chunks already in the list are kept");
-                assert_eq!(out[1..], want[..], "span {start}..{end}, last {last}");
-                assert_eq!(pos, want_pos, "span {start}..{end}, last {last}");
-            }
-        }
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub(crate) struct Window {
     lo: u64,
     /// Latest old index of each fingerprint in the window.
     by_fp: FxHashMap<Fp, u64>,
+    /// The old index the window is kept around: the last prediction's.
+    at: u64,
 }
 
 impl Window {
@@ -80,25 +82,31 @@ impl Window {
             chunks: VecDeque::new(),
             lo: 0,
             by_fp: FxHashMap::default(),
+            at: 0,
         }
     }
 
-    pub fn get(&self, i: u64) -> Option<&OldChunk> {
+    fn get(&self, i: u64) -> Option<&OldChunk> {
         i.checked_sub(self.lo)
             .and_then(|k| self.chunks.get(usize::try_from(k).ok()?))
     }
 
-    pub fn find(&self, fp: &Fp) -> Option<u64> {
+    fn find(&self, fp: &Fp) -> Option<u64> {
         self.by_fp.get(fp).copied()
     }
 
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
 
-    /// Takes in what the loader has ready, up to [`AHEAD`] past `at`, and
-    /// drops what lies more than [`BEHIND`] before it.
-    pub fn advance(&mut self, at: u64) {
+    /// Moves to `cursor` (if predicting), takes in what the loader has
+    /// ready up to [`AHEAD`] past it, and drops what lies more than
+    /// [`BEHIND`] before it.
+    fn advance(&mut self, cursor: Option<u64>) {
+        if let Some(c) = cursor {
+            self.at = c;
+        }
+        let at = self.at;
         while self.lo + (self.chunks.len() as u64) < at + AHEAD {
             let Some(rx) = &self.rx else { break };
             match rx.try_recv() {
@@ -153,35 +161,55 @@ impl Cuts {
     }
 }
 
-/// Cuts chunks like [`Chunker::cut_span`], following predictions.
-pub(crate) struct Predictor<'a> {
-    pub chunker: &'a Chunker,
-    pub window: &'a Window,
-    pub zero_fp_max: &'a Fp,
+/// Cuts a stream into chunks a buffer at a time, following predictions from
+/// the previous version when there is one.
+pub(crate) struct Cutter {
+    chunker: Chunker,
+    window: Window,
+    zero_fp_max: Fp,
+    /// The old chunk predicted to start where the uncut rest begins.
+    cursor: Option<u64>,
 }
 
-impl Predictor<'_> {
-    /// Cuts the chunks of `data[start..]` whose ends are certain, as
-    /// [`Chunker::cut_span`] does (and with the same result), predicting from
-    /// old chunk `cursor` on. Returns where the uncut rest begins and the old
-    /// chunk predicted to start there.
-    pub fn span(
-        &self,
-        data: &[u8],
-        start: usize,
-        last: bool,
-        cursor: Option<u64>,
-        out: &mut Cuts,
-    ) -> (usize, Option<u64>) {
+impl Cutter {
+    pub fn new(chunker: Chunker, window: Window, zero_fp_max: Fp) -> Self {
+        Cutter {
+            chunker,
+            window,
+            zero_fp_max,
+            cursor: None,
+        }
+    }
+
+    /// Cuts the chunks of `data[start..]` whose ends are already certain and
+    /// appends them to `out`; returns where the uncut rest begins. Unless
+    /// `last` (the data runs to the end of its piece), the final `max` bytes
+    /// may belong to a chunk that continues in the next read, so they are
+    /// left uncut. The chunks are exactly those a scan from `start` cuts.
+    ///
+    /// A long span is cut in two halves at once, on two threads: the second
+    /// half as if a chunk started at its middle, the first half's chunks
+    /// continuing past the middle until one ends where one of the second
+    /// half's begins. Cut points depend only on where a chunk starts, so from
+    /// there on both agree; they meet within a chunk or two, except inside
+    /// runs with no cut point (long zero runs), where the first half simply
+    /// carries on alone.
+    pub fn cut_span(&mut self, data: &[u8], start: usize, last: bool, out: &mut Cuts) -> usize {
+        self.window.advance(self.cursor);
+        let (pos, cursor) = self.span(data, start, last, out);
+        self.cursor = cursor;
+        pos
+    }
+
+    fn span(&self, data: &[u8], start: usize, last: bool, out: &mut Cuts) -> (usize, Option<u64>) {
         const PARALLEL_MIN: usize = 256 << 10;
         if data.len().saturating_sub(start) < PARALLEL_MIN {
-            return self.chain(data, start, last, usize::MAX, cursor, out);
+            return self.chain(data, start, last, usize::MAX, self.cursor, out);
         }
-        // Two halves at once, joined where their chunks meet (see cut_span).
         let mid = start + (data.len() - start) / 2;
         let mut right = Cuts::default();
         let ((mut pos, mut cur), (right_end, right_cur)) = rayon::join(
-            || self.chain(data, start, last, mid, cursor, out),
+            || self.chain(data, start, last, mid, self.cursor, out),
             || self.chain(data, mid, last, usize::MAX, None, &mut right),
         );
         let mut i = 0;
@@ -240,7 +268,7 @@ impl Predictor<'_> {
             cursor = None;
             let n = self.chunker.cut(&data[pos..]);
             if probe {
-                let (fp, zero) = fingerprint(&data[pos..pos + n], max_len, self.zero_fp_max);
+                let (fp, zero) = fingerprint(&data[pos..pos + n], max_len, &self.zero_fp_max);
                 cursor = self.window.find(&fp).map(|i| i + 1);
                 out.push(pos, n, Known::Probed(fp, zero));
             } else {
@@ -252,8 +280,10 @@ impl Predictor<'_> {
     }
 }
 
-/// Reads the previous version's chunk list and feeds it to the [`Window`], a
-/// batch whenever there is room (called between the dedup stage's batches).
+/// Reads the previous version's chunk list and feeds it to the [`Window`]: a
+/// batch per call while there is room, one call after each of the dedup
+/// stage's batches (a batch of the list covers many of those, so the list
+/// stays ahead without a long read on the backup's path).
 /// Prediction only saves work, so a version it cannot read (archival form,
 /// or removed meanwhile) just ends the list.
 pub(crate) struct Loader {
@@ -299,23 +329,19 @@ impl Loader {
         ))
     }
 
-    /// Sends batches while the channel has room; false once the list is done.
+    /// Sends a batch if the channel has room; false once the list is done.
     pub fn pump(&mut self, r: &impl MetaRead) -> bool {
-        while !self.tx.is_full() {
-            match self.next_batch(r) {
-                Ok(Some(b)) => {
-                    if self.tx.try_send(b).is_err() {
-                        return false;
-                    }
-                }
-                Ok(None) => return false,
-                Err(e) => {
-                    tracing::debug!(error = %e, "chunk prediction stops: the previous version is unreadable");
-                    return false;
-                }
+        if self.tx.is_full() {
+            return true;
+        }
+        match self.next_batch(r) {
+            Ok(Some(b)) => self.tx.try_send(b).is_ok(),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "chunk prediction stops: the previous version is unreadable");
+                false
             }
         }
-        true
     }
 
     fn next_batch(&mut self, r: &impl MetaRead) -> Result<Option<Vec<OldChunk>>> {
@@ -398,6 +424,12 @@ mod tests {
     use rand::{Rng, RngCore, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    fn random(n: usize, seed: u64) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut v);
+        v
+    }
+
     fn old_chunks(c: &Chunker, data: &[u8], zero_fp_max: &Fp) -> Vec<OldChunk> {
         let mut pos = 0;
         c.chunk_all(data)
@@ -415,33 +447,22 @@ mod tests {
     }
 
     /// Cuts `data` as the chunking stage does: `buf`-byte reads, the uncut
-    /// tail carried over, predictions followed across buffers.
-    fn cut_predicted(c: &Chunker, w: &mut Window, zfp: &Fp, data: &[u8], buf: usize) -> Cuts {
+    /// tail carried over.
+    fn cut_all(cutter: &mut Cutter, data: &[u8], buf: usize) -> Cuts {
         let mut all = Cuts::default();
-        let (mut base, mut start, mut cursor, mut at) = (0usize, 0usize, None, 0u64);
+        let mut base = 0;
         loop {
             let end = (base + buf).min(data.len());
             let last = end == data.len();
-            w.advance(at);
-            let p = Predictor {
-                chunker: c,
-                window: w,
-                zero_fp_max: zfp,
-            };
             let mut cuts = Cuts::default();
-            let (s, cur) = p.span(&data[base..end], start, last, cursor, &mut cuts);
-            cursor = cur;
-            if let Some(x) = cur {
-                at = x;
-            }
+            let rest = cutter.cut_span(&data[base..end], 0, last, &mut cuts);
             for (&(o, l), k) in cuts.chunks.iter().zip(&cuts.known) {
                 all.push(base + o as usize, l as usize, *k);
             }
-            if last && base + s == end {
+            if last && base + rest == end {
                 return all;
             }
-            start = 0;
-            base += s;
+            base += rest;
         }
     }
 
@@ -490,8 +511,7 @@ mod tests {
         let c = Chunker::new(range);
         let zfp = Fp::of(&vec![0u8; c.max_size()]);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut old = vec![0u8; 3 << 20];
-        rng.fill_bytes(&mut old);
+        let mut old = random(3 << 20, seed);
         old[1 << 20..(1 << 20) + 300_000].fill(0);
         let mut new = edit(&c, &old, &mut rng, edits);
         let mut more = vec![0u8; rng.random_range(0..3000usize)];
@@ -502,8 +522,8 @@ mod tests {
             tx.send(b.to_vec()).unwrap();
         }
         drop(tx);
-        let mut w = Window::new(Some(rx));
-        let got = cut_predicted(&c, &mut w, &zfp, &new, buf);
+        let mut cutter = Cutter::new(c.clone(), Window::new(Some(rx)), zfp);
+        let got = cut_all(&mut cutter, &new, buf);
         // Exactly the chunks a full scan cuts ...
         let mut pos = 0;
         let want: Vec<(u32, u32)> = c
@@ -535,6 +555,63 @@ mod tests {
             "predicted {predicted} of {}",
             new.len()
         );
+    }
+
+    /// The chunks of `d[start..]` one after another, as `Cutter::cut_span` must return them.
+    fn cut_sequentially(
+        c: &Chunker,
+        d: &[u8],
+        start: usize,
+        last: bool,
+    ) -> (Vec<(u32, u32)>, usize) {
+        let mut out = Vec::new();
+        let mut pos = start;
+        while pos < d.len() && (last || d.len() - pos >= c.max_size()) {
+            let n = c.cut(&d[pos..]);
+            out.push((pos as u32, n as u32));
+            pos += n;
+        }
+        (out, pos)
+    }
+
+    #[test]
+    fn cutting_a_span_in_halves_gives_the_sequential_chunks() {
+        let c = Chunker::new(crate::config::StoreConfig::default().chunk);
+        let zfp = Fp::of(&vec![0u8; c.max_size()]);
+        // Random data, a long zero run (no cut points: inside it chains that
+        // start apart stay apart), a short repeated pattern, random again.
+        let mut data = random(600 << 10, 5);
+        data.extend(std::iter::repeat_n(0u8, 700 << 10));
+        data.extend(b"0123456789abcdef".iter().cycle().take(300 << 10));
+        data.extend(random(900 << 10, 6));
+        // Spans whose middle falls in random data, in the zero run, in the
+        // pattern; one too short to split.
+        for (start, end) in [
+            (0, data.len()),
+            (12_345, data.len()),
+            (0, 1 << 20),
+            (999, 1 << 20),
+            (650_000, 1_400_000),
+            (0, 200 << 10),
+        ] {
+            let d = &data[..end];
+            for last in [false, true] {
+                // Nothing to predict from: every chunk is scanned for.
+                let mut cutter = Cutter::new(c.clone(), Window::new(None), zfp);
+                let mut out = Cuts::default();
+                out.push(7, 7, Known::No);
+                let pos = cutter.cut_span(d, start, last, &mut out);
+                let (want, want_pos) = cut_sequentially(&c, d, start, last);
+                assert_eq!(out.chunks[0], (7, 7), "chunks already in the list are kept");
+                assert_eq!(
+                    out.chunks[1..],
+                    want[..],
+                    "span {start}..{end}, last {last}"
+                );
+                assert!(out.known.iter().all(|k| *k == Known::No));
+                assert_eq!(pos, want_pos, "span {start}..{end}, last {last}");
+            }
+        }
     }
 
     #[test]
