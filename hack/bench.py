@@ -49,18 +49,14 @@ def rv(*args, capture=True):
     return json.loads(p.stdout) if capture and "--json" in args else None
 
 
-def timed(*args):
-    t = time.perf_counter()
-    rv(*args)
-    return time.perf_counter() - t
-
-
 def timed_cpu(*args):
-    """Wall seconds and CPU seconds (user + system) of one revault run."""
+    """Wall seconds, CPU seconds (user + system) and the JSON report of one revault run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall = timed(*args)
+    t = time.perf_counter()
+    report = rv(*args)
+    wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), report
 
 
 def criterion():
@@ -118,7 +114,7 @@ def throughput(name, tars, runs):
             shutil.rmtree(trial, ignore_errors=True)
             shutil.copytree(base, trial)
             subprocess.run(["sync"])
-            wall, cpu = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
+            wall, cpu, backup_report = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
             backup_s.append(wall)
             backup_cpu_s.append(cpu)
         last = WORK / f"tp-{mode}-trial"
@@ -137,6 +133,8 @@ def throughput(name, tars, runs):
             # CPU seconds per wall second of the backup: how well its stages overlap.
             "backup_cores_used": statistics.median(c / w for c, w in zip(backup_cpu_s, backup_s)),
             "backup_cpu_s": statistics.median(backup_cpu_s),
+            # Share of the version whose chunk boundaries came from the previous one.
+            "backup_predicted_pct": round(100 * backup_report["predicted_bytes"] / backup_report["logical_bytes"], 1),
             "restore_mb_s": logical / 1e6 / statistics.median(restore_s),
             "restore_runs_s": restore_s,
             "restore_engine_mb_s": statistics.median(r["logical_bytes"] / 1e6 / r["seconds"] for r in reports),
