@@ -200,8 +200,7 @@ fn version_parts(
 }
 
 pub(crate) fn load_units(r: &impl MetaRead, ids: &[u64]) -> Result<Vec<UnitRecord>> {
-    let keys: Vec<Vec<u8>> = ids.iter().map(|i| i.to_be_bytes().to_vec()).collect();
-    r.multi_get_raw(crate::meta::CF_UNITS, &keys)?
+    r.get_ids_raw(crate::meta::CF_UNITS, ids)?
         .into_iter()
         .zip(ids)
         .map(|(v, &id)| {
