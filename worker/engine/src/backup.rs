@@ -1,17 +1,20 @@
 //! Inline backup: source → chunking → fingerprints → dedup → containers → commit.
 //!
-//! Three stages run concurrently, connected by bounded channels (so memory
+//! Four stages run concurrently, connected by bounded channels (so memory
 //! stays bounded whatever the input size):
 //!
-//! 1. a chunking thread reads the source into 1 MiB buffers and cuts chunks
-//!    (restarting at every piece, i.e. every file of a tree), a full buffer's
-//!    two halves at once on the rayon pool, following predictions from the
-//!    series' previous version ([`crate::predict::Cutter::cut_span`]);
-//! 2. a hashing thread fingerprints each buffer's chunks in parallel (rayon)
+//! 1. a reading thread reads the source into 1 MiB blocks, noting where each
+//!    piece (each file of a tree) ends;
+//! 2. a chunking thread cuts each block into chunks (restarting at every
+//!    piece), a block's two halves at once on the rayon pool, following
+//!    predictions from the series' previous version
+//!    ([`crate::predict::Cutter::cut_span`]);
+//! 3. a hashing thread fingerprints each block's chunks in parallel (rayon)
 //!    and flags all-zero chunks;
-//! 3. the caller's thread groups chunks into segments, looks units up in the
-//!    index, and packs new units into containers (compressed on the pack
-//!    writer's thread).
+//! 4. the caller's thread groups chunks into segments, looks units up in the
+//!    index (in chunk mode, not those the previous version holds: their
+//!    copies come with the prediction), and packs new units into containers
+//!    (compressed on the pack writer's thread).
 //!
 //! Nothing is visible until the final commit, which happens only after every
 //! container of the session is fsynced.
@@ -42,7 +45,7 @@ use crate::predict::{fingerprint, Cuts, Cutter, Known, Loader, Window};
 use crate::recipe::RecipeBuilder;
 use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
-use crate::store::{check_series_name, now_unix, Store};
+use crate::store::{check_series_name, now_unix, Store, UnitCopy};
 
 const BUF_BYTES: usize = 1 << 20;
 
@@ -128,6 +131,15 @@ impl std::ops::Deref for PooledBuf {
     }
 }
 
+/// Source bytes at `data[head..end]` (see [`read_stage`]).
+struct Block {
+    data: Vec<u8>,
+    end: usize,
+    /// Where pieces end (the next begins) in `data`, in order; the bytes after
+    /// the last of them continue in the next block.
+    piece_ends: Vec<usize>,
+}
+
 struct Batch {
     buf: Arc<PooledBuf>,
     chunks: Vec<(u32, u32)>,
@@ -140,6 +152,8 @@ struct Hashed {
     chunks: Vec<(u32, u32)>,
     fps: Vec<Fp>,
     zero: Vec<bool>,
+    /// Copies the previous version references (chunk mode, see predict).
+    copies: Vec<Option<UnitCopy>>,
     /// Bytes of this batch whose chunk boundaries were predicted.
     predicted: u64,
 }
@@ -214,34 +228,39 @@ pub fn backup(
     let mut session = store.begin_session("backup")?;
     let mut pack = PackWriter::for_session(store, &session);
 
-    // Stage 1 and 2 threads.
+    // Stage 1 and 2 threads. Reading starts first, while the previous
+    // version's chunk list is being loaded.
     let cancel = opts.cancel.clone().unwrap_or_default();
+    let (block_tx, block_rx) = bounded::<Block>(2);
     let (batch_tx, batch_rx) = bounded::<Batch>(2);
     let (hashed_tx, hashed_rx) = bounded::<Hashed>(2);
     let (pool_tx, pool_rx) = bounded::<Vec<u8>>(8);
     let chunker = Chunker::new(cfg.chunk);
-    let chunk_cancel = cancel.clone();
     let max_len = cfg.chunk.max as usize;
+    let read_cancel = cancel.clone();
+    let read_thread = std::thread::Builder::new()
+        .name("revault-read".into())
+        .spawn(move || read_stage(source, block_tx, pool_rx, max_len, read_cancel))
+        .expect("spawn reader");
+    let chunk_cancel = cancel.clone();
     let zero_fp_max = Fp::of(&vec![0u8; max_len]);
-    // Boundaries are predicted from the series' latest version (see predict).
-    let (mut loader, old_chunks) = existing
+    // Boundaries are predicted from the series' latest version (see predict),
+    // whose chunk list a loader thread reads meanwhile.
+    let (loader, old_chunks) = existing
         .as_ref()
         .zip(latest.as_ref())
         .and_then(|(s, v)| Loader::new(&store.meta, s, v, max_len, zero_fp_max))
         .unzip();
-    // A batch of the list before the chunking starts, the rest as it goes.
-    if loader.as_mut().is_some_and(|l| !l.pump(&store.meta)) {
-        loader = None;
-    }
-    let window = Window::new(old_chunks);
+    let window = Window::new(old_chunks, Chunker::new(cfg.chunk).most_chunks(BUF_BYTES));
     let chunk_thread = std::thread::Builder::new()
         .name("revault-chunk".into())
         .spawn(move || {
             chunk_stage(
-                source,
+                block_rx,
                 Cutter::new(chunker, window, zero_fp_max),
                 batch_tx,
-                (pool_tx, pool_rx),
+                pool_tx,
+                max_len,
                 chunk_cancel,
             )
         })
@@ -289,41 +308,67 @@ pub fn backup(
         rewritten_bytes: 0,
         predicted_bytes: 0,
     };
-    let result = (|| -> Result<()> {
-        for h in hashed_rx.iter() {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(Error::Cancelled);
+    let (result, hashed, chunked, read) = std::thread::scope(|scope| {
+        // The units the loader pins are unpinned with the dedup stage's.
+        let loader_thread = loader.map(|l| {
+            std::thread::Builder::new()
+                .name("revault-load".into())
+                .spawn_scoped(scope, move || l.run(store))
+                .expect("spawn loader")
+        });
+        let result = (|| -> Result<()> {
+            for h in hashed_rx.iter() {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Cancelled);
+                }
+                d.take_batch(&h, &mut pack)?;
+                d.predicted_bytes += h.predicted;
+                if let Some(p) = &opts.progress {
+                    p(d.logical);
+                }
             }
-            d.take_batch(&h, &mut pack)?;
-            d.predicted_bytes += h.predicted;
-            if loader.as_mut().is_some_and(|l| !l.pump(&store.meta)) {
-                loader = None;
-            }
-            if let Some(p) = &opts.progress {
-                p(d.logical);
+            d.finish(&mut pack)
+        })();
+        drop(hashed_rx);
+        let hashed = hash_thread
+            .join()
+            .map_err(|_| Error::Invalid("the hashing thread panicked".into()));
+        let chunked = chunk_thread
+            .join()
+            .map_err(|_| Error::Invalid("the chunking thread panicked".into()));
+        let read = read_thread
+            .join()
+            .map_err(|_| Error::Invalid("the reading thread panicked".into()));
+        // It stops once the chunking thread is gone, if not before.
+        if let Some(t) = loader_thread {
+            match t.join() {
+                Ok(pins) => d.pinned.extend(pins),
+                Err(_) => {
+                    return (
+                        Err(Error::Invalid("the loading thread panicked".into())),
+                        hashed,
+                        chunked,
+                        read,
+                    )
+                }
             }
         }
-        d.finish(&mut pack)
-    })();
-    drop(hashed_rx);
-    let hashed = hash_thread
-        .join()
-        .map_err(|_| Error::Invalid("the hashing thread panicked".into()));
-    let chunked = chunk_thread
-        .join()
-        .map_err(|_| Error::Invalid("the chunking thread panicked".into()));
+        (result, hashed, chunked, read)
+    });
     if let Err(e) = result {
         store.unpin(d.pinned.iter().copied());
-        // A source error is the root cause; report it rather than the knock-on.
-        return Err(match chunked {
-            Ok(Err(src_err)) => src_err,
+        // A source error is the root cause; report it rather than the knock-on
+        // (a stage that stopped because a later one hung up says Cancelled).
+        return Err(match read {
+            Ok(Err(src_err)) if !matches!(src_err, Error::Cancelled) => src_err,
             _ => e,
         });
     }
     let pinned = std::mem::take(&mut d.pinned);
     let outcome = (|| -> Result<BackupReport> {
         hashed?;
-        let source = chunked??;
+        chunked??;
+        let source = read??;
         let catalog_entries = source.finish()?;
         let containers = pack.finish()?;
         session.sync()?;
@@ -471,62 +516,106 @@ pub fn backup(
     Ok(rep)
 }
 
-fn chunk_stage(
+/// Reads the source into blocks of [`BUF_BYTES`], leaving `head` bytes free
+/// at the front of each for the uncut end of the block before (see
+/// [`chunk_stage`]). Runs on its own thread so that reading (a copy out of
+/// the page cache, a third of the chunking thread's time when it read for
+/// itself) overlaps the cutting.
+fn read_stage(
     mut src: Box<dyn Source>,
-    mut cutter: Cutter,
-    tx: Sender<Batch>,
-    (home, pool): (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    tx: Sender<Block>,
+    pool: Receiver<Vec<u8>>,
+    head: usize,
     cancel: Arc<AtomicBool>,
 ) -> Result<Box<dyn Source>> {
-    let new_buf =
-        |pool: &Receiver<Vec<u8>>| pool.try_recv().unwrap_or_else(|_| vec![0u8; BUF_BYTES]);
-    let mut buf = new_buf(&pool);
-    let mut filled = 0usize;
-    let mut start = 0usize;
-    let mut cuts = Cuts::default();
-    let ship = |buf: Vec<u8>, cuts: &mut Cuts| -> Result<()> {
-        let b = Batch {
-            buf: Arc::new(PooledBuf {
-                data: buf,
-                home: home.clone(),
-            }),
-            chunks: std::mem::take(&mut cuts.chunks),
-            known: std::mem::take(&mut cuts.known),
-        };
-        // The receiver is gone only when the dedup stage failed; it reports why.
-        tx.send(b).map_err(|_| Error::Cancelled)
-    };
-    while src.next_piece()? {
-        let mut piece_end = false;
-        loop {
+    let mut in_piece = false;
+    let mut more = true;
+    while more {
+        let mut data = pool
+            .try_recv()
+            .unwrap_or_else(|_| vec![0u8; head + BUF_BYTES]);
+        let mut end = head;
+        let mut piece_ends = Vec::new();
+        while end < data.len() {
             if cancel.load(Ordering::Relaxed) {
                 return Err(Error::Cancelled);
             }
-            while !piece_end && filled < BUF_BYTES {
-                let n = src.read(&mut buf[filled..])?;
-                if n == 0 {
-                    piece_end = true;
-                } else {
-                    filled += n;
+            if !in_piece {
+                if !src.next_piece()? {
+                    more = false;
+                    break;
                 }
+                in_piece = true;
             }
-            start = cutter.cut_span(&buf[..filled], start, piece_end, &mut cuts);
-            if piece_end && start == filled {
-                break;
+            let n = src.read(&mut data[end..])?;
+            if n == 0 {
+                piece_ends.push(end);
+                in_piece = false;
+            } else {
+                end += n;
             }
-            // The buffer is full: ship it and carry the unchunked tail over.
-            let mut next = new_buf(&pool);
-            let tail = filled - start;
-            next[..tail].copy_from_slice(&buf[start..filled]);
-            ship(std::mem::replace(&mut buf, next), &mut cuts)?;
-            filled = tail;
-            start = 0;
+        }
+        if end > head || !piece_ends.is_empty() {
+            let block = Block {
+                data,
+                end,
+                piece_ends,
+            };
+            // The receiver is gone only when a later stage failed; it reports why.
+            tx.send(block).map_err(|_| Error::Cancelled)?;
         }
     }
-    if !cuts.chunks.is_empty() {
-        ship(buf, &mut cuts)?;
-    }
     Ok(src)
+}
+
+/// Cuts each block into chunks and ships it with them. The bytes after a
+/// block's last cut (less than a maximum chunk: a chunk that may continue in
+/// the next block) are copied into the next block's free front, and its
+/// chunks are cut from there.
+fn chunk_stage(
+    rx: Receiver<Block>,
+    mut cutter: Cutter,
+    tx: Sender<Batch>,
+    home: Sender<Vec<u8>>,
+    head: usize,
+    cancel: Arc<AtomicBool>,
+) -> Result<()> {
+    // The uncut end of the last block: bytes [from, to) of a shipped buffer.
+    let mut carry: Option<(Arc<PooledBuf>, usize, usize)> = None;
+    for mut b in rx.iter() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        let mut start = head;
+        if let Some((prev, from, to)) = carry.take() {
+            start -= to - from;
+            b.data[start..head].copy_from_slice(&prev[from..to]);
+        }
+        let mut cuts = Cuts::default();
+        for &e in &b.piece_ends {
+            start = cutter.cut_span(&b.data[..e], start, true, &mut cuts);
+        }
+        start = cutter.cut_span(&b.data[..b.end], start, false, &mut cuts);
+        let buf = Arc::new(PooledBuf {
+            data: b.data,
+            home: home.clone(),
+        });
+        if start < b.end {
+            carry = Some((buf.clone(), start, b.end));
+        }
+        if !cuts.chunks.is_empty() {
+            let batch = Batch {
+                buf,
+                chunks: cuts.chunks,
+                known: cuts.known,
+            };
+            // The receiver is gone only when the dedup stage failed; it reports why.
+            tx.send(batch).map_err(|_| Error::Cancelled)?;
+        }
+    }
+    // Every piece ends with a cut, so nothing is left over, unless reading
+    // failed (then the backup reports that and commits nothing).
+    Ok(())
 }
 
 fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_max: Fp) {
@@ -537,7 +626,7 @@ fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_m
             .zip(&b.known)
             .with_min_len(16)
             .map(|(&(s, l), k)| match *k {
-                Known::Predicted(fp, z) | Known::Probed(fp, z) => (fp, z),
+                Known::Predicted(fp, z, _) | Known::Probed(fp, z, _) => (fp, z),
                 Known::No => {
                     fingerprint(&b.buf[s as usize..(s + l) as usize], max_len, &zero_fp_max)
                 }
@@ -550,12 +639,14 @@ fn hash_stage(rx: Receiver<Batch>, tx: Sender<Hashed>, max_len: usize, zero_fp_m
             .filter(|(_, k)| matches!(k, Known::Predicted(..)))
             .map(|(c, _)| u64::from(c.1))
             .sum();
+        let copies = b.known.iter().map(Known::copy).collect();
         if tx
             .send(Hashed {
                 buf: b.buf,
                 chunks: b.chunks,
                 fps,
                 zero,
+                copies,
                 predicted,
             })
             .is_err()
@@ -656,7 +747,7 @@ struct Pending {
     fp: Fp,
     chunks: Vec<SegChunk>,
     /// The existing copy it would dedup to.
-    found: Option<(u64, UnitRecord)>,
+    found: Option<UnitCopy>,
     /// A zero chunk in chunk mode (never stored).
     zero: bool,
 }
@@ -691,9 +782,9 @@ impl RefWindow {
     }
 
     /// Index of the best copy; the newest (first) when none is in the window.
-    fn best(&self, cands: &[(u64, UnitRecord)]) -> usize {
+    fn best(&self, cands: &[UnitCopy]) -> usize {
         let mut best = (0, 0u64);
-        for (i, (_, u)) in cands.iter().enumerate() {
+        for (i, u) in cands.iter().enumerate() {
             let n = self.per.get(&u.container).copied().unwrap_or(0);
             if n > best.1 {
                 best = (i, n);
@@ -706,7 +797,8 @@ impl RefWindow {
 impl Dedup<'_> {
     fn take_batch(&mut self, h: &Hashed, pack: &mut PackWriter) -> Result<()> {
         // Chunk mode looks every chunk up: do it for the whole batch in a few
-        // batched reads rather than one read per chunk.
+        // batched reads rather than one read per chunk. Chunks the previous
+        // version holds come with its copy, pinned: no lookup.
         let found = match self.kind {
             DedupUnit::Chunk => {
                 let mut seen = FxHashSet::default();
@@ -714,13 +806,15 @@ impl Dedup<'_> {
                     .fps
                     .iter()
                     .zip(&h.zero)
-                    .filter(|(fp, zero)| {
+                    .zip(&h.copies)
+                    .filter(|((fp, zero), copy)| {
                         !**zero
+                            && copy.is_none()
                             && !self.new_by_fp.contains_key(*fp)
                             && !self.pending_fps.contains_key(*fp)
                             && seen.insert(**fp)
                     })
-                    .map(|(fp, _)| *fp)
+                    .map(|((fp, _), _)| *fp)
                     .collect();
                 self.store.lookup_pin(self.kind, &fps, &mut self.pinned)?
             }
@@ -742,7 +836,11 @@ impl Dedup<'_> {
             match self.kind {
                 DedupUnit::Chunk => {
                     let fp = c.fp;
-                    self.unit(fp, vec![c], found.get(&fp), pack)?;
+                    let cands = match &h.copies[i] {
+                        Some(copy) => Some(std::slice::from_ref(copy)),
+                        None => found.get(&fp).map(Vec::as_slice),
+                    };
+                    self.unit(fp, vec![c], cands, pack)?;
                 }
                 DedupUnit::Segment => {
                     if self.segmenter.closes_before(self.seg_len, u64::from(len)) {
@@ -773,12 +871,13 @@ impl Dedup<'_> {
     /// Classifies a unit (new, or a duplicate and where its copy is), hands it
     /// to the rewrite policy, and applies whatever decisions are now final.
     /// `prefetched`: its copies, already pinned, when the batch looked it up
-    /// (chunk mode); otherwise it is looked up here.
+    /// or the previous version held it (chunk mode); otherwise it is looked
+    /// up here.
     fn unit(
         &mut self,
         fp: Fp,
         chunks: Vec<SegChunk>,
-        prefetched: Option<&Vec<(u64, UnitRecord)>>,
+        prefetched: Option<&[UnitCopy]>,
         pack: &mut PackWriter,
     ) -> Result<()> {
         let bytes: u32 = chunks.iter().map(|c| c.len).sum();
@@ -807,10 +906,10 @@ impl Dedup<'_> {
                     &looked_up
                 }
             };
-            let hit = (!cands.is_empty()).then(|| cands[self.window.best(cands)].clone());
+            let hit = (!cands.is_empty()).then(|| cands[self.window.best(cands)]);
             match hit {
                 None => (Item::unique(bytes, n), None),
-                Some((id, u)) => {
+                Some(u) => {
                     let total = match self.container_bytes.get(&u.container) {
                         Some(t) => *t,
                         None => {
@@ -832,7 +931,7 @@ impl Dedup<'_> {
                             u.vbase,
                             total.saturating_sub(u.vbase),
                         ),
-                        Some((id, u)),
+                        Some(u),
                     )
                 }
             }
@@ -887,13 +986,13 @@ impl Dedup<'_> {
         };
         let id = match (repeat_of, p.found) {
             (Some(id), _) => id,
-            (None, Some((id, u))) if !rewrite => {
+            (None, Some(u)) if !rewrite => {
                 self.window.note(u.container, bytes);
-                if self.referenced.insert(id) {
-                    self.txn.ref_delta(id, 1, 0);
+                if self.referenced.insert(u.id) {
+                    self.txn.ref_delta(u.id, 1, 0);
                 }
-                self.resolved.insert(p.fp, id);
-                id
+                self.resolved.insert(p.fp, u.id);
+                u.id
             }
             (None, found) => {
                 if found.is_some() {

@@ -44,6 +44,12 @@ impl Chunker {
         self.max
     }
 
+    /// The most chunks `bytes` of one piece can hold (each at least `min`,
+    /// but for the piece's last).
+    pub fn most_chunks(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.min.max(1)) + 1
+    }
+
     /// Length of the first chunk of `data`.
     ///
     /// The result depends only on the first `max` bytes, so callers must pass at

@@ -857,7 +857,7 @@ impl ObjectSource {
 
 impl Source for ObjectSource {
     fn next_piece(&mut self) -> Result<bool> {
-        // The chunker reads every piece to its end before asking for the next.
+        // A backup reads every piece to its end before asking for the next.
         if let Next::Data(n) = self.next {
             self.next = Next::Header;
             if n > 0 {

@@ -14,10 +14,19 @@
 //! one is found in the previous version, and prediction resumes from there.
 //!
 //! The previous version's chunk list reaches the chunking stage through a
-//! bounded channel, fed a batch at a time by the dedup stage ([`Loader`]),
+//! bounded channel, fed a batch at a time by a loading thread ([`Loader`]),
 //! and is held as a [`Window`] around the current position: memory stays
 //! bounded whatever the version's size, and a version that moved data
-//! further than the window only loses prediction there.
+//! further than the window only loses prediction there. Before cutting a
+//! buffer the chunking stage waits, if need be, until the window reaches as
+//! far as that buffer's chunks can: the loader reads far faster than data is
+//! chunked, so this costs nothing once it is under way, and which chunks are
+//! predicted does not depend on how the threads happen to run.
+//!
+//! In chunk mode an old chunk is a unit, and the loader reads its record
+//! anyway: it pins the unit and passes its copy along with the prediction, so
+//! the dedup stage references it without looking the chunk up in the index
+//! (two reads per chunk, most of that stage's time in a profile).
 
 use std::collections::VecDeque;
 
@@ -25,25 +34,33 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 
 use crate::chunker::Chunker;
+use crate::config::DedupUnit;
 use crate::container::CHUNK_ZERO;
 use crate::error::Result;
 use crate::fp::{is_zero, Fp};
 use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
 use crate::recipe::Entry;
+use crate::store::{Store, UnitCopy};
 
-/// Old chunks per batch from the loader.
+/// Old units per batch from the loader, once under way. The first batches
+/// are smaller, doubling from 256: the chunking waits for the first, which
+/// took 8 ms at full size.
 const BATCH: usize = 4096;
+const FIRST_BATCH: usize = 256;
 /// Old chunks held ahead of and behind the position (about 512 MiB of data
-/// each at 8 KiB chunks; 36 bytes per chunk plus its map entry).
+/// each at 8 KiB chunks; 72 bytes per chunk plus its map entry, 14 MiB in
+/// all).
 const AHEAD: u64 = 1 << 16;
 const BEHIND: u64 = 1 << 16;
 
-/// A chunk of the previous version: what a prediction is checked against.
+/// A chunk of the previous version: what a prediction is checked against,
+/// and in chunk mode the pinned copy a match dedups to.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OldChunk {
     pub fp: Fp,
     pub len: u32,
     pub zero: bool,
+    pub copy: Option<UnitCopy>,
 }
 
 /// The fingerprint of a chunk and whether it is all zeros. Long zero runs are
@@ -66,6 +83,9 @@ pub(crate) fn fingerprint(d: &[u8], max_len: usize, zero_fp_max: &Fp) -> (Fp, bo
 /// The part of the previous version's chunk list around the current position.
 pub(crate) struct Window {
     rx: Option<Receiver<Vec<OldChunk>>>,
+    /// Old chunks to hold past the position before cutting a buffer (as many
+    /// as one buffer can hold).
+    need: u64,
     chunks: VecDeque<OldChunk>,
     /// Old index of `chunks[0]`.
     lo: u64,
@@ -76,9 +96,10 @@ pub(crate) struct Window {
 }
 
 impl Window {
-    pub fn new(rx: Option<Receiver<Vec<OldChunk>>>) -> Self {
+    pub fn new(rx: Option<Receiver<Vec<OldChunk>>>, need: usize) -> Self {
         Window {
             rx,
+            need: (need as u64).min(AHEAD),
             chunks: VecDeque::new(),
             lo: 0,
             by_fp: FxHashMap::default(),
@@ -99,29 +120,37 @@ impl Window {
         self.chunks.is_empty()
     }
 
-    /// Moves to `cursor` (if predicting), takes in what the loader has
-    /// ready up to [`AHEAD`] past it, and drops what lies more than
-    /// [`BEHIND`] before it.
+    /// Moves to `cursor` (if predicting), takes in old chunks up to
+    /// [`AHEAD`] past it (waiting for the loader up to `need` past it, taking
+    /// the rest if ready), and drops what lies more than [`BEHIND`] before it.
     fn advance(&mut self, cursor: Option<u64>) {
         if let Some(c) = cursor {
             self.at = c;
         }
         let at = self.at;
-        while self.lo + (self.chunks.len() as u64) < at + AHEAD {
-            let Some(rx) = &self.rx else { break };
-            match rx.try_recv() {
-                Ok(batch) => {
-                    for c in batch {
-                        let i = self.lo + self.chunks.len() as u64;
-                        self.by_fp.insert(c.fp, i);
-                        self.chunks.push_back(c);
-                    }
+        loop {
+            let end = self.lo + self.chunks.len() as u64;
+            let Some(rx) = self.rx.as_ref().filter(|_| end < at + AHEAD) else {
+                break;
+            };
+            let next = if end < at + self.need {
+                rx.recv().ok()
+            } else {
+                match rx.try_recv() {
+                    Ok(batch) => Some(batch),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => None,
                 }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    self.rx = None;
-                    break;
-                }
+            };
+            let Some(batch) = next else {
+                // The whole list is in (or the loader stopped).
+                self.rx = None;
+                break;
+            };
+            for c in batch {
+                let i = self.lo + self.chunks.len() as u64;
+                self.by_fp.insert(c.fp, i);
+                self.chunks.push_back(c);
             }
         }
         while self.lo + BEHIND < at {
@@ -136,15 +165,26 @@ impl Window {
     }
 }
 
-/// How a chunk's fingerprint became known while cutting it.
+/// How a chunk's fingerprint became known while cutting it: the fingerprint,
+/// whether the chunk is all zeros, and a copy of it the previous version
+/// references when one is known (see [`OldChunk`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Known {
     /// Not yet: the hashing stage computes it.
     No,
     /// Cut by scanning and hashed to look for it in the previous version.
-    Probed(Fp, bool),
+    Probed(Fp, bool, Option<UnitCopy>),
     /// Predicted from the previous version and confirmed.
-    Predicted(Fp, bool),
+    Predicted(Fp, bool, Option<UnitCopy>),
+}
+
+impl Known {
+    pub fn copy(&self) -> Option<UnitCopy> {
+        match *self {
+            Known::Predicted(_, _, c) | Known::Probed(_, _, c) => c,
+            Known::No => None,
+        }
+    }
 }
 
 /// Chunks cut from a buffer, as (offset, length), with what is known of each.
@@ -258,7 +298,7 @@ impl Cutter {
                         Fp::of(d) == old.fp
                     };
                     if same {
-                        out.push(pos, len, Known::Predicted(old.fp, old.zero));
+                        out.push(pos, len, Known::Predicted(old.fp, old.zero, old.copy));
                         pos += len;
                         cursor = Some(j + 1);
                         continue;
@@ -269,8 +309,10 @@ impl Cutter {
             let n = self.chunker.cut(&data[pos..]);
             if probe {
                 let (fp, zero) = fingerprint(&data[pos..pos + n], max_len, &self.zero_fp_max);
-                cursor = self.window.find(&fp).map(|i| i + 1);
-                out.push(pos, n, Known::Probed(fp, zero));
+                let found = self.window.find(&fp);
+                cursor = found.map(|i| i + 1);
+                let copy = found.and_then(|i| self.window.get(i)?.copy);
+                out.push(pos, n, Known::Probed(fp, zero, copy));
             } else {
                 out.push(pos, n, Known::No);
             }
@@ -280,14 +322,16 @@ impl Cutter {
     }
 }
 
-/// Reads the previous version's chunk list and feeds it to the [`Window`]: a
-/// batch per call while there is room, one call after each of the dedup
-/// stage's batches (a batch of the list covers many of those, so the list
-/// stays ahead without a long read on the backup's path).
+/// Reads the previous version's chunk list and feeds it to the [`Window`], on
+/// its own thread ([`Loader::run`]), as far ahead as the channel allows.
 /// Prediction only saves work, so a version it cannot read (archival form,
 /// or removed meanwhile) just ends the list.
 pub(crate) struct Loader {
     tx: Sender<Vec<OldChunk>>,
+    /// Chunk mode: pass each unit's copy along (pinned).
+    copies: bool,
+    /// Units in the next batch.
+    batch: usize,
     entries: std::vec::IntoIter<Entry>,
     /// The entry being expanded and how many of its chunks were sent.
     entry: Option<(Entry, u64)>,
@@ -319,6 +363,8 @@ impl Loader {
         Some((
             Loader {
                 tx,
+                copies: series.unit == DedupUnit::Chunk,
+                batch: FIRST_BATCH,
                 entries: parts.into_iter().flatten().collect::<Vec<_>>().into_iter(),
                 entry: None,
                 zero_fps: FxHashMap::default(),
@@ -329,26 +375,39 @@ impl Loader {
         ))
     }
 
-    /// Sends a batch if the channel has room; false once the list is done.
-    pub fn pump(&mut self, r: &impl MetaRead) -> bool {
-        if self.tx.is_full() {
-            return true;
-        }
-        match self.next_batch(r) {
-            Ok(Some(b)) => self.tx.try_send(b).is_ok(),
-            Ok(None) => false,
-            Err(e) => {
-                tracing::debug!(error = %e, "chunk prediction stops: the previous version is unreadable");
-                false
+    /// Sends the list a batch at a time until it is done or the window is
+    /// gone; returns the ids of the units it pinned, for the backup to unpin
+    /// once it has committed.
+    pub fn run(mut self, store: &Store) -> Vec<u64> {
+        let mut pinned = Vec::new();
+        loop {
+            match self.next_batch(store, &mut pinned) {
+                Ok(Some(b)) => {
+                    if self.tx.send(b).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "chunk prediction stops: the previous version is unreadable");
+                    break;
+                }
             }
         }
+        pinned
     }
 
-    fn next_batch(&mut self, r: &impl MetaRead) -> Result<Option<Vec<OldChunk>>> {
-        // Up to BATCH units' worth of entries, in order.
+    fn next_batch(
+        &mut self,
+        store: &Store,
+        pinned: &mut Vec<u64>,
+    ) -> Result<Option<Vec<OldChunk>>> {
+        // Up to `batch` units' worth of entries, in order.
+        let batch = self.batch as u64;
+        self.batch = (self.batch * 2).min(BATCH);
         let mut plan: Vec<Entry> = Vec::new();
         let mut units = 0u64;
-        while units < BATCH as u64 {
+        while units < batch {
             let (e, done) = match self.entry.take() {
                 Some(x) => x,
                 None => match self.entries.next() {
@@ -358,7 +417,7 @@ impl Loader {
             };
             match e {
                 Entry::Units { first, count } => {
-                    let take = (count - done).min(BATCH as u64 - units);
+                    let take = (count - done).min(batch - units);
                     plan.push(Entry::Units {
                         first: first + done,
                         count: take,
@@ -386,16 +445,27 @@ impl Loader {
                 _ => 0..0,
             })
             .collect();
-        let mut records = crate::restore::load_units(r, &ids)?.into_iter();
-        let mut out = Vec::with_capacity(BATCH);
+        let mut records = if self.copies {
+            store.read_pin(&ids, pinned)?
+        } else {
+            crate::restore::load_units(&store.meta, &ids)?
+                .into_iter()
+                .map(|u| (u, None))
+                .collect()
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(batch as usize);
         for e in plan {
             match e {
                 Entry::Units { count, .. } => {
-                    for u in records.by_ref().take(count as usize) {
+                    for (u, copy) in records.by_ref().take(count as usize) {
+                        // A chunk unit holds one chunk; anything else is no copy of one.
+                        let copy = copy.filter(|_| u.chunks.len() == 1);
                         out.extend(u.chunks.iter().map(|c| OldChunk {
                             fp: c.fp,
                             len: c.len,
                             zero: c.flags & CHUNK_ZERO != 0,
+                            copy,
                         }));
                     }
                 }
@@ -407,6 +477,7 @@ impl Loader {
                         fp,
                         len,
                         zero: true,
+                        copy: None,
                     }));
                 }
                 _ => {}
@@ -441,6 +512,7 @@ mod tests {
                     fp,
                     len: n as u32,
                     zero,
+                    copy: None,
                 }
             })
             .collect()
@@ -522,7 +594,7 @@ mod tests {
             tx.send(b.to_vec()).unwrap();
         }
         drop(tx);
-        let mut cutter = Cutter::new(c.clone(), Window::new(Some(rx)), zfp);
+        let mut cutter = Cutter::new(c.clone(), Window::new(Some(rx), c.most_chunks(buf)), zfp);
         let got = cut_all(&mut cutter, &new, buf);
         // Exactly the chunks a full scan cuts ...
         let mut pos = 0;
@@ -540,7 +612,7 @@ mod tests {
         for (&(o, l), k) in got.chunks.iter().zip(&got.known) {
             let d = &new[o as usize..(o + l) as usize];
             match *k {
-                Known::Predicted(fp, z) | Known::Probed(fp, z) => {
+                Known::Predicted(fp, z, _) | Known::Probed(fp, z, _) => {
                     assert_eq!((fp, z), fingerprint(d, c.max_size(), &zfp))
                 }
                 Known::No => {}
@@ -597,7 +669,7 @@ mod tests {
             let d = &data[..end];
             for last in [false, true] {
                 // Nothing to predict from: every chunk is scanned for.
-                let mut cutter = Cutter::new(c.clone(), Window::new(None), zfp);
+                let mut cutter = Cutter::new(c.clone(), Window::new(None, 0), zfp);
                 let mut out = Cuts::default();
                 out.push(7, 7, Known::No);
                 let pos = cutter.cut_span(d, start, last, &mut out);

@@ -312,26 +312,25 @@ impl Store {
         kind: DedupUnit,
         fps: &[Fp],
         pinned: &mut Vec<u64>,
-    ) -> Result<FxHashMap<Fp, Vec<(u64, UnitRecord)>>> {
+    ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
         let copies = self.meta.index_copies_many(kind, fps)?;
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        let held: Vec<u64> = {
-            let mut guard = self.pins.lock();
-            let p = &mut *guard;
-            ids.into_iter()
-                .filter(|id| !p.doomed.contains(id))
-                .inspect(|&id| *p.pins.entry(id).or_default() += 1)
-                .collect()
-        };
-        let mut usable: FxHashMap<u64, UnitRecord> =
+        let held = self.pin_held(&ids);
+        let held: Vec<u64> = ids
+            .into_iter()
+            .zip(held)
+            .filter(|x| x.1)
+            .map(|x| x.0)
+            .collect();
+        let mut usable: FxHashMap<u64, UnitCopy> =
             FxHashMap::with_capacity_and_hasher(held.len(), Default::default());
         let mut unusable = Vec::new();
         for (&id, u) in held.iter().zip(self.meta.units_many(&held)?) {
             match u.filter(|u| !u.trimmed) {
                 Some(u) => {
-                    usable.insert(id, u);
+                    usable.insert(id, UnitCopy::of(id, &u));
                     pinned.push(id);
                 }
                 None => unusable.push(id),
@@ -344,11 +343,64 @@ impl Store {
             .map(|(fp, ids)| {
                 let cands = ids
                     .iter()
-                    .filter_map(|id| usable.get(id).map(|u| (*id, u.clone())))
+                    .filter_map(|id| usable.get(id).copied())
                     .collect();
                 (*fp, cands)
             })
             .collect())
+    }
+
+    /// Pins the units of a version a backup reads anyway (the previous one,
+    /// to predict chunks from; see the predict module) and returns each one's
+    /// record, with the copy new data may dedup to when it is usable (not
+    /// trimmed, not doomed). A usable copy stays pinned, its id appended to
+    /// `pinned`, under the same rule as [`Store::lookup_pin`]: pinned first,
+    /// read after. A missing record is an error: the recipe names it.
+    pub(crate) fn read_pin(
+        &self,
+        ids: &[u64],
+        pinned: &mut Vec<u64>,
+    ) -> Result<Vec<(UnitRecord, Option<UnitCopy>)>> {
+        let held = self.pin_held(ids);
+        let records = match crate::restore::load_units(&self.meta, ids) {
+            Ok(r) => r,
+            Err(e) => {
+                self.unpin(ids.iter().zip(&held).filter(|x| *x.1).map(|x| *x.0));
+                return Err(e);
+            }
+        };
+        let mut unusable = Vec::new();
+        let out = ids
+            .iter()
+            .zip(held)
+            .zip(records)
+            .map(|((&id, held), u)| {
+                let copy = (held && !u.trimmed).then(|| UnitCopy::of(id, &u));
+                if copy.is_some() {
+                    pinned.push(id);
+                } else if held {
+                    unusable.push(id);
+                }
+                (u, copy)
+            })
+            .collect();
+        self.unpin(unusable);
+        Ok(out)
+    }
+
+    /// Pins each unit no slide or gc has doomed; says which it pinned.
+    fn pin_held(&self, ids: &[u64]) -> Vec<bool> {
+        let mut guard = self.pins.lock();
+        let p = &mut *guard;
+        ids.iter()
+            .map(|id| {
+                let ok = !p.doomed.contains(id);
+                if ok {
+                    *p.pins.entry(*id).or_default() += 1;
+                }
+                ok
+            })
+            .collect()
     }
 
     /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
@@ -526,6 +578,25 @@ pub fn resolve_version_in(
         version: sel.to_string(),
         latest,
     })
+}
+
+/// A stored unit new data can dedup to: what a backup needs to reference it
+/// and to judge where it lies (the rewrite policies look at its container).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UnitCopy {
+    pub id: u64,
+    pub container: ContainerId,
+    pub vbase: u64,
+}
+
+impl UnitCopy {
+    pub fn of(id: u64, u: &UnitRecord) -> Self {
+        UnitCopy {
+            id,
+            container: u.container,
+            vbase: u.vbase,
+        }
+    }
 }
 
 #[derive(Default)]

@@ -120,3 +120,69 @@ fn segment_mode_backup_survives_expiry_and_gc_of_the_series_it_dedups_against() 
         backup_while_the_shared_series_is_deleted(DedupUnit::Segment, at, collect);
     }
 }
+
+/// A backup references the units of its series' previous version that it
+/// predicts (chunk mode: without looking them up; the loading thread pins
+/// them as it reads them). A gc that compacts their containers while the
+/// backup runs moves those units; every version must still restore.
+#[test]
+fn backup_survives_gc_compacting_the_previous_versions_containers() {
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        for at in [256 << 10, 3 << 20, 7 << 20] {
+            let (_d, st) = new_store(small_config());
+            let st = Arc::new(st);
+            // v2 replaces every other 64 KiB of v1: once v1 expires, the
+            // containers v2 shares with it are half dead.
+            let v1 = random(8 << 20, 21);
+            let mut v2 = v1.clone();
+            for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
+                r.copy_from_slice(&random(r.len(), 100 + i as u64));
+            }
+            backup_bytes(&st, "team/a", &v1, unit);
+            backup_bytes(&st, "team/a", &v2, unit);
+            expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
+            let mut v3 = v2.clone();
+            v3.extend(random(1 << 20, 13));
+
+            let st2 = Arc::clone(&st);
+            let swept = Arc::new(std::sync::Mutex::new(None));
+            let swept2 = Arc::clone(&swept);
+            let src = Interrupting {
+                data: Cursor::new(v3.clone()),
+                at,
+                during: Some(Box::new(move || {
+                    let opts = GcOptions {
+                        compact_below: 0.9,
+                        ..Default::default()
+                    };
+                    *swept2.lock().unwrap() = Some(gc(&st2, &opts).unwrap());
+                })),
+            };
+            let opts = BackupOptions {
+                unit: Some(unit),
+                ..Default::default()
+            };
+            let rep = backup(&st, "team/a", Box::new(src), &opts).unwrap();
+            let g = swept.lock().unwrap().take().expect("the gc ran");
+            assert!(g.containers_compacted > 0, "{unit} at {at}: {g:?}");
+            assert!(
+                rep.predicted_bytes * 10 > rep.logical_bytes * 8,
+                "{unit} at {at}: {rep:?}"
+            );
+            for _ in 0..2 {
+                let c = check(&st).unwrap();
+                assert!(c.ok, "{unit} at {at}: {:?}", c.errors);
+                assert!(
+                    restore_bytes(&st, "team/a", 2).0 == v2,
+                    "{unit} at {at}: v2"
+                );
+                assert!(
+                    restore_bytes(&st, "team/a", 3).0 == v3,
+                    "{unit} at {at}: v3"
+                );
+                // Once the backup has unpinned, a gc may move the rest.
+                gc(&st, &GcOptions::default()).unwrap();
+            }
+        }
+    }
+}

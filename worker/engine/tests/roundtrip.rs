@@ -189,6 +189,84 @@ fn the_next_version_predicts_its_chunks_and_cuts_the_same_ones() {
     }
 }
 
+/// A source of several pieces (as a tree's files are), each read in reads of
+/// at most 100 KiB.
+struct Pieces {
+    pieces: Vec<Vec<u8>>,
+    at: Option<(usize, usize)>,
+}
+
+impl revault_engine::source::Source for Pieces {
+    fn next_piece(&mut self) -> revault_engine::Result<bool> {
+        let i = self.at.map_or(0, |(i, _)| i + 1);
+        self.at = Some((i, 0));
+        Ok(i < self.pieces.len())
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> revault_engine::Result<usize> {
+        let (i, pos) = self.at.expect("next_piece first");
+        let rest = &self.pieces[i][pos..];
+        let n = rest.len().min(buf.len()).min(100 << 10);
+        buf[..n].copy_from_slice(&rest[..n]);
+        self.at = Some((i, pos + n));
+        Ok(n)
+    }
+
+    fn finish(
+        self: Box<Self>,
+    ) -> revault_engine::Result<Option<Vec<revault_engine::catalog::Entry>>> {
+        Ok(None)
+    }
+}
+
+#[test]
+fn every_piece_is_chunked_on_its_own_wherever_the_read_blocks_end() {
+    // The backup reads 1 MiB blocks: pieces that end exactly at, just
+    // before and just after a block's end, empty ones, and one spanning
+    // several blocks. Chunking restarts at every piece, so the chunks are
+    // those of each piece chunked alone.
+    const MIB: usize = 1 << 20;
+    let sizes = [MIB, 0, MIB + 1, 100, 0, MIB - 101, 3 * MIB + 7, 5, 0];
+    let pieces: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random(n, 40 + i as u64))
+        .collect();
+    let all: Vec<u8> = pieces.concat();
+    let (_dir, store) = new_store(small_config());
+    let chunker = revault_engine::chunker::Chunker::new(store.config().chunk);
+    let want: u64 = pieces
+        .iter()
+        .map(|p| chunker.chunk_all(p).len() as u64)
+        .sum();
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        let name = format!("default/pieces-{unit}");
+        for v in 1..=2 {
+            let src = Pieces {
+                pieces: pieces.clone(),
+                at: None,
+            };
+            let opts = revault_engine::backup::BackupOptions {
+                unit: Some(unit),
+                ..Default::default()
+            };
+            let r = revault_engine::backup::backup(&store, &name, Box::new(src), &opts).unwrap();
+            assert_eq!(r.chunks, want, "{unit} v{v}: chunks of each piece alone");
+            assert_eq!(r.logical_bytes, all.len() as u64);
+            if v == 2 {
+                // All but where a block's second half starts (cut on its own
+                // thread, from a scan) follows the first version.
+                assert_eq!(r.new_units, 0);
+                assert!(r.predicted_bytes * 100 > r.logical_bytes * 99, "{r:?}");
+            }
+            assert!(
+                restore_bytes(&store, &name, v).0 == all,
+                "{unit} v{v} restores"
+            );
+        }
+    }
+}
+
 #[test]
 fn empty_input_is_a_valid_zero_length_version() {
     let (_dir, store) = new_store(small_config());
