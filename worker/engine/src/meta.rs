@@ -400,15 +400,13 @@ impl MetaRead for Meta {
         self.scan_prefix(cf, prefix)
     }
 
-    /// Many ids are read in id order with one iterator: it steps over short
+    /// Many ids are read in id order with an iterator: it steps over short
     /// gaps and seeks past long ones. A step costs a fraction of a point
     /// lookup and a seek about one, and the ids a backup or a restore reads
     /// come in long runs (a version's units are allocated together), so this
     /// is several times cheaper per key than a batched point lookup, which
     /// remains for a few ids.
     fn get_ids_raw(&self, cf: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
-        /// Ids apart by at most this are reached by stepping.
-        const STEP_MAX: u64 = 16;
         if ids.len() < 64 {
             let keys: Vec<Vec<u8>> = ids.iter().map(|i| i.to_be_bytes().to_vec()).collect();
             return self.multi_get(cf, &keys);
@@ -419,8 +417,30 @@ impl MetaRead for Meta {
             order.sort_unstable();
             order.dedup();
         }
+        let vals = self.walk_ids(cf, &order)?;
+        if in_order {
+            return Ok(vals);
+        }
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let i = order.binary_search(id).expect("every id is in the order");
+                vals[i].clone()
+            })
+            .collect())
+    }
+}
+
+impl Meta {
+    /// The values of `ids` (ascending, distinct) with one iterator.
+    fn walk_ids(&self, cf: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
+        /// Ids apart by at most this are reached by stepping.
+        const STEP_MAX: u64 = 16;
+        let Some(&last) = ids.last() else {
+            return Ok(Vec::new());
+        };
         let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound((order[order.len() - 1] + 1).to_be_bytes());
+        ro.set_iterate_upper_bound((last + 1).to_be_bytes());
         let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), ro);
         let key_of = |k: &[u8]| -> Result<u64> {
             Ok(u64::from_be_bytes(k.try_into().map_err(|_| {
@@ -428,8 +448,8 @@ impl MetaRead for Meta {
             })?))
         };
         let mut at: Option<u64> = None;
-        let mut vals = Vec::with_capacity(order.len());
-        for &id in &order {
+        let mut vals = Vec::with_capacity(ids.len());
+        for &id in ids {
             match at {
                 Some(k) if k >= id => {}
                 Some(k) if id - k <= STEP_MAX => loop {
@@ -451,16 +471,7 @@ impl MetaRead for Meta {
             });
         }
         it.status()?;
-        if in_order {
-            return Ok(vals);
-        }
-        Ok(ids
-            .iter()
-            .map(|id| {
-                let i = order.binary_search(id).expect("every id is in the order");
-                vals[i].clone()
-            })
-            .collect())
+        Ok(vals)
     }
 }
 
@@ -961,7 +972,9 @@ mod tests {
         let mut mixed: Vec<u64> = (0..80u64).map(|i| (i * 37) % 620 + i % 2).collect();
         mixed.extend([600, 3, 3, 9_999, 10_000, 10_001, 584, 600]);
         let few = vec![3, 599, 600, 601, 10_000]; // point lookups
-        for ids in [dense, scattered, mixed, few] {
+                                                  // Many, out of order.
+        let many: Vec<u64> = (0..5000u64).map(|i| (i * 7919) % 10_010).collect();
+        for ids in [dense, scattered, mixed, few, many] {
             let got = meta.get_ids_raw(CF_REFS, &ids).unwrap();
             let want: Vec<Option<Vec<u8>>> = ids
                 .iter()
