@@ -7,6 +7,7 @@ pub mod push;
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -160,6 +161,30 @@ pub const QUEUE: usize = 8;
 pub struct ChannelWrite {
     tx: mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
+    /// Chunks the HTTP stack is done with come back here to be filled again.
+    pool: (SyncSender<Vec<u8>>, Receiver<Vec<u8>>),
+}
+
+/// A body chunk's memory, returned to its writer's pool once sent. A fresh
+/// 1 MiB buffer per chunk cost a page fault and a page clear per 4 KiB, and
+/// an unmap when freed: a sixth of the pushing client's time in a profile.
+struct Recycled {
+    data: Vec<u8>,
+    home: SyncSender<Vec<u8>>,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        let mut v = std::mem::take(&mut self.data);
+        v.clear();
+        let _ = self.home.try_send(v);
+    }
 }
 
 impl ChannelWrite {
@@ -167,6 +192,7 @@ impl ChannelWrite {
         ChannelWrite {
             tx,
             buf: Vec::with_capacity(CHUNK),
+            pool: sync_channel(QUEUE + 2),
         }
     }
 
@@ -186,7 +212,15 @@ impl ChannelWrite {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let b = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        let next = self
+            .pool
+            .1
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(CHUNK));
+        let b = Bytes::from_owner(Recycled {
+            data: std::mem::replace(&mut self.buf, next),
+            home: self.pool.0.clone(),
+        });
         self.tx
             .blocking_send(Ok(b))
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload stopped"))
@@ -287,5 +321,24 @@ mod tests {
         let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
         assert_eq!(sizes, vec![CHUNK, CHUNK, 12_345]);
         assert_eq!(chunks.concat(), data);
+    }
+
+    #[test]
+    fn a_sent_chunk_is_filled_again() {
+        let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(8);
+        let mut w = ChannelWrite::new(tx);
+        w.write_all(&vec![1u8; CHUNK]).unwrap();
+        let first = rx.try_recv().unwrap().unwrap();
+        assert!(w.pool.1.try_recv().is_err(), "not back before it is sent");
+        drop(first); // sent
+        let back = w.pool.1.try_recv().expect("the sent chunk came back");
+        assert!(back.is_empty() && back.capacity() >= CHUNK);
+        w.pool.0.send(back).unwrap();
+        // Chunks filled from recycled memory carry their own bytes.
+        w.write_all(&vec![2u8; 2 * CHUNK]).unwrap();
+        let second = rx.try_recv().unwrap().unwrap();
+        let third = rx.try_recv().unwrap().unwrap();
+        assert!(second.iter().chain(third.iter()).all(|&b| b == 2));
+        assert_eq!((second.len(), third.len()), (CHUNK, CHUNK));
     }
 }
