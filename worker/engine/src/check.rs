@@ -21,7 +21,8 @@ use crate::error::Result;
 use crate::fp::Fp;
 use crate::meta::MetaRead;
 use crate::meta::{
-    ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_REFS, CF_UNITS,
+    decode_refs_record, ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX,
+    CF_REFS, CF_UNITS,
 };
 use crate::recipe::Entry;
 use crate::restore::{load_catalog, recipe_entries};
@@ -203,11 +204,8 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     }
     let mut have: HashMap<u64, Refs> = HashMap::new();
     for (k, v) in meta.scan(CF_REFS, b"")? {
-        let id = u64::from_be_bytes(k[..].try_into().unwrap_or_default());
-        match Refs::decode(id, &v) {
-            Ok(r) => {
-                have.insert(id, r);
-            }
+        match decode_refs_record(&k, &v) {
+            Ok(units) => have.extend(units),
             Err(e) => rep.errors.push(e.to_string()),
         }
     }

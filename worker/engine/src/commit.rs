@@ -15,8 +15,8 @@ use crate::container::ContainerId;
 use crate::error::{corrupt_meta, Result};
 use crate::fp::Fp;
 use crate::meta::{
-    Batch, ContainerRecord, Meta, MetaRead, Refs, SeriesRecord, Totals, UnitRecord, CF_CONTAINERS,
-    CF_MARKS, CF_REFS, CF_SESSIONS, CF_UNITS,
+    Batch, ContainerRecord, Meta, MetaRead, Refs, RefsBlock, SeriesRecord, Totals, UnitRecord,
+    CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, REFS_BLOCK,
 };
 use crate::store::Store;
 
@@ -79,14 +79,67 @@ pub struct CommitOutcome {
     pub freed_bytes: u64,
 }
 
-/// Working state of a commit: container records, store totals and index
-/// copy lists touched so far, loaded on first use.
+/// The reference counts a commit reads and changes, in their stored blocks
+/// ([`RefsBlock`]): each block is read once and written once, however many
+/// of its units the commit touches.
+#[derive(Default)]
+struct RefsTable {
+    blocks: FxHashMap<u64, RefsBlock>,
+    changed: FxHashSet<u64>,
+}
+
+impl RefsTable {
+    /// Reads the blocks of `ids` not read yet, in one batched read.
+    fn load(&mut self, meta: &Meta, ids: impl IntoIterator<Item = u64>) -> Result<()> {
+        let mut want: Vec<u64> = ids
+            .into_iter()
+            .map(|id| id / REFS_BLOCK)
+            .filter(|b| !self.blocks.contains_key(b))
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        if want.is_empty() {
+            return Ok(());
+        }
+        for (b, r) in want.iter().zip(meta.refs_blocks(&want)?) {
+            self.blocks.insert(*b, r.unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, meta: &Meta, id: u64) -> Result<Refs> {
+        self.load(meta, [id])?;
+        Ok(self.blocks[&(id / REFS_BLOCK)].get(id))
+    }
+
+    fn set(&mut self, meta: &Meta, id: u64, r: Refs) -> Result<()> {
+        self.load(meta, [id])?;
+        let b = id / REFS_BLOCK;
+        self.blocks.get_mut(&b).expect("just loaded").set(id, r);
+        self.changed.insert(b);
+        Ok(())
+    }
+
+    /// Puts every changed block, in key order (RocksDB inserts sorted keys
+    /// into its memtable much faster).
+    fn write(&self, b: &mut Batch<'_>) {
+        let mut changed: Vec<u64> = self.changed.iter().copied().collect();
+        changed.sort_unstable();
+        for block in changed {
+            b.put_refs_block(block, &self.blocks[&block]);
+        }
+    }
+}
+
+/// Working state of a commit: container records, store totals, index copy
+/// lists and reference counts touched so far, loaded on first use.
 struct Ledger<'m> {
     meta: &'m Meta,
     containers: FxHashMap<ContainerId, ContainerRecord>,
     new_containers: FxHashSet<ContainerId>,
     totals: Totals,
     index: FxHashMap<(DedupUnit, Fp), Vec<u64>>,
+    refs: RefsTable,
 }
 
 impl<'m> Ledger<'m> {
@@ -112,7 +165,7 @@ impl<'m> Ledger<'m> {
     /// Deletes a unit: its records, its index copy, its bytes in its container.
     fn free_unit(&mut self, b: &mut Batch<'_>, id: u64, unit: &UnitRecord) -> Result<()> {
         b.delete(CF_UNITS, &id.to_be_bytes());
-        b.delete(CF_REFS, &id.to_be_bytes());
+        self.refs.set(self.meta, id, Refs::default())?;
         self.copies(unit.kind, &unit.fp)?.retain(|c| *c != id);
         let c = self.container(unit.container)?;
         c.live_vbytes -= unit.stored_vbytes();
@@ -152,7 +205,17 @@ impl Store {
             new_containers: txn.new_containers.iter().map(|c| c.0).collect(),
             totals: meta.totals()?,
             index: FxHashMap::default(),
+            refs: RefsTable::default(),
         };
+        // One batched read for the count blocks of every unit touched (a
+        // backup touches one per distinct chunk or segment it references).
+        l.refs.load(
+            meta,
+            txn.new_units
+                .iter()
+                .map(|u| u.0)
+                .chain(txn.ref_deltas.keys().copied()),
+        )?;
 
         for (id, rec) in &txn.new_containers {
             l.totals.containers += 1;
@@ -167,7 +230,7 @@ impl Store {
             .collect();
         for (id, unit, refs) in &txn.new_units {
             b.put_unit(*id, unit);
-            b.put_refs(*id, *refs);
+            l.refs.set(meta, *id, *refs)?;
             l.totals.units += 1;
             l.totals.unit_vbytes += unit.stored_vbytes();
         }
@@ -210,22 +273,10 @@ impl Store {
         let mut now: FxHashMap<u64, Refs> = FxHashMap::default();
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
-        // One batched read for the counts of every existing unit touched (a
-        // backup touches one per distinct chunk or segment it references).
-        let old_ids: Vec<u64> = ids
-            .iter()
-            .map(|(id, _)| **id)
-            .filter(|id| !new_units.contains_key(id))
-            .collect();
-        let old_refs: FxHashMap<u64, Refs> = old_ids
-            .iter()
-            .copied()
-            .zip(meta.refs_many(&old_ids)?)
-            .collect();
         for (&id, d) in ids {
             let cur = match new_units.get(&id) {
                 Some((_, r)) => *r,
-                None => old_refs[&id],
+                None => l.refs.get(meta, id)?,
             };
             let v = [
                 i64::from(cur.live) + d[0],
@@ -256,7 +307,7 @@ impl Store {
             .map(|(id, _)| *id)
             .collect();
         for &id in &txn.free_units {
-            if !now.contains_key(&id) && meta.refs(id)?.is_zero() {
+            if !now.contains_key(&id) && l.refs.get(meta, id)?.is_zero() {
                 work.push(id);
             }
         }
@@ -296,7 +347,7 @@ impl Store {
                 let r = match now.get_mut(&t) {
                     Some(r) => r,
                     None => {
-                        let r = meta.refs(t)?;
+                        let r = l.refs.get(meta, t)?;
                         now.entry(t).or_insert(r)
                     }
                 };
@@ -309,13 +360,10 @@ impl Store {
             }
         }
         drop(zombies);
-        // In key order: RocksDB inserts sorted keys into its memtable much
-        // faster than a hash map's order (a backup writes one per unit).
-        let mut counts: Vec<_> = now.iter().filter(|(id, _)| !freed.contains(id)).collect();
-        counts.sort_unstable_by_key(|(id, _)| **id);
-        for (id, r) in counts {
-            b.put_refs(*id, *r);
+        for (id, r) in now.iter().filter(|(id, _)| !freed.contains(id)) {
+            l.refs.set(meta, *id, *r)?;
         }
+        l.refs.write(&mut b);
 
         // New copies go first in their fingerprint's list.
         for ((kind, fp), v) in &txn.index_puts {

@@ -116,6 +116,7 @@ impl Meta {
         // The crate has no setter for this option; the string form is RocksDB's.
         let o = o.get_options_from_string("avoid_flush_during_recovery=true")?;
         let mut meta = Self::open_with(path, o, false)?;
+        meta.migrate_refs()?;
         let db = Arc::clone(&meta.db);
         let flusher = std::thread::Builder::new()
             .name("revault-flush".into())
@@ -323,10 +324,19 @@ pub trait MetaRead {
     }
 
     fn refs(&self, id: u64) -> Result<Refs> {
-        match self.get_raw(CF_REFS, &id.to_be_bytes())? {
-            None => Ok(Refs::default()),
-            Some(b) => Refs::decode(id, &b),
-        }
+        let block = self.refs_blocks(&[id / REFS_BLOCK])?.pop().flatten();
+        Ok(block.map(|b| b.get(id)).unwrap_or_default())
+    }
+
+    /// The stored blocks of reference counts (see [`RefsBlock`]), in `blocks`
+    /// order; `None` for a block with no counts.
+    fn refs_blocks(&self, blocks: &[u64]) -> Result<Vec<Option<RefsBlock>>> {
+        let keys: Vec<Vec<u8>> = blocks.iter().map(|b| refs_block_key(*b).to_vec()).collect();
+        self.multi_get_raw(CF_REFS, &keys)?
+            .into_iter()
+            .zip(blocks)
+            .map(|(v, &b)| v.map(|v| RefsBlock::decode(b, &v)).transpose())
+            .collect()
     }
 
     fn container(&self, id: ContainerId) -> Result<Option<ContainerRecord>> {
@@ -353,18 +363,6 @@ pub trait MetaRead {
             .into_iter()
             .zip(ids)
             .map(|(v, &id)| v.map(|b| UnitRecord::decode(id, &b)).transpose())
-            .collect()
-    }
-
-    /// [`MetaRead::refs`] for many ids in one batched read.
-    fn refs_many(&self, ids: &[u64]) -> Result<Vec<Refs>> {
-        self.get_ids_raw(CF_REFS, ids)?
-            .into_iter()
-            .zip(ids)
-            .map(|(v, &id)| match v {
-                None => Ok(Refs::default()),
-                Some(b) => Refs::decode(id, &b),
-            })
             .collect()
     }
 
@@ -432,6 +430,41 @@ impl MetaRead for Meta {
 }
 
 impl Meta {
+    /// Rewrites reference counts kept per unit (stores written before
+    /// blocks, [`REFS_BLOCK`]) as blocks, in one synced batch. Those records
+    /// sort before every block, so a store without them costs one seek.
+    fn migrate_refs(&self) -> Result<()> {
+        let mut blocks: std::collections::BTreeMap<u64, RefsBlock> = Default::default();
+        let mut old = Vec::new();
+        self.for_each_prefix(CF_REFS, b"", |k, v| {
+            if k.len() != 8 {
+                return Ok(false);
+            }
+            for (id, r) in decode_refs_record(k, v)? {
+                blocks.entry(id / REFS_BLOCK).or_default().set(id, r);
+                old.push(id);
+            }
+            Ok(true)
+        })?;
+        if old.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.batch();
+        for id in &old {
+            b.delete(CF_REFS, &id.to_be_bytes());
+        }
+        for (block, r) in &blocks {
+            b.put_refs_block(*block, r);
+        }
+        self.write(b, true)?;
+        tracing::info!(
+            units = old.len(),
+            blocks = blocks.len(),
+            "reference counts rewritten in blocks of {REFS_BLOCK} units"
+        );
+        Ok(())
+    }
+
     /// The values of `ids` (ascending, distinct) with one iterator.
     fn walk_ids(&self, cf: &str, ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>> {
         /// Ids apart by at most this are reached by stepping.
@@ -516,11 +549,12 @@ impl Batch<'_> {
         self.put(CF_UNITS, &id.to_be_bytes(), &u.encode());
     }
 
-    pub fn put_refs(&mut self, id: u64, r: Refs) {
-        if r.is_zero() {
-            self.delete(CF_REFS, &id.to_be_bytes());
+    /// Writes a block of reference counts; one with no counts is deleted.
+    pub fn put_refs_block(&mut self, block: u64, r: &RefsBlock) {
+        if r.is_empty() {
+            self.delete(CF_REFS, &refs_block_key(block));
         } else {
-            self.put(CF_REFS, &id.to_be_bytes(), &r.encode());
+            self.put(CF_REFS, &refs_block_key(block), &r.encode());
         }
     }
 
@@ -843,6 +877,9 @@ impl Refs {
         self.live == 0 && self.arch == 0 && self.links == 0
     }
 
+    /// The per-unit form written before blocks (tests write it to check the
+    /// migration to blocks).
+    #[cfg(test)]
     fn encode(&self) -> [u8; 12] {
         let mut b = [0u8; 12];
         b[..4].copy_from_slice(&self.live.to_le_bytes());
@@ -868,6 +905,121 @@ impl Refs {
             arch: n(4),
             links: n(8),
         })
+    }
+}
+
+/// Units per block of reference counts. A chunk-mode backup changes one
+/// count per distinct chunk it references (13.7k for a kube version), mostly
+/// runs of consecutive ids: kept per unit, that was 13.7k records in the
+/// commit's reads and writes, in the log the next command replays and in the
+/// tables it flushes; in blocks it is a few hundred.
+pub const REFS_BLOCK: u64 = 64;
+
+/// Key of block `block` (units `block * 64 .. block * 64 + 63`): `B` and the
+/// block number (u64 BE). Records written before blocks existed are keyed
+/// by the unit id alone (8 bytes, which sort before every block key since
+/// ids start with a zero byte); the next read-write open rewrites them as
+/// blocks ([`Meta::open`]).
+pub fn refs_block_key(block: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = b'B';
+    k[1..].copy_from_slice(&block.to_be_bytes());
+    k
+}
+
+/// The reference counts of [`REFS_BLOCK`] consecutive units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefsBlock {
+    slots: [Refs; REFS_BLOCK as usize],
+}
+
+impl Default for RefsBlock {
+    fn default() -> Self {
+        RefsBlock {
+            slots: [Refs::default(); REFS_BLOCK as usize],
+        }
+    }
+}
+
+impl RefsBlock {
+    pub fn get(&self, id: u64) -> Refs {
+        self.slots[(id % REFS_BLOCK) as usize]
+    }
+
+    pub fn set(&mut self, id: u64, r: Refs) {
+        self.slots[(id % REFS_BLOCK) as usize] = r;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.iter().all(Refs::is_zero)
+    }
+
+    /// (unit id, counts) of the units of block `block` with any count.
+    pub fn units(&self, block: u64) -> impl Iterator<Item = (u64, Refs)> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_zero())
+            .map(move |(i, r)| (block * REFS_BLOCK + i as u64, *r))
+    }
+
+    /// Each unit with a count: its slot (u8) and live, archival and link
+    /// counts (uvarints), slots ascending; CRC32C-sealed.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, r) in self.slots.iter().enumerate().filter(|(_, r)| !r.is_zero()) {
+            out.push(i as u8);
+            put_uvarint(&mut out, u64::from(r.live));
+            put_uvarint(&mut out, u64::from(r.arch));
+            put_uvarint(&mut out, u64::from(r.links));
+        }
+        seal_crc(&mut out);
+        out
+    }
+
+    pub fn decode(block: u64, b: &[u8]) -> Result<Self> {
+        let bad = |why: &str| {
+            let lo = block * REFS_BLOCK;
+            corrupt_meta(
+                format!("reference counts of units {lo}..={}", lo + REFS_BLOCK - 1),
+                why.to_string(),
+            )
+        };
+        let body = open_crc(b).ok_or_else(|| bad("checksum mismatch"))?;
+        let mut r = Reader::new(body);
+        let mut out = RefsBlock::default();
+        let mut next = 0usize;
+        let count = |v: Option<u64>| v.and_then(|v| u32::try_from(v).ok());
+        while !r.is_empty() {
+            let slot = r.u8().ok_or_else(|| bad("truncated"))? as usize;
+            if slot < next || slot >= REFS_BLOCK as usize {
+                return Err(bad("slots out of order"));
+            }
+            let (live, arch, links) = (
+                count(r.uvarint()).ok_or_else(|| bad("bad count"))?,
+                count(r.uvarint()).ok_or_else(|| bad("bad count"))?,
+                count(r.uvarint()).ok_or_else(|| bad("bad count"))?,
+            );
+            out.slots[slot] = Refs { live, arch, links };
+            next = slot + 1;
+        }
+        Ok(out)
+    }
+}
+
+/// The (unit id, counts) pairs of one record of the `refs` family: a block,
+/// or one unit's counts as written before blocks.
+pub fn decode_refs_record(k: &[u8], v: &[u8]) -> Result<Vec<(u64, Refs)>> {
+    match k.len() {
+        9 if k[0] == b'B' => {
+            let block = u64::from_be_bytes(k[1..].try_into().expect("8 bytes"));
+            Ok(RefsBlock::decode(block, v)?.units(block).collect())
+        }
+        8 => {
+            let id = u64::from_be_bytes(k.try_into().expect("8 bytes"));
+            Ok(vec![(id, Refs::decode(id, v)?)])
+        }
+        _ => Err(corrupt_meta("reference counts", "bad key")),
     }
 }
 
@@ -953,32 +1105,25 @@ mod tests {
     fn records_by_id_read_alike_by_iterator_and_by_point_lookups() {
         let dir = tempfile::tempdir().unwrap();
         let meta = Meta::create(dir.path()).unwrap();
-        // Every third id of 1..=600 has a refs record, and one beyond the range.
+        // Every third id of 1..=600 has a record, and one beyond the range.
         let mut b = meta.batch();
         for id in (1..=600u64).filter(|i| i % 3 == 0).chain([10_000]) {
-            b.put_refs(
-                id,
-                Refs {
-                    live: id as u32,
-                    arch: 1,
-                    links: 0,
-                },
-            );
+            b.put(CF_UNITS, &id.to_be_bytes(), &id.to_le_bytes());
         }
         meta.write(b, false).unwrap();
-        let dense: Vec<u64> = (2..=500).collect(); // stepped
-        let scattered: Vec<u64> = (2..=500).map(|i| i * 97).collect(); // seeks
-                                                                       // Out of order, repeated, with gaps just within and beyond a step.
+        // Stepped; seeks; out of order and repeated, with gaps just within and
+        // beyond a step; point lookups; many, out of order.
+        let dense: Vec<u64> = (2..=500).collect();
+        let scattered: Vec<u64> = (2..=500).map(|i| i * 97).collect();
         let mut mixed: Vec<u64> = (0..80u64).map(|i| (i * 37) % 620 + i % 2).collect();
         mixed.extend([600, 3, 3, 9_999, 10_000, 10_001, 584, 600]);
-        let few = vec![3, 599, 600, 601, 10_000]; // point lookups
-                                                  // Many, out of order.
+        let few = vec![3, 599, 600, 601, 10_000];
         let many: Vec<u64> = (0..5000u64).map(|i| (i * 7919) % 10_010).collect();
         for ids in [dense, scattered, mixed, few, many] {
-            let got = meta.get_ids_raw(CF_REFS, &ids).unwrap();
+            let got = meta.get_ids_raw(CF_UNITS, &ids).unwrap();
             let want: Vec<Option<Vec<u8>>> = ids
                 .iter()
-                .map(|i| meta.get(CF_REFS, &i.to_be_bytes()).unwrap())
+                .map(|i| meta.get(CF_UNITS, &i.to_be_bytes()).unwrap())
                 .collect();
             assert_eq!(got, want, "ids {}..{}", ids[0], ids[ids.len() - 1]);
             assert!(got.iter().any(|v| v.is_some()) && got.iter().any(|v| v.is_none()));
@@ -1006,13 +1151,24 @@ mod tests {
         for round in 0..10u64 {
             let meta = Meta::open(dir.path(), false).unwrap();
             if round > 0 {
-                let got = meta.refs_many(&(1..=500).collect::<Vec<_>>()).unwrap();
-                let want: Vec<Refs> = (1..=500).map(|id| refs(round - 1, id)).collect();
-                assert_eq!(got, want, "round {round}: the last write of each count");
+                for id in 1..=500 {
+                    let want = refs(round - 1, id);
+                    assert_eq!(
+                        meta.refs(id).unwrap(),
+                        want,
+                        "round {round}: the last write"
+                    );
+                }
             }
             let mut b = meta.batch();
-            for id in 1..=500 {
-                b.put_refs(id, refs(round, id));
+            for block in 0..=500 / REFS_BLOCK {
+                let mut r = RefsBlock::default();
+                for id in
+                    (block * REFS_BLOCK..(block + 1) * REFS_BLOCK).filter(|i| (1..=500).contains(i))
+                {
+                    r.set(id, refs(round, id));
+                }
+                b.put_refs_block(block, &r);
             }
             b.put(CF_VERSIONS, &round.to_be_bytes(), b"v");
             meta.write(b, true).unwrap();
@@ -1023,6 +1179,83 @@ mod tests {
         for round in 0..10u64 {
             assert!(ro.get(CF_VERSIONS, &round.to_be_bytes()).unwrap().is_some());
         }
+    }
+
+    #[test]
+    fn refs_blocks_round_trip_and_detect_corruption() {
+        let mut r = RefsBlock::default();
+        let c = |live, arch, links| Refs { live, arch, links };
+        r.set(128, c(1, 0, 0));
+        r.set(130, c(0, 3, 0));
+        r.set(191, c(u32::MAX, 7, 2));
+        let b = r.encode();
+        assert_eq!(RefsBlock::decode(2, &b).unwrap(), r);
+        let units: Vec<(u64, Refs)> = r.units(2).collect();
+        assert_eq!(
+            units,
+            vec![
+                (128, c(1, 0, 0)),
+                (130, c(0, 3, 0)),
+                (191, c(u32::MAX, 7, 2))
+            ]
+        );
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 0x10;
+            let e = RefsBlock::decode(2, &bad).unwrap_err().to_string();
+            assert!(e.contains("units 128..=191"), "{e}");
+        }
+        assert!(RefsBlock::default().is_empty() && !r.is_empty());
+    }
+
+    #[test]
+    fn counts_kept_per_unit_are_rewritten_as_blocks_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta::create(dir.path()).unwrap();
+        // As a store written before blocks holds them: one record per unit,
+        // 12 bytes, or 8 from before link counts.
+        let c = |id: u64| Refs {
+            live: id as u32 % 5,
+            arch: 1,
+            links: id as u32 % 3,
+        };
+        let ids: Vec<u64> = (1..300).filter(|i| i % 7 != 0).chain([5_000]).collect();
+        let mut b = meta.batch();
+        for &id in &ids {
+            let v = c(id).encode();
+            let v = if id.is_multiple_of(2) {
+                &v[..]
+            } else {
+                &v[..8]
+            };
+            b.put(CF_REFS, &id.to_be_bytes(), v);
+        }
+        meta.write(b, true).unwrap();
+        drop(meta);
+        let meta = Meta::open(dir.path(), false).unwrap();
+        let want = |id: u64| {
+            let r = c(id);
+            Refs {
+                links: if id.is_multiple_of(2) { r.links } else { 0 },
+                ..r
+            }
+        };
+        for &id in &ids {
+            assert_eq!(meta.refs(id).unwrap(), want(id), "unit {id}");
+        }
+        assert_eq!(meta.refs(7).unwrap(), Refs::default());
+        // Only blocks are left: 1..=299 in blocks 0..=4, and 5000's.
+        let keys: Vec<Vec<u8>> = meta
+            .scan(CF_REFS, b"")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        let want_keys: Vec<Vec<u8>> = [0, 1, 2, 3, 4, 5_000 / REFS_BLOCK]
+            .iter()
+            .map(|b| refs_block_key(*b).to_vec())
+            .collect();
+        assert_eq!(keys, want_keys);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::error::{corrupt_meta, Result};
-use crate::meta::{Refs, UnitRecord, CF_REFS, CF_UNITS};
+use crate::meta::{decode_refs_record, UnitRecord, CF_REFS, CF_UNITS};
 use crate::store::Store;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -51,9 +51,10 @@ pub fn repeats(store: &Store) -> Result<RepeatReport> {
     let meta = store.meta();
     let mut live: FxHashSet<u64> = FxHashSet::default();
     meta.for_each_prefix(CF_REFS, b"", |k, v| {
-        let id = unit_id(k)?;
-        if Refs::decode(id, v)?.live > 0 {
-            live.insert(id);
+        for (id, r) in decode_refs_record(k, v)? {
+            if r.live > 0 {
+                live.insert(id);
+            }
         }
         Ok(true)
     })?;

@@ -117,14 +117,13 @@ impl Store {
         meta.write(b, true)?;
         drop(meta);
         // The marker is written last: a store is initialised only once complete.
-        let marker = serde_json::to_vec_pretty(&Marker {
-            format: 1,
-            data_dir: data_rel,
-        })
-        .expect("marker serialises");
-        write_synced(&root.join(MARKER), &marker)?;
-        sync_dir(root)?;
-        Ok(())
+        write_marker(
+            root,
+            &Marker {
+                format: FORMAT,
+                data_dir: data_rel,
+            },
+        )
     }
 
     pub fn open(root: &Path, mode: OpenMode, what: &str) -> Result<Store> {
@@ -142,8 +141,26 @@ impl Store {
                 })
             }
         };
+        if marker.format > FORMAT {
+            return Err(Error::Invalid(format!(
+                "{} is a store of format {}; this revault reads formats up to {FORMAT}",
+                root.display(),
+                marker.format
+            )));
+        }
         let lock = StoreLock::acquire(root, mode == OpenMode::ReadWrite, what)?;
+        // A read-write open brings the metadata up to the current format
+        // (Meta::open), then says so in the marker.
         let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)?;
+        if mode == OpenMode::ReadWrite && marker.format < FORMAT {
+            write_marker(
+                root,
+                &Marker {
+                    format: FORMAT,
+                    ..marker.clone()
+                },
+            )?;
+        }
         let config = meta
             .config()?
             .ok_or_else(|| corrupt_meta("store config", "missing"))?;
@@ -798,6 +815,22 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .ctx(|| format!("syncing directory {}", dir.display()))
 }
 
+/// The store format this build writes. 2: reference counts in blocks of
+/// 64 units (format 1 kept one record per unit; a read-write open rewrites
+/// them). Older builds do not check it; builds from this one on refuse a
+/// newer format instead of misreading it.
+const FORMAT: u32 = 2;
+
+/// Writes the marker whole or not at all (a new file renamed over it): a
+/// crash while rewriting it must not leave a store that cannot be opened.
+fn write_marker(root: &Path, m: &Marker) -> Result<()> {
+    let marker = serde_json::to_vec_pretty(m).expect("marker serialises");
+    let tmp = root.join(format!("{MARKER}.new"));
+    write_synced(&tmp, &marker)?;
+    std::fs::rename(&tmp, root.join(MARKER)).ctx(|| format!("renaming {}", tmp.display()))?;
+    sync_dir(root)
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::File::create(path).ctx(|| format!("writing {}", path.display()))?;
@@ -882,5 +915,35 @@ mod tests {
         assert!(e.contains("already exists"), "{e}");
         let s = Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
         assert_eq!(s.config(), &StoreConfig::default());
+    }
+
+    #[test]
+    fn an_older_format_is_upgraded_by_a_writer_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        let format = || -> u32 {
+            let m: Marker =
+                serde_json::from_slice(&std::fs::read(dir.path().join(MARKER)).unwrap()).unwrap();
+            m.format
+        };
+        assert_eq!(format(), FORMAT);
+        let set = |f: u32| {
+            let m = Marker {
+                format: f,
+                data_dir: PathBuf::from("data"),
+            };
+            write_marker(dir.path(), &m).unwrap();
+        };
+        set(1);
+        drop(Store::open(dir.path(), OpenMode::ReadOnly, "t").unwrap());
+        assert_eq!(format(), 1, "a reader changes nothing");
+        drop(Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap());
+        assert_eq!(format(), FORMAT, "a writer upgrades");
+        set(FORMAT + 1);
+        let e = Store::open(dir.path(), OpenMode::ReadOnly, "t")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(&format!("format {}", FORMAT + 1)), "{e}");
     }
 }
