@@ -308,12 +308,15 @@ pub fn backup(
         rewritten_bytes: 0,
         predicted_bytes: 0,
     };
+    // The units the loader pins are unpinned with the dedup stage's, even if
+    // the loader panicked (the list outlives its thread).
+    let loader_pins = parking_lot::Mutex::new(Vec::new());
     let (result, hashed, chunked, read) = std::thread::scope(|scope| {
-        // The units the loader pins are unpinned with the dedup stage's.
         let loader_thread = loader.map(|l| {
+            let pins = &loader_pins;
             std::thread::Builder::new()
                 .name("revault-load".into())
-                .spawn_scoped(scope, move || l.run(store))
+                .spawn_scoped(scope, move || l.run(store, pins))
                 .expect("spawn loader")
         });
         let result = (|| -> Result<()> {
@@ -340,21 +343,13 @@ pub fn backup(
             .join()
             .map_err(|_| Error::Invalid("the reading thread panicked".into()));
         // It stops once the chunking thread is gone, if not before.
-        if let Some(t) = loader_thread {
-            match t.join() {
-                Ok(pins) => d.pinned.extend(pins),
-                Err(_) => {
-                    return (
-                        Err(Error::Invalid("the loading thread panicked".into())),
-                        hashed,
-                        chunked,
-                        read,
-                    )
-                }
-            }
-        }
-        (result, hashed, chunked, read)
+        let loaded = loader_thread.map_or(Ok(()), |t| {
+            t.join()
+                .map_err(|_| Error::Invalid("the loading thread panicked".into()))
+        });
+        (result.and(loaded), hashed, chunked, read)
     });
+    d.pinned.append(&mut loader_pins.into_inner());
     if let Err(e) = result {
         store.unpin(d.pinned.iter().copied());
         // A source error is the root cause; report it rather than the knock-on

@@ -21,8 +21,7 @@ use crate::error::Result;
 use crate::fp::Fp;
 use crate::meta::MetaRead;
 use crate::meta::{
-    decode_refs_record, ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX,
-    CF_REFS, CF_UNITS,
+    scan_refs, ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_UNITS,
 };
 use crate::recipe::Entry;
 use crate::restore::{load_catalog, recipe_entries};
@@ -203,12 +202,9 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         }
     }
     let mut have: HashMap<u64, Refs> = HashMap::new();
-    for (k, v) in meta.scan(CF_REFS, b"")? {
-        match decode_refs_record(&k, &v) {
-            Ok(units) => have.extend(units),
-            Err(e) => rep.errors.push(e.to_string()),
-        }
-    }
+    let mut bad = Vec::new();
+    have.extend(scan_refs(meta, |e| bad.push(e.to_string()))?);
+    rep.errors.extend(bad);
     for id in units.keys() {
         let w = want.get(id).copied().unwrap_or_default();
         let h = have.get(id).copied().unwrap_or_default();

@@ -34,7 +34,14 @@ pub const CF_VERSIONS: &str = "versions";
 pub const CF_RECIPES: &str = "recipes";
 pub const CF_CATALOGS: &str = "catalogs";
 pub const CF_UNITS: &str = "units";
+/// Per-unit reference counts of a format-1 store, until a read-write open
+/// moves them into `refcounts` (empty afterwards).
 pub const CF_REFS: &str = "refs";
+/// Reference counts in blocks of [`REFS_BLOCK`] units (format 2). A build
+/// from before format 2 cannot open a store that has this family (RocksDB
+/// refuses to open a store with a column family it does not name), so it
+/// cannot misread the counts as zero.
+pub const CF_REFCOUNTS: &str = "refcounts";
 pub const CF_INDEX: &str = "index";
 pub const CF_CONTAINERS: &str = "containers";
 pub const CF_SESSIONS: &str = "sessions";
@@ -47,6 +54,7 @@ const ALL_CFS: &[&str] = &[
     CF_CATALOGS,
     CF_UNITS,
     CF_REFS,
+    CF_REFCOUNTS,
     CF_INDEX,
     CF_CONTAINERS,
     CF_SESSIONS,
@@ -116,7 +124,6 @@ impl Meta {
         // The crate has no setter for this option; the string form is RocksDB's.
         let o = o.get_options_from_string("avoid_flush_during_recovery=true")?;
         let mut meta = Self::open_with(path, o, false)?;
-        meta.migrate_refs()?;
         let db = Arc::clone(&meta.db);
         let flusher = std::thread::Builder::new()
             .name("revault-flush".into())
@@ -332,7 +339,7 @@ pub trait MetaRead {
     /// order; `None` for a block with no counts.
     fn refs_blocks(&self, blocks: &[u64]) -> Result<Vec<Option<RefsBlock>>> {
         let keys: Vec<Vec<u8>> = blocks.iter().map(|b| refs_block_key(*b).to_vec()).collect();
-        self.multi_get_raw(CF_REFS, &keys)?
+        self.multi_get_raw(CF_REFCOUNTS, &keys)?
             .into_iter()
             .zip(blocks)
             .map(|(v, &b)| v.map(|v| RefsBlock::decode(b, &v)).transpose())
@@ -430,37 +437,47 @@ impl MetaRead for Meta {
 }
 
 impl Meta {
-    /// Rewrites reference counts kept per unit (stores written before
-    /// blocks, [`REFS_BLOCK`]) as blocks, in one synced batch. Those records
-    /// sort before every block, so a store without them costs one seek.
-    fn migrate_refs(&self) -> Result<()> {
-        let mut blocks: std::collections::BTreeMap<u64, RefsBlock> = Default::default();
-        let mut old = Vec::new();
+    /// Moves a format-1 store's per-unit reference counts into blocks, in one
+    /// synced batch (the store's open does this for a read-write open of a
+    /// store whose marker says format 1). Blocks that already exist are
+    /// merged into, so nothing is lost if it runs twice.
+    pub(crate) fn migrate_refs(&self) -> Result<()> {
+        let mut old: Vec<(u64, Refs)> = Vec::new();
         self.for_each_prefix(CF_REFS, b"", |k, v| {
-            if k.len() != 8 {
-                return Ok(false);
-            }
-            for (id, r) in decode_refs_record(k, v)? {
-                blocks.entry(id / REFS_BLOCK).or_default().set(id, r);
-                old.push(id);
-            }
+            let id =
+                u64::from_be_bytes(k.try_into().map_err(|_| {
+                    corrupt_meta("reference counts", "a key that is not a unit id")
+                })?);
+            old.push((id, Refs::decode(id, v)?));
             Ok(true)
         })?;
         if old.is_empty() {
             return Ok(());
         }
+        let mut numbers: Vec<u64> = old.iter().map(|(id, _)| id / REFS_BLOCK).collect();
+        numbers.dedup();
+        let mut blocks: std::collections::BTreeMap<u64, RefsBlock> = numbers
+            .iter()
+            .copied()
+            .zip(self.refs_blocks(&numbers)?)
+            .map(|(n, b)| (n, b.unwrap_or_default()))
+            .collect();
         let mut b = self.batch();
-        for id in &old {
+        for (id, r) in &old {
             b.delete(CF_REFS, &id.to_be_bytes());
+            blocks
+                .get_mut(&(id / REFS_BLOCK))
+                .expect("loaded")
+                .set(*id, *r);
         }
-        for (block, r) in &blocks {
-            b.put_refs_block(*block, r);
+        for (n, r) in &blocks {
+            b.put_refs_block(*n, r);
         }
         self.write(b, true)?;
         tracing::info!(
             units = old.len(),
             blocks = blocks.len(),
-            "reference counts rewritten in blocks of {REFS_BLOCK} units"
+            "reference counts moved into blocks of {REFS_BLOCK} units"
         );
         Ok(())
     }
@@ -552,9 +569,9 @@ impl Batch<'_> {
     /// Writes a block of reference counts; one with no counts is deleted.
     pub fn put_refs_block(&mut self, block: u64, r: &RefsBlock) {
         if r.is_empty() {
-            self.delete(CF_REFS, &refs_block_key(block));
+            self.delete(CF_REFCOUNTS, &refs_block_key(block));
         } else {
-            self.put(CF_REFS, &refs_block_key(block), &r.encode());
+            self.put(CF_REFCOUNTS, &refs_block_key(block), &r.encode());
         }
     }
 
@@ -915,16 +932,10 @@ impl Refs {
 /// tables it flushes; in blocks it is a few hundred.
 pub const REFS_BLOCK: u64 = 64;
 
-/// Key of block `block` (units `block * 64 .. block * 64 + 63`): `B` and the
-/// block number (u64 BE). Records written before blocks existed are keyed
-/// by the unit id alone (8 bytes, which sort before every block key since
-/// ids start with a zero byte); the next read-write open rewrites them as
-/// blocks ([`Meta::open`]).
-pub fn refs_block_key(block: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = b'B';
-    k[1..].copy_from_slice(&block.to_be_bytes());
-    k
+/// Key of block `block` (units `block * 64 .. block * 64 + 63`) in
+/// [`CF_REFCOUNTS`]: the block number, u64 BE.
+pub fn refs_block_key(block: u64) -> [u8; 8] {
+    block.to_be_bytes()
 }
 
 /// The reference counts of [`REFS_BLOCK`] consecutive units.
@@ -1007,20 +1018,29 @@ impl RefsBlock {
     }
 }
 
-/// The (unit id, counts) pairs of one record of the `refs` family: a block,
-/// or one unit's counts as written before blocks.
-pub fn decode_refs_record(k: &[u8], v: &[u8]) -> Result<Vec<(u64, Refs)>> {
-    match k.len() {
-        9 if k[0] == b'B' => {
-            let block = u64::from_be_bytes(k[1..].try_into().expect("8 bytes"));
-            Ok(RefsBlock::decode(block, v)?.units(block).collect())
+/// Every unit's stored counts: the blocks, and the per-unit records of a
+/// format-1 store not yet upgraded (a read-only command may read one). A
+/// record that does not decode goes to `bad` and is skipped.
+pub fn scan_refs(r: &impl MetaRead, mut bad: impl FnMut(Error)) -> Result<Vec<(u64, Refs)>> {
+    let mut out = Vec::new();
+    let key = |k: &[u8]| {
+        k.try_into()
+            .map(u64::from_be_bytes)
+            .map_err(|_| corrupt_meta("reference counts", "a key of the wrong length"))
+    };
+    for (k, v) in r.scan(CF_REFCOUNTS, b"")? {
+        match key(&k).and_then(|n| Ok((n, RefsBlock::decode(n, &v)?))) {
+            Ok((n, b)) => out.extend(b.units(n)),
+            Err(e) => bad(e),
         }
-        8 => {
-            let id = u64::from_be_bytes(k.try_into().expect("8 bytes"));
-            Ok(vec![(id, Refs::decode(id, v)?)])
-        }
-        _ => Err(corrupt_meta("reference counts", "bad key")),
     }
+    for (k, v) in r.scan(CF_REFS, b"")? {
+        match key(&k).and_then(|id| Ok((id, Refs::decode(id, &v)?))) {
+            Ok(x) => out.push(x),
+            Err(e) => bad(e),
+        }
+    }
+    Ok(out)
 }
 
 /// A container file known to the store.
@@ -1209,7 +1229,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_kept_per_unit_are_rewritten_as_blocks_at_open() {
+    fn counts_kept_per_unit_are_moved_into_blocks() {
         let dir = tempfile::tempdir().unwrap();
         let meta = Meta::create(dir.path()).unwrap();
         // As a store written before blocks holds them: one record per unit,
@@ -1233,6 +1253,13 @@ mod tests {
         meta.write(b, true).unwrap();
         drop(meta);
         let meta = Meta::open(dir.path(), false).unwrap();
+        // A block already holding counts is merged into, not replaced.
+        let mut b = meta.batch();
+        let mut first = RefsBlock::default();
+        first.set(7, c(7));
+        b.put_refs_block(0, &first);
+        meta.write(b, true).unwrap();
+        meta.migrate_refs().unwrap();
         let want = |id: u64| {
             let r = c(id);
             Refs {
@@ -1243,10 +1270,12 @@ mod tests {
         for &id in &ids {
             assert_eq!(meta.refs(id).unwrap(), want(id), "unit {id}");
         }
-        assert_eq!(meta.refs(7).unwrap(), Refs::default());
+        assert_eq!(meta.refs(7).unwrap(), c(7));
+        assert_eq!(meta.refs(14).unwrap(), Refs::default());
         // Only blocks are left: 1..=299 in blocks 0..=4, and 5000's.
+        assert!(meta.scan(CF_REFS, b"").unwrap().is_empty());
         let keys: Vec<Vec<u8>> = meta
-            .scan(CF_REFS, b"")
+            .scan(CF_REFCOUNTS, b"")
             .unwrap()
             .into_iter()
             .map(|(k, _)| k)
@@ -1256,6 +1285,9 @@ mod tests {
             .map(|b| refs_block_key(*b).to_vec())
             .collect();
         assert_eq!(keys, want_keys);
+        // Running it again changes nothing.
+        meta.migrate_refs().unwrap();
+        assert_eq!(meta.refs(5_000).unwrap(), want(5_000));
     }
 
     #[test]

@@ -376,12 +376,12 @@ impl Loader {
     }
 
     /// Sends the list a batch at a time until it is done or the window is
-    /// gone; returns the ids of the units it pinned, for the backup to unpin
-    /// once it has committed.
-    pub fn run(mut self, store: &Store) -> Vec<u64> {
-        let mut pinned = Vec::new();
+    /// gone. The ids of the units it pins go to `pinned`, for the backup to
+    /// unpin once it has committed.
+    pub fn run(mut self, store: &Store, pinned: &parking_lot::Mutex<Vec<u64>>) {
         loop {
-            match self.next_batch(store, &mut pinned) {
+            let batch = self.next_batch(store, &mut pinned.lock());
+            match batch {
                 Ok(Some(b)) => {
                     if self.tx.send(b).is_err() {
                         break;
@@ -394,7 +394,6 @@ impl Loader {
                 }
             }
         }
-        pinned
     }
 
     fn next_batch(

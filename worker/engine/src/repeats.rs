@@ -14,7 +14,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::error::{corrupt_meta, Result};
-use crate::meta::{decode_refs_record, UnitRecord, CF_REFS, CF_UNITS};
+use crate::meta::{scan_refs, UnitRecord, CF_UNITS};
 use crate::store::Store;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -50,14 +50,17 @@ impl RepeatReport {
 pub fn repeats(store: &Store) -> Result<RepeatReport> {
     let meta = store.meta();
     let mut live: FxHashSet<u64> = FxHashSet::default();
-    meta.for_each_prefix(CF_REFS, b"", |k, v| {
-        for (id, r) in decode_refs_record(k, v)? {
-            if r.live > 0 {
-                live.insert(id);
-            }
+    let mut bad = None;
+    for (id, r) in scan_refs(meta, |e| {
+        bad.get_or_insert(e);
+    })? {
+        if r.live > 0 {
+            live.insert(id);
         }
-        Ok(true)
-    })?;
+    }
+    if let Some(e) = bad {
+        return Err(e);
+    }
     let mut rep = RepeatReport::default();
     // Per fingerprint: copies stored, the unit of the latest copy, and the
     // bytes its repeats take (to bucket by copy count at the end).

@@ -34,7 +34,7 @@ use crate::error::{corrupt_meta, Error, Result};
 use crate::fp::Fp;
 use crate::meta::MetaRead;
 use crate::meta::{
-    part_key, version_key, RecipeForm, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,
+    part_key, version_key, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,
     CF_VERSIONS,
 };
 use crate::pack::{repack, PackWriter};
@@ -171,20 +171,34 @@ fn slide_one(
             *linkers_in_v.entry(t).or_default() += 1;
         }
     }
+    let only_v = |u: u64, r: Refs| {
+        r.live == 1 && r.arch == 0 && r.links == linkers_in_v.get(&u).copied().unwrap_or(0)
+    };
     let mut candidates: Vec<u64> = Vec::new();
     for &u in v_units.keys() {
         let r = store.meta.refs(u)?;
         txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
-        if r.live == 1 && r.arch == 0 && r.links == linkers_in_v.get(&u).copied().unwrap_or(0) {
+        if only_v(u, r) {
             candidates.push(u);
         }
     }
     // No backup in flight has deduplicated against them; from here until the
-    // commit, none can. A unit a backup pinned stays whole.
-    let mut exclusive: Vec<u64> = candidates
-        .into_iter()
-        .filter(|u| store.try_doom(*u))
-        .collect();
+    // commit, none can. A unit a backup pinned stays whole. A backup that
+    // referenced one and committed after its counts were read above has
+    // unpinned it by then: the counts are read again once it is doomed.
+    let mut undoom = Undoom(store, Vec::new());
+    let mut exclusive: Vec<u64> = Vec::new();
+    for u in candidates {
+        if !store.try_doom(u) {
+            continue;
+        }
+        if only_v(u, store.meta.refs(u)?) {
+            undoom.1.push(u);
+            exclusive.push(u);
+        } else {
+            store.undoom([u]);
+        }
+    }
     let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
     // Units that outlive V must not link into V's exclusive units, which are
     // trimmed into containers V owns: the linked bytes are copied into the
@@ -213,7 +227,6 @@ fn slide_one(
             })
             .unwrap_or_default()
     };
-    let _undoom = Undoom(store, exclusive.clone());
     exclusive.sort_unstable_by_key(|u| order.get(u).copied().unwrap_or(usize::MAX));
 
     // 3 and 4: trim-and-repack exclusive units, split their containers.

@@ -153,6 +153,7 @@ impl Store {
         // (Meta::open), then says so in the marker.
         let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)?;
         if mode == OpenMode::ReadWrite && marker.format < FORMAT {
+            meta.migrate_refs()?;
             write_marker(
                 root,
                 &Marker {
