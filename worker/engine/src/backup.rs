@@ -251,7 +251,7 @@ pub fn backup(
         .zip(latest.as_ref())
         .and_then(|(s, v)| Loader::new(&store.meta, s, v, max_len, zero_fp_max))
         .unzip();
-    let window = Window::new(old_chunks, Chunker::new(cfg.chunk).most_chunks(BUF_BYTES));
+    let window = Window::new(old_chunks, chunker.most_chunks(BUF_BYTES));
     let chunk_thread = std::thread::Builder::new()
         .name("revault-chunk".into())
         .spawn(move || {

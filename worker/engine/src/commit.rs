@@ -223,11 +223,8 @@ impl Store {
             l.totals.container_vbytes += rec.vbytes;
             l.containers.insert(*id, rec.clone());
         }
-        let new_units: FxHashMap<u64, (&UnitRecord, Refs)> = txn
-            .new_units
-            .iter()
-            .map(|(id, u, r)| (*id, (u, *r)))
-            .collect();
+        let new_units: FxHashMap<u64, &UnitRecord> =
+            txn.new_units.iter().map(|(id, u, _)| (*id, u)).collect();
         for (id, unit, refs) in &txn.new_units {
             b.put_unit(*id, unit);
             l.refs.set(meta, *id, *refs)?;
@@ -274,10 +271,8 @@ impl Store {
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
         for (&id, d) in ids {
-            let cur = match new_units.get(&id) {
-                Some((_, r)) => *r,
-                None => l.refs.get(meta, id)?,
-            };
+            // New units' counts are in the table already (set above).
+            let cur = l.refs.get(meta, id)?;
             let v = [
                 i64::from(cur.live) + d[0],
                 i64::from(cur.arch) + d[1],
@@ -326,7 +321,7 @@ impl Store {
             }
             let unit = match (updated.get(&id), new_units.get(&id)) {
                 (Some(u), _) => u.clone(),
-                (None, Some((u, _))) => (*u).clone(),
+                (None, Some(u)) => (*u).clone(),
                 (None, None) => match meta.unit(id)? {
                     Some(u) => u,
                     // A gc candidate already gone: nothing to free.

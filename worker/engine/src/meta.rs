@@ -9,7 +9,8 @@
 //! | recipes       | series id, version, part (BE)    | recipe bytes + CRC32C                  |
 //! | catalogs      | series id, version, part (BE)    | catalog bytes (zstd) + CRC32C          |
 //! | units         | unit id (BE)                     | [`UnitRecord`] (binary + CRC32C)       |
-//! | refs          | unit id (BE)                     | live and archival reference counts     |
+//! | refs          | unit id (BE)                     | format 1 only: one unit's counts       |
+//! | refcounts     | block number (BE)                | [`RefsBlock`]: 64 units' counts        |
 //! | index         | kind byte, fingerprint           | unit id: where new backups dedup to    |
 //! | containers    | container id (BE)                | [`ContainerRecord`] (binary + CRC32C)  |
 //! | sessions      | session id (BE)                  | a write session that has not committed |
@@ -926,8 +927,8 @@ impl Refs {
 }
 
 /// Units per block of reference counts. A chunk-mode backup changes one
-/// count per distinct chunk it references (13.7k for a kube version), mostly
-/// runs of consecutive ids: kept per unit, that was 13.7k records in the
+/// count per distinct chunk it references (12.7k for a kube version), mostly
+/// runs of consecutive ids: kept per unit, that was 12.7k records in the
 /// commit's reads and writes, in the log the next command replays and in the
 /// tables it flushes; in blocks it is a few hundred.
 pub const REFS_BLOCK: u64 = 64;

@@ -200,16 +200,15 @@ fn version_parts(
 }
 
 pub(crate) fn load_units(r: &impl MetaRead, ids: &[u64]) -> Result<Vec<UnitRecord>> {
-    r.get_ids_raw(crate::meta::CF_UNITS, ids)?
-        .into_iter()
-        .zip(ids)
-        .map(|(v, &id)| {
-            let v = v.ok_or_else(|| {
-                corrupt_meta(format!("unit {id}"), "referenced by a recipe but missing")
-            })?;
-            UnitRecord::decode(id, &v)
-        })
+    ids.iter()
+        .zip(r.units_many(ids)?)
+        .map(|(&id, u)| referenced(id, u))
         .collect()
+}
+
+/// A unit a recipe names, which must exist.
+pub(crate) fn referenced<T>(id: u64, u: Option<T>) -> Result<T> {
+    u.ok_or_else(|| corrupt_meta(format!("unit {id}"), "referenced by a recipe but missing"))
 }
 
 /// Resolves a live recipe part into extents.

@@ -149,8 +149,8 @@ impl Store {
             )));
         }
         let lock = StoreLock::acquire(root, mode == OpenMode::ReadWrite, what)?;
-        // A read-write open brings the metadata up to the current format
-        // (Meta::open), then says so in the marker.
+        // A read-write open brings the metadata up to the current format,
+        // then says so in the marker.
         let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)?;
         if mode == OpenMode::ReadWrite && marker.format < FORMAT {
             meta.migrate_refs()?;
@@ -335,26 +335,11 @@ impl Store {
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        let held = self.pin_held(&ids);
-        let held: Vec<u64> = ids
+        let usable: FxHashMap<u64, UnitCopy> = self
+            .pin_read(&ids, pinned)?
             .into_iter()
-            .zip(held)
-            .filter(|x| x.1)
-            .map(|x| x.0)
+            .filter_map(|(_, copy)| copy.map(|c| (c.id, c)))
             .collect();
-        let mut usable: FxHashMap<u64, UnitCopy> =
-            FxHashMap::with_capacity_and_hasher(held.len(), Default::default());
-        let mut unusable = Vec::new();
-        for (&id, u) in held.iter().zip(self.meta.units_many(&held)?) {
-            match u.filter(|u| !u.trimmed) {
-                Some(u) => {
-                    usable.insert(id, UnitCopy::of(id, &u));
-                    pinned.push(id);
-                }
-                None => unusable.push(id),
-            }
-        }
-        self.unpin(unusable);
         Ok(fps
             .iter()
             .zip(copies)
@@ -370,17 +355,44 @@ impl Store {
 
     /// Pins the units of a version a backup reads anyway (the previous one,
     /// to predict chunks from; see the predict module) and returns each one's
-    /// record, with the copy new data may dedup to when it is usable (not
-    /// trimmed, not doomed). A usable copy stays pinned, its id appended to
-    /// `pinned`, under the same rule as [`Store::lookup_pin`]: pinned first,
-    /// read after. A missing record is an error: the recipe names it.
+    /// record, with the copy new data may dedup to when it is usable. A
+    /// missing record is an error: the recipe names it.
     pub(crate) fn read_pin(
         &self,
         ids: &[u64],
         pinned: &mut Vec<u64>,
     ) -> Result<Vec<(UnitRecord, Option<UnitCopy>)>> {
-        let held = self.pin_held(ids);
-        let records = match crate::restore::load_units(&self.meta, ids) {
+        self.pin_read(ids, pinned)?
+            .into_iter()
+            .zip(ids)
+            .map(|((u, copy), &id)| Ok((crate::restore::referenced(id, u)?, copy)))
+            .collect()
+    }
+
+    /// Pins each unit of `ids` that no slide or gc has doomed, then reads
+    /// every record (pinned first, read after: see [`Store::lookup_pin`]).
+    /// A pinned unit whose record is there and complete is a usable copy: it
+    /// stays pinned, its id appended to `pinned` for the caller to unpin when
+    /// done. The others are unpinned at once.
+    fn pin_read(
+        &self,
+        ids: &[u64],
+        pinned: &mut Vec<u64>,
+    ) -> Result<Vec<(Option<UnitRecord>, Option<UnitCopy>)>> {
+        let held: Vec<bool> = {
+            let mut guard = self.pins.lock();
+            let p = &mut *guard;
+            ids.iter()
+                .map(|id| {
+                    let ok = !p.doomed.contains(id);
+                    if ok {
+                        *p.pins.entry(*id).or_default() += 1;
+                    }
+                    ok
+                })
+                .collect()
+        };
+        let records = match self.meta.units_many(ids) {
             Ok(r) => r,
             Err(e) => {
                 self.unpin(ids.iter().zip(&held).filter(|x| *x.1).map(|x| *x.0));
@@ -393,7 +405,10 @@ impl Store {
             .zip(held)
             .zip(records)
             .map(|((&id, held), u)| {
-                let copy = (held && !u.trimmed).then(|| UnitCopy::of(id, &u));
+                let copy = u
+                    .as_ref()
+                    .filter(|u| held && !u.trimmed)
+                    .map(|u| UnitCopy::of(id, u));
                 if copy.is_some() {
                     pinned.push(id);
                 } else if held {
@@ -404,21 +419,6 @@ impl Store {
             .collect();
         self.unpin(unusable);
         Ok(out)
-    }
-
-    /// Pins each unit no slide or gc has doomed; says which it pinned.
-    fn pin_held(&self, ids: &[u64]) -> Vec<bool> {
-        let mut guard = self.pins.lock();
-        let p = &mut *guard;
-        ids.iter()
-            .map(|id| {
-                let ok = !p.doomed.contains(id);
-                if ok {
-                    *p.pins.entry(*id).or_default() += 1;
-                }
-                ok
-            })
-            .collect()
     }
 
     /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
@@ -817,9 +817,10 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// The store format this build writes. 2: reference counts in blocks of
-/// 64 units (format 1 kept one record per unit; a read-write open rewrites
-/// them). Older builds do not check it; builds from this one on refuse a
-/// newer format instead of misreading it.
+/// 64 units (format 1 kept one record per unit; a read-write open moves
+/// them). Older builds do not check this number (the column family of the
+/// blocks stops them instead, see [`crate::meta::CF_REFCOUNTS`]); builds
+/// from this one on refuse a newer format instead of misreading it.
 const FORMAT: u32 = 2;
 
 /// Writes the marker whole or not at all (a new file renamed over it): a

@@ -9,13 +9,14 @@ use std::io::{Cursor, Read};
 use std::sync::Arc;
 
 use common::*;
-use revault_engine::backup::{backup, BackupOptions};
+use revault_engine::backup::{backup, BackupOptions, BackupReport};
 use revault_engine::catalog;
 use revault_engine::check::check;
 use revault_engine::config::DedupUnit;
 use revault_engine::expire::{expire, ExpireSel};
 use revault_engine::gc::{gc, GcOptions};
 use revault_engine::source::Source;
+use revault_engine::store::Store;
 
 /// Streams `data` and, once `at` bytes have been read, runs `during` once
 /// (on the backup's reading thread, while earlier parts are being deduped).
@@ -44,6 +45,36 @@ impl Source for Interrupting {
     }
 }
 
+/// Backs `data` up as the next version of `series`, running `during` once
+/// `at` bytes have been read; returns the backup's report and what `during`
+/// returned.
+fn backup_interrupted<T: Send + 'static>(
+    st: &Arc<Store>,
+    series: &str,
+    unit: DedupUnit,
+    data: &[u8],
+    at: u64,
+    during: impl FnOnce(&Store) -> T + Send + 'static,
+) -> (BackupReport, T) {
+    let st2 = Arc::clone(st);
+    let out = Arc::new(std::sync::Mutex::new(None));
+    let out2 = Arc::clone(&out);
+    let src = Interrupting {
+        data: Cursor::new(data.to_vec()),
+        at,
+        during: Some(Box::new(move || {
+            *out2.lock().unwrap() = Some(during(&st2));
+        })),
+    };
+    let opts = BackupOptions {
+        unit: Some(unit),
+        ..Default::default()
+    };
+    let rep = backup(st, series, Box::new(src), &opts).unwrap();
+    let ran = out.lock().unwrap().take().expect("the interruption ran");
+    (rep, ran)
+}
+
 /// Series b's only version is expired (and, with `collect`, gc run) once
 /// a's backup has read `at` bytes of the data it shares with b.
 fn backup_while_the_shared_series_is_deleted(unit: DedupUnit, at: u64, collect: bool) {
@@ -55,31 +86,13 @@ fn backup_while_the_shared_series_is_deleted(unit: DedupUnit, at: u64, collect: 
     let mut mine = shared.clone();
     mine.extend(random(1 << 20, 12));
 
-    let st2 = Arc::clone(&st);
-    let deleted = Arc::new(std::sync::Mutex::new(None));
-    let deleted2 = Arc::clone(&deleted);
-    let src = Interrupting {
-        data: Cursor::new(mine.clone()),
-        at,
-        during: Some(Box::new(move || {
-            let e = expire(&st2, "team/b", &ExpireSel::Version(1)).unwrap();
-            if collect {
-                gc(&st2, &GcOptions::default()).unwrap();
-            }
-            *deleted2.lock().unwrap() = Some(e);
-        })),
-    };
-    let rep = backup(
-        &st,
-        "team/a",
-        Box::new(src),
-        &BackupOptions {
-            unit: Some(unit),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let e = deleted.lock().unwrap().take().expect("the deletion ran");
+    let (rep, e) = backup_interrupted(&st, "team/a", unit, &mine, at, move |st| {
+        let e = expire(st, "team/b", &ExpireSel::Version(1)).unwrap();
+        if collect {
+            gc(st, &GcOptions::default()).unwrap();
+        }
+        e
+    });
     assert_eq!(e.expired, vec![1]);
     let b_left = st.series("team/b").map(|b| st.versions(&b).unwrap().len());
     assert!(matches!(b_left, Ok(0) | Err(_)), "b's version is gone");
@@ -144,26 +157,13 @@ fn backup_survives_gc_compacting_the_previous_versions_containers() {
             let mut v3 = v2.clone();
             v3.extend(random(1 << 20, 13));
 
-            let st2 = Arc::clone(&st);
-            let swept = Arc::new(std::sync::Mutex::new(None));
-            let swept2 = Arc::clone(&swept);
-            let src = Interrupting {
-                data: Cursor::new(v3.clone()),
-                at,
-                during: Some(Box::new(move || {
-                    let opts = GcOptions {
-                        compact_below: 0.9,
-                        ..Default::default()
-                    };
-                    *swept2.lock().unwrap() = Some(gc(&st2, &opts).unwrap());
-                })),
-            };
-            let opts = BackupOptions {
-                unit: Some(unit),
-                ..Default::default()
-            };
-            let rep = backup(&st, "team/a", Box::new(src), &opts).unwrap();
-            let g = swept.lock().unwrap().take().expect("the gc ran");
+            let (rep, g) = backup_interrupted(&st, "team/a", unit, &v3, at, |st| {
+                let opts = GcOptions {
+                    compact_below: 0.9,
+                    ..Default::default()
+                };
+                gc(st, &opts).unwrap()
+            });
             assert!(g.containers_compacted > 0, "{unit} at {at}: {g:?}");
             assert!(
                 rep.predicted_bytes * 10 > rep.logical_bytes * 8,
