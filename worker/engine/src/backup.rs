@@ -29,6 +29,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::bufpool::{BufPool, Lent};
 use crate::catalog;
 use crate::chunker::{Chunker, Segmenter};
 use crate::commit::Txn;
@@ -109,28 +110,6 @@ pub struct BackupReport {
     pub expire: Option<crate::expire::ExpireReport>,
 }
 
-/// A read buffer shared by the chunks cut from it. When the last of them is
-/// done with it, it goes back to the chunking stage to be filled again: a
-/// fresh buffer costs a page fault and a page clear per 4 KiB page, a large
-/// share of the chunking thread's time in a profile.
-struct PooledBuf {
-    data: Vec<u8>,
-    home: Sender<Vec<u8>>,
-}
-
-impl Drop for PooledBuf {
-    fn drop(&mut self) {
-        let _ = self.home.try_send(std::mem::take(&mut self.data));
-    }
-}
-
-impl std::ops::Deref for PooledBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
 /// Source bytes at `data[head..end]` (see [`read_stage`]).
 struct Block {
     data: Vec<u8>,
@@ -141,14 +120,16 @@ struct Block {
 }
 
 struct Batch {
-    buf: Arc<PooledBuf>,
+    /// The block, shared by the chunks cut from it; when the last of them is
+    /// done with it, it goes back to the reading stage to be filled again.
+    buf: Arc<Lent>,
     chunks: Vec<(u32, u32)>,
     /// Fingerprints the chunking stage already computed (predictions, probes).
     known: Vec<Known>,
 }
 
 struct Hashed {
-    buf: Arc<PooledBuf>,
+    buf: Arc<Lent>,
     chunks: Vec<(u32, u32)>,
     fps: Vec<Fp>,
     zero: Vec<bool>,
@@ -160,7 +141,7 @@ struct Hashed {
 
 /// A chunk waiting in the current segment.
 struct SegChunk {
-    buf: Arc<PooledBuf>,
+    buf: Arc<Lent>,
     start: u32,
     len: u32,
     fp: Fp,
@@ -234,13 +215,16 @@ pub fn backup(
     let (block_tx, block_rx) = bounded::<Block>(2);
     let (batch_tx, batch_rx) = bounded::<Batch>(2);
     let (hashed_tx, hashed_rx) = bounded::<Hashed>(2);
-    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(8);
+    let pool = BufPool::new(8);
     let chunker = Chunker::new(cfg.chunk);
     let max_len = cfg.chunk.max as usize;
     let read_cancel = cancel.clone();
     let read_thread = std::thread::Builder::new()
         .name("revault-read".into())
-        .spawn(move || read_stage(source, block_tx, pool_rx, max_len, read_cancel))
+        .spawn({
+            let pool = pool.clone();
+            move || read_stage(source, block_tx, pool, max_len, read_cancel)
+        })
         .expect("spawn reader");
     let chunk_cancel = cancel.clone();
     let zero_fp_max = Fp::of(&vec![0u8; max_len]);
@@ -259,7 +243,7 @@ pub fn backup(
                 block_rx,
                 Cutter::new(chunker, window, zero_fp_max),
                 batch_tx,
-                pool_tx,
+                pool,
                 max_len,
                 chunk_cancel,
             )
@@ -519,16 +503,14 @@ pub fn backup(
 fn read_stage(
     mut src: Box<dyn Source>,
     tx: Sender<Block>,
-    pool: Receiver<Vec<u8>>,
+    pool: BufPool,
     head: usize,
     cancel: Arc<AtomicBool>,
 ) -> Result<Box<dyn Source>> {
     let mut in_piece = false;
     let mut more = true;
     while more {
-        let mut data = pool
-            .try_recv()
-            .unwrap_or_else(|_| vec![0u8; head + BUF_BYTES]);
+        let mut data = pool.take().unwrap_or_else(|| vec![0u8; head + BUF_BYTES]);
         let mut end = head;
         let mut piece_ends = Vec::new();
         while end < data.len() {
@@ -571,12 +553,12 @@ fn chunk_stage(
     rx: Receiver<Block>,
     mut cutter: Cutter,
     tx: Sender<Batch>,
-    home: Sender<Vec<u8>>,
+    pool: BufPool,
     head: usize,
     cancel: Arc<AtomicBool>,
 ) -> Result<()> {
     // The uncut end of the last block: bytes [from, to) of a shipped buffer.
-    let mut carry: Option<(Arc<PooledBuf>, usize, usize)> = None;
+    let mut carry: Option<(Arc<Lent>, usize, usize)> = None;
     for mut b in rx.iter() {
         if cancel.load(Ordering::Relaxed) {
             return Err(Error::Cancelled);
@@ -591,10 +573,7 @@ fn chunk_stage(
             start = cutter.cut_span(&b.data[..e], start, true, &mut cuts);
         }
         start = cutter.cut_span(&b.data[..b.end], start, false, &mut cuts);
-        let buf = Arc::new(PooledBuf {
-            data: b.data,
-            home: home.clone(),
-        });
+        let buf = Arc::new(pool.lend(b.data));
         if start < b.end {
             carry = Some((buf.clone(), start, b.end));
         }

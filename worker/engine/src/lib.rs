@@ -9,6 +9,7 @@
 
 pub mod archive;
 pub mod backup;
+pub mod bufpool;
 pub mod caches;
 pub mod catalog;
 pub mod check;
