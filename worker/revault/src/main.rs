@@ -1,6 +1,7 @@
 //! `revault`: the offline CLI on a local store, the worker server, and the
 //! clients backup and restore jobs run.
 
+mod alloc;
 mod bench;
 mod cli;
 mod client;

@@ -153,6 +153,8 @@ pub struct Inflight {
     count: AtomicUsize,
     idle: Notify,
     next: AtomicU64,
+    /// Work that has ended so far (see `spawn_memory_release`).
+    ended: AtomicU64,
     cancels: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
 
@@ -164,6 +166,7 @@ pub struct InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.app.inflight.cancels.lock().unwrap().remove(&self.id);
+        self.app.inflight.ended.fetch_add(1, Ordering::SeqCst);
         if self.app.inflight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.app.inflight.idle.notify_waiters();
         }
@@ -414,6 +417,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
 
     auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
     let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
+    spawn_memory_release(app.clone());
 
     // Run until a signal (or the server fails).
     let mut server = server;
@@ -463,6 +467,27 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Hands the memory the allocator kept for reuse (see `crate::alloc`) back
+/// to the kernel once engine work has ended and none is running: after a
+/// burst of backups and restores the server goes back to its idle size
+/// instead of holding its peak. Checked every second; while work runs,
+/// freed memory is reused rather than returned.
+fn spawn_memory_release(app: Arc<App>) {
+    tokio::spawn(async move {
+        let mut released_at = 0;
+        let mut t = tokio::time::interval(Duration::from_secs(1));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            t.tick().await;
+            let ended = app.inflight.ended.load(Ordering::SeqCst);
+            if ended != released_at && app.inflight.count.load(Ordering::SeqCst) == 0 {
+                released_at = ended;
+                let _ = tokio::task::spawn_blocking(crate::alloc::release_free).await;
+            }
+        }
+    });
 }
 
 async fn shutdown_signal() -> &'static str {
