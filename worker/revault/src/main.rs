@@ -73,6 +73,7 @@ pub enum Cmd {
 }
 
 fn main() {
+    alloc::configure();
     let top = Top::parse();
     let (json, quiet) = (top.json, top.quiet);
     let cli = match top.cmd {

@@ -159,9 +159,9 @@ fn concurrent_pushes_and_pulls_stay_exact_and_bounded() {
         "server peak RSS {hwm} MiB exceeds {RSS_LIMIT_MIB} MiB"
     );
     // Idle again, the server hands back what the allocator kept for reuse
-    // (it checks once a second) rather than sitting near its peak. Without
-    // that, RSS stayed at 85-90% of the peak until tokio's idle blocking
-    // threads exited 10 s later; with it, it is about half within a second.
+    // (after a second or two without engine work) rather than sitting near
+    // its peak. Without that, RSS stayed at 85-90% of the peak for 10 s and
+    // more; with it, it is about half within two seconds.
     let idle_limit = hwm * 7 / 10;
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut rss = vm_kib(srv.pid(), "VmRSS:") / 1024;

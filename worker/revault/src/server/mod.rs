@@ -470,22 +470,26 @@ async fn serve(a: ServeArgs) -> Result<()> {
 }
 
 /// Hands the memory the allocator kept for reuse (see `crate::alloc`) back
-/// to the kernel once engine work has ended and none is running: after a
+/// to the kernel once the server has been idle for a while: engine work has
+/// ended, and none ran or ended during a whole tick of a second. After a
 /// burst of backups and restores the server goes back to its idle size
-/// instead of holding its peak. Checked every second; while work runs,
-/// freed memory is reused rather than returned.
+/// instead of holding its peak; between jobs that follow each other, freed
+/// memory is reused rather than faulted in again.
 fn spawn_memory_release(app: Arc<App>) {
     tokio::spawn(async move {
-        let mut released_at = 0;
+        // `ended` when memory was last released, and at the last tick.
+        let (mut released_at, mut seen) = (0, 0);
         let mut t = tokio::time::interval(Duration::from_secs(1));
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             t.tick().await;
             let ended = app.inflight.ended.load(Ordering::SeqCst);
-            if ended != released_at && app.inflight.count.load(Ordering::SeqCst) == 0 {
+            let busy = app.inflight.count.load(Ordering::SeqCst) > 0;
+            if !busy && ended == seen && ended != released_at {
                 released_at = ended;
                 let _ = tokio::task::spawn_blocking(crate::alloc::release_free).await;
             }
+            seen = ended;
         }
     });
 }
