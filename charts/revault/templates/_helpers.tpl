@@ -40,7 +40,8 @@ app.kubernetes.io/component: operator
   "hostPath" .Values.worker.hostPath
   "logFormat" .Values.worker.logFormat
   "priorityClassName" .Values.worker.priorityClassName
-  "imagePullSecrets" .Values.imagePullSecrets -}}
+  "imagePullSecrets" .Values.imagePullSecrets
+  "env" .Values.worker.env -}}
 {{- $jobs := dict
   "imagePullPolicy" .Values.jobs.image.pullPolicy
   "resources" .Values.jobs.resources

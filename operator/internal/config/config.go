@@ -47,6 +47,9 @@ type WorkerConfig struct {
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 	// ImagePullSecrets for worker pods.
 	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+	// Env is set in the worker container, e.g. REVAULT_LOG (the log filter) or
+	// MIMALLOC_PURGE_DELAY (how long freed memory stays mapped for reuse; docs/service.md).
+	Env []corev1.EnvVar `json:"env,omitempty"`
 }
 
 // PoolConfig is one worker pool.
@@ -155,6 +158,11 @@ func (c *Config) Validate() error {
 	case "", "text", "json":
 	default:
 		errs = append(errs, fmt.Sprintf("worker.logFormat %q must be text or json", c.Worker.LogFormat))
+	}
+	for i, e := range c.Worker.Env {
+		for _, m := range validation.IsEnvVarName(e.Name) {
+			errs = append(errs, fmt.Sprintf("worker.env[%d].name %q: %s", i, e.Name, m))
+		}
 	}
 	if c.Namespace != "" {
 		for _, m := range validation.IsDNS1123Label(c.Namespace) {

@@ -25,16 +25,18 @@ func TestParseDefaults(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	cases := map[string]string{
-		"pools: [{media: ssd}]":                                                 "worker.image is required",
-		"worker: {image: i}":                                                    "at least one pool",
-		"worker: {image: i}\npools: [{media: nvme}]":                            `pools[0].media "nvme" must be ssd or hdd`,
-		"worker: {image: i}\npools: [{media: ssd}, {media: ssd}]":               `media "ssd" appears twice`,
-		"worker: {image: i, hostPath: data}\npools: [{media: ssd}]":             "must be absolute",
-		"worker: {image: i, port: 70000}\npools: [{media: ssd}]":                "is not a port",
-		"worker: {image: i, logFormat: xml}\npools: [{media: ssd}]":             "must be text or json",
-		"worker: {image: i}\npools: [{media: ssd}]\njobs: {backoffLimit: -1}":   "must not be negative",
-		"worker: {image: i}\npools: [{media: ssd}]\nnamespace: Not_A_Namespace": "namespace:",
-		"worker: {image: i}\npools: [{media: ssd}]\nunknownField: 1":            "unknown field",
+		"pools: [{media: ssd}]":                                                    "worker.image is required",
+		"worker: {image: i}":                                                       "at least one pool",
+		"worker: {image: i}\npools: [{media: nvme}]":                               `pools[0].media "nvme" must be ssd or hdd`,
+		"worker: {image: i}\npools: [{media: ssd}, {media: ssd}]":                  `media "ssd" appears twice`,
+		"worker: {image: i, hostPath: data}\npools: [{media: ssd}]":                "must be absolute",
+		"worker: {image: i, port: 70000}\npools: [{media: ssd}]":                   "is not a port",
+		"worker: {image: i, logFormat: xml}\npools: [{media: ssd}]":                "must be text or json",
+		"worker: {image: i, env: [{name: '1X', value: v}]}\npools: [{media: ssd}]": `worker.env[0].name "1X"`,
+		"worker: {image: i, env: [{value: v}]}\npools: [{media: ssd}]":             `worker.env[0].name ""`,
+		"worker: {image: i}\npools: [{media: ssd}]\njobs: {backoffLimit: -1}":      "must not be negative",
+		"worker: {image: i}\npools: [{media: ssd}]\nnamespace: Not_A_Namespace":    "namespace:",
+		"worker: {image: i}\npools: [{media: ssd}]\nunknownField: 1":               "unknown field",
 	}
 	for in, want := range cases {
 		if _, err := Parse([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {

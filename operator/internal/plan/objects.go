@@ -136,6 +136,7 @@ func WorkerDaemonSet(cfg *config.Config, pool config.PoolConfig) *appsv1.DaemonS
 						ImagePullPolicy: cfg.Worker.ImagePullPolicy,
 						Command:         cfg.Worker.Command,
 						Args:            args,
+						Env:             cfg.Worker.Env,
 						Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
 						Resources:       pool.Resources,
 						ReadinessProbe:  probe("/readyz", 5),

@@ -21,6 +21,7 @@ namespace: revault-system
 worker:
   image: revault.local/revault:test
   hostPath: /mnt/revault
+  env: [{name: MIMALLOC_PURGE_DELAY, value: "10"}]
 pools:
   - media: ssd
     nodeSelector: {disk: fast}
@@ -54,6 +55,9 @@ func TestWorkerDaemonSet(t *testing.T) {
 		"--token-file", "/etc/revault/tokens/tokens", "--shutdown-delay", "5s", "--grace-period", "100s"}
 	if !reflect.DeepEqual(c.Args, wantArgs) || !reflect.DeepEqual(c.Command, []string{"revault"}) {
 		t.Errorf("command %v args %v", c.Command, c.Args)
+	}
+	if want := []corev1.EnvVar{{Name: "MIMALLOC_PURGE_DELAY", Value: "10"}}; !reflect.DeepEqual(c.Env, want) {
+		t.Errorf("env %v, want %v", c.Env, want)
 	}
 	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("probes %v %v", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
