@@ -479,6 +479,9 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     rep.containers_freed = out.freed_containers;
     rep.bytes_freed = out.freed_bytes;
     rep.sweep_secs = sweep_started.elapsed().as_secs_f64();
+    // A long-running server opens its store once, so the merge its opens do
+    // (meta::merge_small_tables) must also happen here, now and then.
+    crate::meta::merge_small_tables(meta.db());
     rep.seconds = started.elapsed().as_secs_f64();
     Ok(rep)
 }

@@ -19,8 +19,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, FlushOptions,
-    IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB,
+    BlockBasedOptions, BottommostLevelCompaction, Cache, ColumnFamily, ColumnFamilyDescriptor,
+    CompactOptions, Direction, FlushOptions, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,6 +101,62 @@ fn db_options(cache: &Cache) -> Options {
     o
 }
 
+/// Small tables a column family's bottom level may hold before they are merged.
+const MAX_SMALL_TABLES: usize = 32;
+/// A table under this size counts as small (RocksDB writes up to 64 MiB).
+const SMALL_TABLE_BYTES: usize = 4 << 20;
+
+/// Merges a column family's small bottom-level tables once there are more
+/// than [`MAX_SMALL_TABLES`] of them.
+///
+/// Why: every command flushes what it wrote into one small table per column
+/// family, and in a family whose keys only grow (units, containers, versions
+/// by id) the new table overlaps nothing below it, so RocksDB moves it to the
+/// bottom level as it is and never merges it with its neighbours. Each open
+/// reads every table: after 150 backups of a synthetic series a store had
+/// 608 tables, and listing it took 49 ms instead of 8.5
+/// (`hack/bench-long-series.py`; 89 tables and 10 ms with this).
+/// Compacting from the first small table's smallest key to the end rewrites
+/// only that recent tail (the full-size tables before it stay), whatever the
+/// store's size. Errors are left to RocksDB's own compactions to retry: the
+/// data is the same either way.
+pub(crate) fn merge_small_tables(db: &DB) {
+    let files = match db.live_files() {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing the metadata tables failed");
+            return;
+        }
+    };
+    let mut opts = CompactOptions::default();
+    opts.set_bottommost_level_compaction(BottommostLevelCompaction::Force);
+    opts.set_exclusive_manual_compaction(false);
+    for name in std::iter::once(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).chain(ALL_CFS.iter().copied())
+    {
+        let Some(cf) = db.cf_handle(name) else {
+            continue;
+        };
+        let mine: Vec<_> = files
+            .iter()
+            .filter(|f| f.column_family_name == name)
+            .collect();
+        let Some(bottom) = mine.iter().map(|f| f.level).max() else {
+            continue;
+        };
+        let small: Vec<_> = mine
+            .iter()
+            .filter(|f| f.level == bottom && f.size < SMALL_TABLE_BYTES)
+            .collect();
+        if small.len() <= MAX_SMALL_TABLES {
+            continue;
+        }
+        let Some(from) = small.iter().filter_map(|f| f.start_key.as_deref()).min() else {
+            continue;
+        };
+        db.compact_range_cf_opt(cf, Some(from), None::<&[u8]>, &opts);
+    }
+}
+
 impl Meta {
     pub fn create(path: &Path) -> Result<Meta> {
         let cache = Cache::new_lru_cache(64 << 20);
@@ -137,6 +194,7 @@ impl Meta {
                     // Nothing is lost: the log keeps it until a later flush.
                     tracing::warn!(error = %e, "flushing the recovered metadata log failed");
                 }
+                merge_small_tables(&db);
             })
             .map_err(|source| Error::Io {
                 context: "starting the metadata flush thread".into(),
@@ -1148,6 +1206,53 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "ids {}..{}", ids[0], ids[ids.len() - 1]);
             assert!(got.iter().any(|v| v.is_some()) && got.iter().any(|v| v.is_none()));
+        }
+    }
+
+    #[test]
+    fn small_tables_of_growing_keys_are_merged_and_keep_their_records() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Meta::create(dir.path()).unwrap());
+        let bottom_small = |meta: &Meta| {
+            let files: Vec<_> = meta
+                .db()
+                .live_files()
+                .unwrap()
+                .into_iter()
+                .filter(|f| f.column_family_name == CF_UNITS)
+                .collect();
+            let bottom = files.iter().map(|f| f.level).max().unwrap_or(0);
+            files
+                .iter()
+                .filter(|f| f.level == bottom && f.size < SMALL_TABLE_BYTES)
+                .count()
+        };
+        // Like a CLI command each: open, write records under new, growing
+        // ids, close. Each leaves one table that overlaps no other.
+        let commands = 3 * MAX_SMALL_TABLES as u64;
+        for c in 0..commands {
+            let meta = Meta::open(dir.path(), false).unwrap();
+            let mut b = meta.batch();
+            for id in c * 100..(c + 1) * 100 {
+                b.put(CF_UNITS, &id.to_be_bytes(), &id.to_le_bytes());
+            }
+            meta.write(b, true).unwrap();
+        }
+        // The open flushes the last command's table, then merges (on its
+        // thread, which the close waits for).
+        drop(Meta::open(dir.path(), false).unwrap());
+        let meta = Meta::open(dir.path(), true).unwrap();
+        let n = bottom_small(&meta);
+        assert!(
+            n <= MAX_SMALL_TABLES + 1,
+            "{n} small tables after {commands} commands"
+        );
+        for id in 0..commands * 100 {
+            assert_eq!(
+                meta.get(CF_UNITS, &id.to_be_bytes()).unwrap(),
+                Some(id.to_le_bytes().to_vec()),
+                "record {id}"
+            );
         }
     }
 
