@@ -182,6 +182,7 @@ fn slide_one(
             candidates.push(u);
         }
     }
+    store.pause_point("slide.before_doom");
     // No backup in flight has deduplicated against them; from here until the
     // commit, none can. A unit a backup pinned stays whole. A backup that
     // referenced one and committed after its counts were read above has

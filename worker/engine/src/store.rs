@@ -59,6 +59,9 @@ pub enum OpenMode {
     ReadOnly,
 }
 
+/// A test's code for a pause point (see [`Store::on_pause_point`]).
+pub type PauseHook = Box<dyn FnOnce(&Store) + Send>;
+
 pub struct Store {
     root: PathBuf,
     data_dir: PathBuf,
@@ -84,6 +87,8 @@ pub struct Store {
     pub(crate) zombies: Mutex<HashSet<u64>>,
     /// Test hook: the failpoint that will simulate a crash, if armed.
     failpoint: Mutex<Option<String>>,
+    /// Test hook: what runs when the engine reaches a pause point.
+    pause_hooks: Mutex<Vec<(String, PauseHook)>>,
     /// Set when a failpoint fired: sessions then leave their files behind, as
     /// a killed process would.
     crashed: Arc<std::sync::atomic::AtomicBool>,
@@ -180,6 +185,7 @@ impl Store {
             maintenance: Mutex::new(()),
             zombies: Mutex::new(HashSet::new()),
             failpoint: Mutex::new(None),
+            pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             _lock: Some(lock),
         };
@@ -489,6 +495,27 @@ impl Store {
     #[doc(hidden)]
     pub fn arm_failpoint(&self, name: &str) {
         *self.failpoint.lock() = Some(name.to_string());
+    }
+
+    /// Runs `hook` (once) when the engine next reaches the pause point
+    /// `name` (tests): forces an interleaving that threads would hit only by
+    /// chance, e.g. a backup committing in the middle of a slide. The hook
+    /// runs on the engine's thread, holding what the engine holds there.
+    #[doc(hidden)]
+    pub fn on_pause_point(&self, name: &str, hook: PauseHook) {
+        self.pause_hooks.lock().push((name.to_string(), hook));
+    }
+
+    pub(crate) fn pause_point(&self, name: &str) {
+        let hook = {
+            let mut h = self.pause_hooks.lock();
+            h.iter()
+                .position(|(n, _)| n == name)
+                .map(|i| h.swap_remove(i).1)
+        };
+        if let Some(hook) = hook {
+            hook(self);
+        }
     }
 
     pub(crate) fn failpoint(&self, name: &str) -> Result<()> {

@@ -1,7 +1,8 @@
 //! A backup that dedups against data which another series deletes while the
 //! backup runs. A backup pins every copy it may reference before it trusts it;
 //! an expiry and a gc running meanwhile must leave those copies alone, and
-//! the backup must never reference one they freed.
+//! the backup must never reference one they freed. And a backup that commits
+//! in the middle of a slide (forced with a pause point) keeps what it uses.
 
 mod common;
 
@@ -185,4 +186,62 @@ fn backup_survives_gc_compacting_the_previous_versions_containers() {
             }
         }
     }
+}
+
+/// A slide finds the units only the sliding version references and trims
+/// them down to the chunks the next version lacks. Another series' backup
+/// that deduplicates against such a unit, and commits after the slide read
+/// its counts but before the slide claimed it, must find it whole: the pause
+/// point runs that backup exactly there. (Segment mode: there a unit holds
+/// many chunks and trimming one loses data; 0c5f2c4 made the slide read the
+/// counts again once it holds the unit, and this test fails without that.)
+#[test]
+fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
+    let unit = DedupUnit::Segment;
+    let (_d, st) = new_store(small_config());
+    // The second version repeats most of the first: the slide trims the
+    // first version's own units down to what the second lacks.
+    let old = random(2 << 20, 31);
+    let mut new = old.clone();
+    for j in 0..20u64 {
+        let at = j as usize * 100_000 + 500;
+        new.splice(at..at + 50, random(64, 300 + j));
+    }
+    backup_bytes(&st, "team-a/db", &old, unit);
+    backup_bytes(&st, "team-a/db", &new, unit);
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (copy, ran2) = (old.clone(), ran.clone());
+    st.on_pause_point(
+        "slide.before_doom",
+        Box::new(move |st: &Store| {
+            let rep = backup_bytes(st, "team-b/db", &copy, unit);
+            assert!(
+                rep.new_vbytes < copy.len() as u64 / 10,
+                "team-b did not dedup against team-a's first version: {rep:?}"
+            );
+            ran2.store(true, std::sync::atomic::Ordering::SeqCst);
+        }),
+    );
+    let slid = revault_engine::slide::slide(&st, "team-a/db").unwrap();
+    assert!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the pause point was not reached"
+    );
+    assert_eq!(slid.slid, vec![1]);
+    assert_eq!(
+        restore_bytes(&st, "team-b/db", 1).0,
+        old,
+        "team-b after the slide"
+    );
+    // What the slide thought the first version alone referenced goes with it.
+    expire(&st, "team-a/db", &ExpireSel::Version(1)).unwrap();
+    gc(&st, &GcOptions::default()).unwrap();
+    assert_eq!(
+        restore_bytes(&st, "team-b/db", 1).0,
+        old,
+        "team-b after team-a's first version expired"
+    );
+    assert_eq!(restore_bytes(&st, "team-a/db", 2).0, new);
+    let c = check(&st).unwrap();
+    assert!(c.ok, "{:?}", c.errors);
 }
