@@ -394,6 +394,21 @@ pub trait MetaRead {
         Ok(block.map(|b| b.get(id)).unwrap_or_default())
     }
 
+    /// [`MetaRead::refs`] for many ids, each block of counts read once.
+    fn refs_many(&self, ids: &[u64]) -> Result<Vec<Refs>> {
+        let mut blocks: Vec<u64> = ids.iter().map(|id| id / REFS_BLOCK).collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let read = self.refs_blocks(&blocks)?;
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let i = blocks.binary_search(&(id / REFS_BLOCK)).expect("listed");
+                read[i].as_ref().map(|b| b.get(*id)).unwrap_or_default()
+            })
+            .collect())
+    }
+
     /// The stored blocks of reference counts (see [`RefsBlock`]), in `blocks`
     /// order; `None` for a block with no counts.
     fn refs_blocks(&self, blocks: &[u64]) -> Result<Vec<Option<RefsBlock>>> {

@@ -174,9 +174,9 @@ fn slide_one(
     let only_v = |u: u64, r: Refs| {
         r.live == 1 && r.arch == 0 && r.links == linkers_in_v.get(&u).copied().unwrap_or(0)
     };
+    let ids: Vec<u64> = v_units.keys().copied().collect();
     let mut candidates: Vec<u64> = Vec::new();
-    for &u in v_units.keys() {
-        let r = store.meta.refs(u)?;
+    for (&u, r) in ids.iter().zip(store.meta.refs_many(&ids)?) {
         txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
         if only_v(u, r) {
             candidates.push(u);
@@ -187,19 +187,24 @@ fn slide_one(
     // commit, none can. A unit a backup pinned stays whole. A backup that
     // referenced one and committed after its counts were read above has
     // unpinned it by then: the counts are read again once it is doomed.
-    let mut undoom = Undoom(store, Vec::new());
-    let mut exclusive: Vec<u64> = Vec::new();
-    for u in candidates {
-        if !store.try_doom(u) {
-            continue;
-        }
-        if only_v(u, store.meta.refs(u)?) {
-            undoom.1.push(u);
+    // (Undone when this returns, whether it commits or fails.)
+    let mut undoom = Undoom(
+        store,
+        candidates
+            .into_iter()
+            .filter(|&u| store.try_doom(u))
+            .collect(),
+    );
+    let (mut exclusive, mut shared) = (Vec::new(), Vec::new());
+    for (&u, r) in undoom.1.iter().zip(store.meta.refs_many(&undoom.1)?) {
+        if only_v(u, r) {
             exclusive.push(u);
         } else {
-            store.undoom([u]);
+            shared.push(u);
         }
     }
+    store.undoom(shared);
+    undoom.1.clone_from(&exclusive);
     let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
     // Units that outlive V must not link into V's exclusive units, which are
     // trimmed into containers V owns: the linked bytes are copied into the
