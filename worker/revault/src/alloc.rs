@@ -5,8 +5,9 @@
 //! and zeroed page by page. The server allocates such blocks all the time
 //! (hyper's receive buffers, which a push's body frames keep alive until the
 //! engine has read them; a restore's decompression buffers), and the page
-//! faults were a sixth of the server's receiving work. mimalloc keeps freed
-//! memory for reuse instead; docs/service.md has what that changed.
+//! faults were a large part of its receiving work (profiles in the messages
+//! of e58d447 and 2d528de). mimalloc keeps freed memory for reuse instead;
+//! docs/service.md has what that changed.
 //!
 //! Two settings make that hold for a long-running server: freed memory is
 //! returned to the kernel after 10 s unused rather than mimalloc's default
@@ -24,9 +25,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PURGE_DELAY: mi::mi_option_t = 15;
 /// Milliseconds freed memory stays mapped for reuse. With the default 10 ms
 /// the server gave memory back between one buffer and the next and faulted
-/// it in again, zeroing 2 MiB transparent huge pages each time: its CPU per
-/// push fell by a tenth at 10 s. 10 s is also how long tokio keeps an idle
-/// blocking thread.
+/// it in again, zeroing 2 MiB transparent huge pages each time. 10 s is also
+/// how long tokio keeps an idle blocking thread.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
 /// Applies the settings above, unless `MIMALLOC_PURGE_DELAY` is set in the

@@ -312,8 +312,8 @@ mod tests {
         drop(first); // sent
         let back = w.recycled().expect("the sent chunk came back");
         assert!(back.is_empty() && back.capacity() >= CHUNK);
-        drop(w.pool.lend(back)); // back in the pool
-                                 // Chunks filled from recycled memory carry their own bytes.
+        // Back in the pool; chunks filled from recycled memory carry their own bytes.
+        drop(w.pool.lend(back));
         w.write_all(&vec![2u8; 2 * CHUNK]).unwrap();
         let second = rx.try_recv().unwrap().unwrap();
         let third = rx.try_recv().unwrap().unwrap();
