@@ -319,27 +319,28 @@ pub fn backup(
         drop(hashed_rx);
         let hashed = hash_thread
             .join()
-            .map_err(|_| Error::Invalid("the hashing thread panicked".into()));
+            .map_err(|p| crate::error::panicked("hashing", p));
         let chunked = chunk_thread
             .join()
-            .map_err(|_| Error::Invalid("the chunking thread panicked".into()));
+            .map_err(|p| crate::error::panicked("chunking", p));
         let read = read_thread
             .join()
-            .map_err(|_| Error::Invalid("the reading thread panicked".into()));
+            .map_err(|p| crate::error::panicked("reading", p));
         // It stops once the chunking thread is gone, if not before.
         let loaded = loader_thread.map_or(Ok(()), |t| {
-            t.join()
-                .map_err(|_| Error::Invalid("the loading thread panicked".into()))
+            t.join().map_err(|p| crate::error::panicked("loading", p))
         });
         (result.and(loaded), hashed, chunked, read)
     });
     d.pinned.append(&mut loader_pins.into_inner());
     if let Err(e) = result {
         store.unpin(d.pinned.iter().copied());
-        // A source error is the root cause; report it rather than the knock-on
-        // (a stage that stopped because a later one hung up says Cancelled).
-        return Err(match read {
-            Ok(Err(src_err)) if !matches!(src_err, Error::Cancelled) => src_err,
+        // A thread that panicked, or else a source error, is the root cause;
+        // report it rather than the knock-on (a stage that stopped because
+        // another one hung up says Cancelled).
+        return Err(match (read, hashed, chunked) {
+            (Err(p), _, _) | (_, Err(p), _) | (_, _, Err(p)) => p,
+            (Ok(Err(src_err)), _, _) if !matches!(src_err, Error::Cancelled) => src_err,
             _ => e,
         });
     }

@@ -14,6 +14,11 @@ pub enum Error {
     #[error("{path}: a Revault store already exists here", path = .0.display())]
     AlreadyInitialised(PathBuf),
 
+    /// `init` over a directory that holds store content without a marker:
+    /// initialising would reset the metadata of the backups it holds.
+    #[error("{path} holds {found} but no revault.store marker; refusing to initialise over it (that would reset the metadata of the backups it holds). If this is a store whose marker file was lost, write the marker back (docs/format.md, \"Store directory\"); to start afresh, empty the directory first", path = .path.display())]
+    NotEmpty { path: PathBuf, found: String },
+
     #[error("store {path} is locked by {holder}; try again when it has finished", path = .path.display())]
     Locked { path: PathBuf, holder: String },
 
@@ -71,15 +76,24 @@ pub enum Error {
 
     #[error("operation cancelled")]
     Cancelled,
+
+    /// A failure of the engine itself (a thread that panicked, an invariant
+    /// a commit refused to break): never the caller's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Error {
     /// A stable machine-readable code, used by the CLI's `--json` output and the
     /// server's error bodies.
     pub fn code(&self) -> &'static str {
+        if self.is_no_space() {
+            return "no_space";
+        }
         match self {
             Error::NotInitialised(_) => "not_initialised",
             Error::AlreadyInitialised(_) => "already_initialised",
+            Error::NotEmpty { .. } => "not_empty",
             Error::Locked { .. } => "locked",
             Error::BadSeriesName(_) => "bad_series_name",
             Error::UnknownSeries(_) => "unknown_series",
@@ -94,6 +108,27 @@ impl Error {
             Error::Io { .. } => "io_error",
             Error::Db(_) => "metadata_error",
             Error::Cancelled => "cancelled",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    /// True when a disk (or quota) was full: the data directory's for a
+    /// container, the metadata's for RocksDB. Nothing was committed; the
+    /// same request succeeds once space is freed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+                    || source.kind() == io::ErrorKind::StorageFull
+            }
+            // RocksDB reports errno as text ("IO error: No space left on
+            // device: ..."), also when an earlier failure put it in read-only
+            // mode ("... Background error ... No space left on device").
+            Error::Db(e) => {
+                let m = e.to_string();
+                m.contains("No space left on device") || m.contains("Disk quota exceeded")
+            }
+            _ => false,
         }
     }
 
@@ -104,6 +139,7 @@ impl Error {
             self,
             Error::NotInitialised(_)
                 | Error::AlreadyInitialised(_)
+                | Error::NotEmpty { .. }
                 | Error::BadSeriesName(_)
                 | Error::UnknownSeries(_)
                 | Error::UnknownVersion { .. }
@@ -126,6 +162,17 @@ impl<T> IoContext<T> for io::Result<T> {
             source,
         })
     }
+}
+
+/// The error for an engine thread that panicked, with the panic's message:
+/// an internal failure, reported as such (a 5xx for the server).
+pub(crate) fn panicked(thread: &str, payload: Box<dyn std::any::Any + Send>) -> Error {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    Error::Internal(format!("the {thread} thread panicked: {msg}"))
 }
 
 pub(crate) fn corrupt_meta(what: impl Into<String>, detail: impl Into<String>) -> Error {

@@ -113,8 +113,8 @@ impl PackWriter {
         self.tx = None;
         match self.handle.take().map(|h| h.join()) {
             Some(Ok(Err(e))) => e,
-            Some(Err(_)) => Error::Invalid("the container writer panicked".into()),
-            _ => Error::Invalid("the container writer stopped".into()),
+            Some(Err(p)) => crate::error::panicked("container writer", p),
+            _ => Error::Internal("the container writer stopped".into()),
         }
     }
 
@@ -190,7 +190,8 @@ impl PackWriter {
         self.tx = None;
         let sealed = match self.handle.take().map(|h| h.join()) {
             Some(Ok(r)) => r?,
-            _ => return Err(Error::Invalid("the container writer panicked".into())),
+            Some(Err(p)) => return Err(crate::error::panicked("container writer", p)),
+            None => return Err(Error::Internal("the container writer stopped".into())),
         };
         // Writeback started when each container was sealed; wait for all of
         // it now, before anything can commit (one fdatasync per container).

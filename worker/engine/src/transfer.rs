@@ -531,7 +531,7 @@ impl Decoder {
         drop(self.tx);
         self.thread
             .join()
-            .map_err(|_| Error::Invalid("the decoding thread panicked".into()))?
+            .map_err(|p| crate::error::panicked("decoding", p))?
     }
 }
 
