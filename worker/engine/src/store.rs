@@ -109,6 +109,7 @@ impl Store {
             .clone()
             .unwrap_or_else(|| PathBuf::from("data"));
         let data_dir = resolve(root, &data_rel);
+        refuse_store_content(root, &data_dir)?;
         std::fs::create_dir_all(&data_dir).ctx(|| format!("creating {}", data_dir.display()))?;
         let meta = Meta::create(&root.join("meta"))?;
         let mut b = meta.batch();
@@ -829,6 +830,51 @@ impl ContainerAlloc {
     }
 }
 
+/// Refuses to initialise a directory without a marker that holds store
+/// content: a lost marker must not turn `init` (or `serve --init`) into a
+/// reset of the metadata of backups that exist. An interrupted init (an
+/// empty metadata database, no containers) is completed instead.
+fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
+    let mut found = Vec::new();
+    let meta_dir = root.join("meta");
+    if meta_dir.exists() {
+        match Meta::open(&meta_dir, true) {
+            Ok(m) => {
+                let series = m.all_series()?.len();
+                let mut containers = 0u64;
+                m.for_each_prefix(crate::meta::CF_CONTAINERS, b"", |_, _| {
+                    containers += 1;
+                    Ok(true)
+                })?;
+                if series > 0 || containers > 0 {
+                    found.push(format!(
+                        "a metadata database (meta/) with {series} series and {containers} containers"
+                    ));
+                }
+            }
+            Err(e) => found.push(format!(
+                "a metadata directory meta/ that does not open ({e})"
+            )),
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(data_dir) {
+        let n = entries.count();
+        if n > 0 {
+            found.push(format!(
+                "{n} entries in the data directory {}",
+                data_dir.display()
+            ));
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(Error::NotEmpty {
+        path: root.to_path_buf(),
+        found: found.join(" and "),
+    })
+}
+
 fn resolve(root: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -944,6 +990,65 @@ mod tests {
         assert!(e.contains("already exists"), "{e}");
         let s = Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
         assert_eq!(s.config(), &StoreConfig::default());
+    }
+
+    /// Issue 18, defect 4: `init` (and `serve --init`) over a store whose
+    /// marker is missing reset its metadata and deleted its containers.
+    #[test]
+    fn init_refuses_a_directory_holding_a_store_without_its_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        {
+            let s = Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
+            let src =
+                crate::source::StreamSource::new("t", std::io::Cursor::new(vec![7u8; 1 << 20]));
+            crate::backup::backup(&s, "ns/a", Box::new(src), &Default::default()).unwrap();
+        }
+        let marker = std::fs::read(dir.path().join(MARKER)).unwrap();
+        std::fs::remove_file(dir.path().join(MARKER)).unwrap();
+        let files = |d: &Path| -> usize { walk(d).len() };
+        let before = files(&dir.path().join("data"));
+        assert!(before > 0);
+        let e = Store::init(dir.path(), &InitOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.code(), "not_empty", "{msg}");
+        assert!(
+            msg.contains("1 series") && msg.contains("data directory"),
+            "{msg}"
+        );
+        assert_eq!(
+            files(&dir.path().join("data")),
+            before,
+            "init touched the data"
+        );
+        // With the marker written back, the store and its backup are intact.
+        std::fs::write(dir.path().join(MARKER), marker).unwrap();
+        let s = Store::open(dir.path(), OpenMode::ReadOnly, "t").unwrap();
+        let series = s.series("ns/a").unwrap();
+        assert_eq!(s.versions(&series).unwrap().len(), 1);
+    }
+
+    /// An init that stopped before writing its marker left an empty store:
+    /// running init again completes it.
+    #[test]
+    fn init_completes_an_interrupted_init() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        std::fs::remove_file(dir.path().join(MARKER)).unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
+    }
+
+    fn walk(d: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
     }
 
     #[test]
