@@ -591,6 +591,23 @@ impl ContainerFile {
     /// container is decoded by every core; restores wait on this).
     pub fn read_range(&self, vaddr: u64, out: &mut [u8]) -> Result<()> {
         use rayon::prelude::*;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // The metadata names the range; the footer says what the file holds.
+        // A range past the data (they disagree) is corruption, not a panic
+        // or a short read that leaves part of `out` unwritten.
+        let end = vaddr.checked_add(out.len() as u64);
+        if end.is_none_or(|e| e > self.footer.vbytes) {
+            return Err(corrupt(
+                self.id,
+                format!(
+                    "the metadata asks for data bytes {vaddr}..{} but the container holds {}",
+                    vaddr.saturating_add(out.len() as u64),
+                    self.footer.vbytes
+                ),
+            ));
+        }
         let blocks = self.footer.blocks_for(vaddr, out.len() as u64);
         let mut stored = Vec::new();
         self.read_blocks(blocks.clone(), &mut stored)?;
@@ -711,6 +728,27 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("corrupt container 00000007/000003"), "{err}");
+    }
+
+    /// Issue 18: metadata that names bytes past the container's data made
+    /// `read_range` panic or leave part of its output unwritten.
+    #[test]
+    fn a_range_past_the_data_is_reported_not_half_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, all) = write_sample(dir.path(), Compression::Zstd(3));
+        let c = ContainerFile::open(dir.path(), id, false).unwrap();
+        let n = all.len() as u64;
+        for (start, len) in [(n - 10, 20usize), (n, 1), (n + 5000, 10), (u64::MAX - 3, 8)] {
+            let mut out = vec![0u8; len];
+            let e = c.read_range(start, &mut out).unwrap_err().to_string();
+            assert!(
+                e.contains("corrupt container 00000007/000003"),
+                "{start}+{len}: {e}"
+            );
+            assert!(e.contains(&format!("holds {n}")), "{e}");
+        }
+        let mut none = [];
+        c.read_range(n, &mut none).unwrap();
     }
 
     #[test]
