@@ -61,8 +61,9 @@ impl Fixture {
         self.inputs.push((b["version"].as_u64().unwrap(), input));
     }
 
-    /// Runs `args` and kills it after a random fraction of `typical`.
-    fn run_and_kill(&mut self, args: &[&str], typical: Duration) -> (bool, Duration) {
+    /// Runs `args` and kills it after a random fraction of `typical`:
+    /// whether it was killed, whether it finished successfully, how long.
+    fn run_and_kill(&mut self, args: &[&str], typical: Duration) -> (bool, bool, Duration) {
         let mut child = Command::new(bin())
             .args(args)
             .stdout(Stdio::null())
@@ -83,11 +84,19 @@ impl Fixture {
             unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         }
         let status = child.wait().unwrap();
-        (killed && !status.success(), started.elapsed())
+        (
+            killed && !status.success(),
+            status.success(),
+            started.elapsed(),
+        )
     }
 
-    /// Everything listed is exact, the store checks clean, nothing was lost.
-    fn verify(&mut self, what: &str) {
+    /// The store checks clean, and exactly the versions it should hold are
+    /// listed and restore byte-exact: every version backed up is there except
+    /// `expired` — the target of an expiry that was run, which may be gone
+    /// (or must be, when the expiry finished). A slide or gc that loses a
+    /// version fails here.
+    fn verify(&mut self, what: &str, expired: Option<(u64, bool)>) {
         let c = ok_json(&["check", "--store", &self.store]);
         assert!(
             c["ok"].as_bool().unwrap(),
@@ -95,6 +104,19 @@ impl Fixture {
             c["errors"]
         );
         let listed = self.versions();
+        for (v, _) in &self.inputs {
+            let may_go = expired.is_some_and(|(e, _)| e == *v);
+            assert!(
+                listed.contains(v) || may_go,
+                "after {what}: version {v} was lost (listed: {listed:?})"
+            );
+        }
+        if let Some((e, true)) = expired {
+            assert!(
+                !listed.contains(&e),
+                "after {what}: the expired version {e} is still listed"
+            );
+        }
         self.inputs.retain(|(v, _)| listed.contains(v));
         assert_eq!(
             listed.len(),
@@ -181,16 +203,17 @@ fn sigkill_during_slide_expire_and_gc_loses_nothing() {
             ],
             _ => vec!["gc", "--store", &s, "--full", "--compact-below", "0.99"],
         };
-        let (was_killed, took) = f.run_and_kill(&args, typical[op]);
+        let (was_killed, finished, took) = f.run_and_kill(&args, typical[op]);
         if was_killed {
             killed[op] += 1;
         } else {
             typical[op] = (typical[op] + took) / 2;
         }
-        f.verify(&format!(
-            "{} (round {round}, killed: {was_killed})",
-            names[op]
-        ));
+        let expired = (op == 1).then(|| (oldest.parse().unwrap(), finished));
+        f.verify(
+            &format!("{} (round {round}, killed: {was_killed})", names[op]),
+            expired,
+        );
         if op == 0 {
             f.backup(); // something new to slide next time
         }
