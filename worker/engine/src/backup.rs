@@ -353,6 +353,7 @@ pub fn backup(
         let containers = pack.finish()?;
         session.sync()?;
         store.failpoint("backup.before_commit")?;
+        store.pause_point("backup.before_commit");
 
         let kind = if catalog_entries.is_some() {
             VersionKind::Tree

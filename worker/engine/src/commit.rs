@@ -15,8 +15,8 @@ use crate::container::ContainerId;
 use crate::error::{corrupt_meta, Result};
 use crate::fp::Fp;
 use crate::meta::{
-    Batch, ContainerRecord, Meta, MetaRead, Refs, RefsBlock, SeriesRecord, Totals, UnitRecord,
-    CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, REFS_BLOCK,
+    freed_key, zombie_key, Batch, ContainerRecord, Meta, MetaRead, Refs, RefsBlock, SeriesRecord,
+    Totals, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, REFS_BLOCK,
 };
 use crate::store::Store;
 
@@ -188,6 +188,17 @@ pub(crate) fn link_targets(id: u64, u: &UnitRecord) -> FxHashSet<u64> {
         .collect()
 }
 
+/// Whether `new` lacks a chunk `old` holds (a trim, not a move).
+fn drops_chunks(old: &UnitRecord, new: &UnitRecord) -> bool {
+    let absent = |u: &UnitRecord| {
+        u.chunks
+            .iter()
+            .filter(|c| c.flags & crate::container::CHUNK_ABSENT != 0)
+            .count()
+    };
+    absent(new) > absent(old) || (new.trimmed && !old.trimmed)
+}
+
 fn apply(v: u64, d: i64) -> u64 {
     (v as i64 + d).max(0) as u64
 }
@@ -195,6 +206,7 @@ fn apply(v: u64, d: i64) -> u64 {
 impl Store {
     pub(crate) fn commit(&self, mut txn: Txn) -> Result<CommitOutcome> {
         self.require_writable()?;
+        self.pause_point("commit.enter");
         self.failpoint("commit.before_write")?;
         let _g = self.commit_lock.lock();
         let meta = &self.meta;
@@ -235,10 +247,14 @@ impl Store {
         // Moved or trimmed units: the old copy's container loses them. New
         // containers already count what was packed into them.
         let mut updated: FxHashMap<u64, UnitRecord> = FxHashMap::default();
+        let mut trims: Vec<u64> = Vec::new();
         for (id, new) in &txn.unit_updates {
             let old = meta
                 .unit(*id)?
                 .ok_or_else(|| corrupt_meta(format!("unit {id}"), "updated unit does not exist"))?;
+            if drops_chunks(&old, new) {
+                trims.push(*id);
+            }
             let c = l.container(old.container)?;
             c.live_vbytes -= old.stored_vbytes();
             c.live_units -= 1;
@@ -296,19 +312,41 @@ impl Store {
                 },
             );
         }
+        // A live recipe references whole units: trimming a unit one
+        // references loses data. Slides and gc doom what they trim and read
+        // its counts again, so this never fires; if it does, nothing is
+        // written.
+        for &id in &trims {
+            let live = match now.get(&id) {
+                Some(r) => r.live,
+                None => l.refs.get(meta, id)?.live,
+            };
+            if live > 0 {
+                return Err(crate::error::Error::Internal(format!(
+                    "refusing to commit: unit {id} would lose chunks while {live} live version(s) \
+                     reference it whole; nothing was changed"
+                )));
+            }
+        }
         let mut work: Vec<u64> = now
             .iter()
             .filter(|(_, r)| r.is_zero())
             .map(|(id, _)| *id)
             .collect();
         for &id in &txn.free_units {
-            if !now.contains_key(&id) && l.refs.get(meta, id)?.is_zero() {
+            let r = match now.get(&id) {
+                Some(r) => *r,
+                None => l.refs.get(meta, id)?,
+            };
+            if !r.is_zero() {
+                // Referenced again since it was found unreferenced.
+                b.delete(CF_MARKS, &zombie_key(id));
+            } else if !now.contains_key(&id) {
                 work.push(id);
             }
         }
         work.sort_unstable();
         let pin_state = self.pins.lock();
-        let mut zombies = self.zombies.lock();
         let mut freed: FxHashSet<u64> = FxHashSet::default();
         let mut freed_units = 0u64;
         while let Some(id) = work.pop() {
@@ -316,7 +354,9 @@ impl Store {
                 continue;
             }
             if pin_state.pins.contains_key(&id) {
-                zombies.insert(id);
+                // A backup in flight may reference it: a later gc frees it
+                // (recorded, so a restart does not forget it).
+                b.put(CF_MARKS, &zombie_key(id), b"");
                 continue;
             }
             let unit = match (updated.get(&id), new_units.get(&id)) {
@@ -335,7 +375,7 @@ impl Store {
                 },
             };
             l.free_unit(&mut b, id, &unit)?;
-            zombies.remove(&id);
+            b.delete(CF_MARKS, &zombie_key(id));
             freed.insert(id);
             freed_units += 1;
             for t in link_targets(id, &unit) {
@@ -354,7 +394,6 @@ impl Store {
                 }
             }
         }
-        drop(zombies);
         for (id, r) in now.iter().filter(|(id, _)| !freed.contains(id)) {
             l.refs.set(meta, *id, *r)?;
         }
@@ -379,6 +418,9 @@ impl Store {
             if rec.live_units == 0 {
                 b.delete(CF_MARKS, &sweep_key);
                 b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
+                // The proof gc needs to delete the file if a crash comes
+                // before the unlink below (crate::orphans).
+                b.put(CF_MARKS, &freed_key(*id), b"");
                 l.totals.containers -= 1;
                 l.totals.container_bytes -= rec.file_bytes;
                 l.totals.container_vbytes -= rec.vbytes;

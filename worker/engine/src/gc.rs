@@ -28,7 +28,7 @@
 //! by container, so moving a unit (slide, compaction) never hides another
 //! group's marks.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -36,83 +36,15 @@ use serde::Serialize;
 use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::commit::Txn;
 use crate::container::{ContainerFile, ContainerId};
-use crate::error::{corrupt_meta, IoContext, Result};
+use crate::error::{corrupt_meta, Result};
 use crate::meta::MetaRead;
-use crate::meta::{
-    RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS,
-};
+use crate::meta::{RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_UNITS};
 use crate::pack::{repack, PackWriter};
 use crate::recipe::Entry;
 use crate::restore::recipe_entries;
-use crate::store::{sync_dir, Store};
+use crate::store::Store;
 
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct OrphanReport {
-    pub orphan_files: u64,
-    pub orphan_bytes: u64,
-    pub empty_dirs: u64,
-}
-
-pub(crate) fn remove_orphans(store: &Store) -> Result<OrphanReport> {
-    store.require_writable()?;
-    let mut rep = OrphanReport::default();
-    let mut known: HashSet<u64> = HashSet::new();
-    store.meta.for_each_prefix(CF_CONTAINERS, b"", |k, _| {
-        if let Ok(b) = k.try_into() {
-            known.insert(u64::from_be_bytes(b));
-        }
-        Ok(true)
-    })?;
-    let mut active: HashSet<u64> = HashSet::new();
-    store.meta.for_each_prefix(CF_SESSIONS, b"", |k, _| {
-        if let Ok(b) = k.try_into() {
-            active.insert(u64::from_be_bytes(b));
-        }
-        Ok(true)
-    })?;
-    let data = store.data_dir();
-    let dirs = std::fs::read_dir(data).ctx(|| format!("reading {}", data.display()))?;
-    for d in dirs {
-        let d = d.ctx(|| format!("reading {}", data.display()))?;
-        let Some(session) = d
-            .file_name()
-            .to_str()
-            .and_then(|n| u64::from_str_radix(n, 16).ok())
-        else {
-            continue;
-        };
-        if active.contains(&session) {
-            continue;
-        }
-        let path = d.path();
-        let mut left = 0;
-        for f in std::fs::read_dir(&path).ctx(|| format!("reading {}", path.display()))? {
-            let f = f.ctx(|| format!("reading {}", path.display()))?;
-            let name = f.file_name();
-            let seq = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".rvc"))
-                .and_then(|n| u64::from_str_radix(n, 16).ok());
-            let owned = seq.is_some_and(|s| known.contains(&ContainerId::new(session, s).0));
-            if owned {
-                left += 1;
-                continue;
-            }
-            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-            std::fs::remove_file(f.path()).ctx(|| format!("removing {}", f.path().display()))?;
-            tracing::info!(file = %f.path().display(), bytes = len, "removed orphan file");
-            rep.orphan_files += 1;
-            rep.orphan_bytes += len;
-        }
-        if left == 0 && std::fs::remove_dir(&path).is_ok() {
-            rep.empty_dirs += 1;
-        }
-    }
-    if rep.orphan_files > 0 || rep.empty_dirs > 0 {
-        sync_dir(data)?;
-    }
-    Ok(rep)
-}
+pub use crate::orphans::OrphanReport;
 
 pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -289,7 +221,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     let _m = store.maintenance();
     let started = Instant::now();
     let mut rep = GcReport {
-        orphans: remove_orphans(store)?,
+        orphans: crate::orphans::collect(store)?,
         ..Default::default()
     };
     let meta = &store.meta;
@@ -362,6 +294,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     store.failpoint("gc.before_mark_commit")?;
     store.commit(txn)?;
     rep.mark_secs = started.elapsed().as_secs_f64();
+    store.pause_point("gc.after_mark");
 
     // Sweep.
     let sweep_started = Instant::now();
@@ -379,9 +312,11 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     let mut session = store.begin_session("gc")?;
     let mut pack = PackWriter::for_session(store, &session);
     let mut txn = Txn::default();
-    let mut doomed: Vec<u64> = Vec::new();
+    // Units doomed to be freed or trimmed; released when gc ends, whether it
+    // commits or fails half-way.
+    let mut doomed = crate::slide::Undoom(store, Vec::new());
     // Units whose references reached zero while a backup had them pinned.
-    txn.free_units.extend(store.take_zombies());
+    txn.free_units.extend(store.zombies()?);
     for cid in sweep {
         txn.deletes.push((CF_MARKS, sweep_key(cid).to_vec()));
         let Some(crec) = meta.container(cid)? else {
@@ -417,7 +352,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             };
             match m {
                 None if refs.is_zero() && store.try_doom(*id) => {
-                    doomed.push(*id);
+                    doomed.1.push(*id);
                     txn.free_units.push(*id);
                     rep.units_freed += 1;
                 }
@@ -448,18 +383,14 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             continue;
         }
         // Compact: repack what is marked, drop the rest.
+        store.pause_point("gc.before_doom");
         let data = cf.read_all()?;
         rep.containers_compacted += 1;
         for (id, u) in &units {
             let Some(m) = keep.get(id) else { continue };
-            let chunks: Option<BTreeSet<u32>> = match m {
+            let chunks = match m {
                 Mark::Whole => None,
-                // Trimming: no backup may dedup against the unit meanwhile.
-                Mark::Chunks(c) if store.try_doom(*id) => {
-                    doomed.push(*id);
-                    Some(c.clone())
-                }
-                Mark::Chunks(_) => None,
+                Mark::Chunks(c) => trim_to(store, *id, c, &mut doomed.1)?,
             };
             let new = repack(*id, u, chunks.as_ref(), &data, &HashMap::new(), &mut pack)?;
             if new.trimmed && !u.trimmed {
@@ -469,7 +400,6 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             txn.unit_updates.push((*id, new));
         }
     }
-    let _undoom = crate::slide::Undoom(store, doomed);
     txn.new_containers = pack.finish()?;
     session.sync()?;
     txn.session = Some(session.id);
@@ -484,6 +414,29 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     crate::meta::merge_small_tables(meta.db());
     rep.seconds = started.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// The chunks to trim unit `id` to, or `None` to keep it whole. Trimming
+/// needs the unit doomed (no backup has it pinned, and from now on none can
+/// take it) and, its counts read again after that, no live reference: a
+/// backup that deduplicated against it and committed after the sweep read
+/// its counts has unpinned it by then, and its live recipe needs the whole
+/// unit (issue 18: gc trimmed such units, and the backup's restore failed).
+fn trim_to(
+    store: &Store,
+    id: u64,
+    chunks: &BTreeSet<u32>,
+    doomed: &mut Vec<u64>,
+) -> Result<Option<BTreeSet<u32>>> {
+    if !store.try_doom(id) {
+        return Ok(None);
+    }
+    if store.meta.refs(id)?.live > 0 {
+        store.undoom([id]);
+        return Ok(None);
+    }
+    doomed.push(id);
+    Ok(Some(chunks.clone()))
 }
 
 fn load_units_opt(store: &Store, ids: &[u64]) -> Result<Vec<Option<UnitRecord>>> {

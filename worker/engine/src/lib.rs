@@ -27,6 +27,7 @@ pub mod gen;
 pub mod lock;
 pub mod meta;
 pub mod objects;
+pub mod orphans;
 pub mod pack;
 mod predict;
 pub mod recipe;

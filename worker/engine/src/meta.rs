@@ -14,6 +14,13 @@
 //! | index         | kind byte, fingerprint           | unit id: where new backups dedup to    |
 //! | containers    | container id (BE)                | [`ContainerRecord`] (binary + CRC32C)  |
 //! | sessions      | session id (BE)                  | a write session that has not committed |
+//! | marks         | gc's bookkeeping, by first byte: | (see `gc.rs` for M, N, G, S)           |
+//! |               | `M` unit, group; `N` group, unit | a group's mark of a unit; its members  |
+//! |               | `G` group                        | the generation a group was marked at   |
+//! |               | `S` container                    | may hold dead data: sweep it           |
+//! |               | `F` container                    | freed by a commit (proof for gc that   |
+//! |               |                                  | its file may be deleted)               |
+//! |               | `Z` unit                         | unreferenced while pinned: gc frees it |
 
 use std::path::Path;
 use std::sync::Arc;
@@ -48,6 +55,33 @@ pub const CF_INDEX: &str = "index";
 pub const CF_CONTAINERS: &str = "containers";
 pub const CF_SESSIONS: &str = "sessions";
 pub const CF_MARKS: &str = "marks";
+
+/// `F`+container in `marks`: a commit freed this container. Its file is
+/// unlinked after the commit (or, while a reader may still need it, later);
+/// the key is what lets gc delete a file no record names, since a file
+/// without one may be the only copy of data whose metadata was lost.
+pub fn freed_key(c: ContainerId) -> [u8; 9] {
+    prefixed(b'F', c.0)
+}
+
+/// `Z`+unit in `marks`: the unit's references reached zero while a backup in
+/// flight had it pinned, so the commit could not free it; gc does, even after
+/// a restart.
+pub fn zombie_key(unit: u64) -> [u8; 9] {
+    prefixed(b'Z', unit)
+}
+
+fn prefixed(p: u8, id: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = p;
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The id in a key made by [`freed_key`] or [`zombie_key`].
+pub fn prefixed_id(k: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(k.get(1..9)?.try_into().ok()?))
+}
 
 const ALL_CFS: &[&str] = &[
     CF_SERIES,

@@ -83,8 +83,6 @@ pub struct Store {
     readers: Mutex<ReaderState>,
     /// Slides, expiries and gc run one at a time: they move and free units.
     maintenance: Mutex<()>,
-    /// Units whose references reached zero while pinned; freed later.
-    pub(crate) zombies: Mutex<HashSet<u64>>,
     /// Test hook: the failpoint that will simulate a crash, if armed.
     failpoint: Mutex<Option<String>>,
     /// Test hook: what runs when the engine reaches a pause point.
@@ -171,10 +169,18 @@ impl Store {
         let config = meta
             .config()?
             .ok_or_else(|| corrupt_meta("store config", "missing"))?;
-        let counters = meta.counters()?;
+        let mut counters = meta.counters()?;
+        let data_dir = resolve(root, &marker.data_dir);
+        if mode == OpenMode::ReadWrite {
+            // Metadata that lost writes may hand out a session id whose
+            // directory exists: never reuse one (its files may be the only
+            // copy of data whose records were lost).
+            let seen = crate::orphans::highest_session_on_disk(&data_dir)?;
+            counters.next_session = counters.next_session.max(seen.map_or(0, |s| s + 1));
+        }
         let store = Store {
             root: root.to_path_buf(),
-            data_dir: resolve(root, &marker.data_dir),
+            data_dir,
             meta,
             config,
             mode,
@@ -184,7 +190,6 @@ impl Store {
             pins: Mutex::new(PinState::default()),
             readers: Mutex::new(ReaderState::default()),
             maintenance: Mutex::new(()),
-            zombies: Mutex::new(HashSet::new()),
             failpoint: Mutex::new(None),
             pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -278,6 +283,10 @@ impl Store {
     /// Starts a write session: its id is durable before any container exists.
     pub(crate) fn begin_session(&self, kind: &str) -> Result<Session> {
         self.require_writable()?;
+        // The id is allocated and its record written under the commit lock:
+        // gc's orphan removal reads the next id and the records under it too
+        // (`data_dir_view`), so every session below that id is recorded.
+        let _g = self.commit_lock.lock();
         let (id, counters) = {
             let mut c = self.ids.lock();
             let id = c.next_session;
@@ -289,7 +298,6 @@ impl Store {
             started_unix: now_unix(),
             pid: std::process::id(),
         };
-        let _g = self.commit_lock.lock();
         let mut b = self.meta.batch();
         b.put_json(CF_SESSIONS, &id.to_be_bytes(), &rec);
         b.put_counters(&counters.max(self.meta.counters()?));
@@ -445,6 +453,25 @@ impl Store {
         }
     }
 
+    /// What gc and check need to tell the data directory's files apart,
+    /// read at one instant: the store's records from one snapshot, the next
+    /// session id, and the freed files that readers still hold. Taken under
+    /// the commit lock, so no commit (and no session start) is half-way.
+    pub(crate) fn data_dir_view(&self) -> Result<crate::orphans::DataDirView> {
+        let _g = self.commit_lock.lock();
+        let next_session = (self.mode == OpenMode::ReadWrite).then(|| self.ids.lock().next_session);
+        let pending = self
+            .readers
+            .lock()
+            .pending
+            .iter()
+            .map(|(_, id)| id.0)
+            .collect();
+        let snap = self.meta.db().snapshot();
+        drop(_g);
+        crate::orphans::DataDirView::read(&self.meta, &snap, next_session, pending)
+    }
+
     /// Serialises slides, expiries and gc.
     pub(crate) fn maintenance(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.maintenance.lock()
@@ -482,8 +509,16 @@ impl Store {
         }
     }
 
-    pub(crate) fn take_zombies(&self) -> Vec<u64> {
-        self.zombies.lock().drain().collect()
+    /// Units whose references reached zero while a backup had them pinned
+    /// (recorded by the commit that dropped the last reference).
+    pub(crate) fn zombies(&self) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        self.meta
+            .for_each_prefix(crate::meta::CF_MARKS, b"Z", |k, _| {
+                out.extend(crate::meta::prefixed_id(k));
+                Ok(true)
+            })?;
+        Ok(out)
     }
 
     pub(crate) fn is_pinned(&self, id: u64) -> bool {
@@ -525,12 +560,12 @@ impl Store {
             *f = None;
             self.crashed
                 .store(true, std::sync::atomic::Ordering::SeqCst);
-            return Err(Error::Invalid(format!(
+            return Err(Error::Internal(format!(
                 "simulated crash at failpoint {name}"
             )));
         }
         if self.crashed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Invalid(
+            return Err(Error::Internal(
                 "the store crashed at a failpoint; reopen it".into(),
             ));
         }

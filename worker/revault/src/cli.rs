@@ -770,6 +770,14 @@ fn gc(a: GcArgs, json: bool) -> Result<()> {
             rep.orphans.orphan_files,
             rep.seconds
         );
+        if rep.orphans.quarantined_files > 0 {
+            eprintln!(
+                "warning: moved {} files ({} MiB) that no record names and no commit freed to {}: the metadata may have lost writes; they were not deleted (docs/retention.md)",
+                rep.orphans.quarantined_files,
+                mib(rep.orphans.quarantined_bytes),
+                store.data_dir().join(revault_engine::orphans::QUARANTINE).display()
+            );
+        }
     }
     Ok(())
 }

@@ -1,0 +1,331 @@
+//! The data directory's files, and what gc may do with each.
+//!
+//! A file under `data/SESSION/` is one of:
+//! - a container a record names (**live**);
+//! - a container of a session **in flight**: its session record exists (it
+//!   has not committed; a crash leaves it to the next read-write open), or
+//!   the session started after the metadata was read;
+//! - a container a commit freed: its unlink **waits** for a reader that may
+//!   still read it, or a crash came between the commit and the unlink. The
+//!   commit records `F`+container ([`crate::meta::freed_key`]) in the same
+//!   batch, and that key is gc's proof that the file may go;
+//! - anything else: no record names it and no commit freed it. The commit
+//!   protocol never leaves such a file, unless the metadata lost writes (a
+//!   deleted RocksDB log, an old copy of `meta/` put back). It may then be
+//!   the only copy of acknowledged backups, so gc moves it to
+//!   `data/quarantine/` and never deletes it, and `check` reports it.
+//!
+//! All of this is decided against one view of the store ([`DataDirView`],
+//! taken under the commit lock): records from one snapshot, the next session
+//! id, and the freed files readers hold. Two separate reads would let a
+//! commit land between them and make its containers look orphaned.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use rustc_hash::FxHashSet;
+use serde::Serialize;
+
+use crate::container::{session_dir_name, ContainerId};
+use crate::error::{IoContext, Result};
+use crate::meta::{freed_key, Meta, CF_CONTAINERS, CF_MARKS, CF_SESSIONS};
+use crate::store::{sync_dir, Store};
+
+/// Where gc puts files nothing explains (inside the data directory, so a
+/// move is a rename on the same filesystem).
+pub const QUARANTINE: &str = "quarantine";
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OrphanReport {
+    /// Freed container files deleted (a crash came between their commit and
+    /// their unlink).
+    pub orphan_files: u64,
+    pub orphan_bytes: u64,
+    pub empty_dirs: u64,
+    /// Files no record names and no commit freed, moved to `data/quarantine`.
+    pub quarantined_files: u64,
+    pub quarantined_bytes: u64,
+}
+
+/// The store as gc and check see the data directory (see the module docs).
+pub(crate) struct DataDirView {
+    known: FxHashSet<u64>,
+    active: FxHashSet<u64>,
+    freed: FxHashSet<u64>,
+    /// Sessions from this id on started after the view: in flight. `None`
+    /// for a read-only store, which no session can be writing to.
+    next_session: Option<u64>,
+    pending: FxHashSet<u64>,
+}
+
+impl DataDirView {
+    pub(crate) fn read(
+        meta: &Meta,
+        snap: &rocksdb::Snapshot<'_>,
+        next_session: Option<u64>,
+        pending: FxHashSet<u64>,
+    ) -> Result<Self> {
+        let ids = |cf: &str, prefix: &[u8]| -> Result<FxHashSet<u64>> {
+            let mut out = FxHashSet::default();
+            let it = snap.iterator_cf(
+                meta.cf(cf),
+                rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+            );
+            for item in it {
+                let (k, _) = item?;
+                if !k.starts_with(prefix) {
+                    break;
+                }
+                let raw = &k[prefix.len()..];
+                if let Ok(b) = <[u8; 8]>::try_from(raw) {
+                    out.insert(u64::from_be_bytes(b));
+                }
+            }
+            Ok(out)
+        };
+        Ok(DataDirView {
+            known: ids(CF_CONTAINERS, b"")?,
+            active: ids(CF_SESSIONS, b"")?,
+            freed: ids(CF_MARKS, b"F")?,
+            next_session,
+            pending,
+        })
+    }
+
+    fn in_flight(&self, session: u64) -> bool {
+        self.active.contains(&session) || self.next_session.is_some_and(|n| session >= n)
+    }
+
+    fn state(&self, c: Option<ContainerId>) -> FileState {
+        let Some(c) = c else {
+            return FileState::Unknown;
+        };
+        if self.known.contains(&c.0) {
+            FileState::Live
+        } else if self.pending.contains(&c.0) {
+            FileState::Pending
+        } else if self.freed.contains(&c.0) {
+            FileState::Freed
+        } else {
+            FileState::Unknown
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FileState {
+    Live,
+    /// Freed; a reader that started before the commit may still read it.
+    Pending,
+    /// Freed by a durable commit: may be deleted.
+    Freed,
+    /// Named by no record, freed by no commit: quarantined, never deleted.
+    Unknown,
+}
+
+pub(crate) struct DataFile {
+    pub path: PathBuf,
+    pub session: u64,
+    pub state: FileState,
+    pub bytes: u64,
+}
+
+/// Every file of the session directories not in flight, classified.
+pub(crate) struct Survey {
+    pub files: Vec<DataFile>,
+    /// Session directories not in flight (removable once empty).
+    pub dirs: Vec<PathBuf>,
+    /// Sessions in flight (their files are left alone).
+    pub in_flight: u64,
+    pub quarantined_files: u64,
+    pub quarantined_bytes: u64,
+}
+
+fn session_of(name: &str) -> Option<u64> {
+    u64::from_str_radix(name, 16).ok()
+}
+
+fn container_of(session: u64, name: &str) -> Option<ContainerId> {
+    let seq = u64::from_str_radix(name.strip_suffix(".rvc")?, 16).ok()?;
+    (seq < 1 << ContainerId::SEQ_BITS).then(|| ContainerId::new(session, seq))
+}
+
+pub(crate) fn survey(data: &Path, view: &DataDirView) -> Result<Survey> {
+    let mut s = Survey {
+        files: Vec::new(),
+        dirs: Vec::new(),
+        in_flight: 0,
+        quarantined_files: 0,
+        quarantined_bytes: 0,
+    };
+    let entries = match std::fs::read_dir(data) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(s),
+        Err(e) => return Err(e).ctx(|| format!("reading {}", data.display())),
+    };
+    for d in entries {
+        let d = d.ctx(|| format!("reading {}", data.display()))?;
+        let name = d.file_name().to_string_lossy().into_owned();
+        if name == QUARANTINE {
+            for (_, bytes) in files_in(&d.path())? {
+                s.quarantined_files += 1;
+                s.quarantined_bytes += bytes;
+            }
+            continue;
+        }
+        // Anything not named like a session directory is not ours.
+        let Some(session) = session_of(&name).filter(|_| d.path().is_dir()) else {
+            continue;
+        };
+        if view.in_flight(session) {
+            s.in_flight += 1;
+            continue;
+        }
+        for (path, bytes) in files_in(&d.path())? {
+            let file = path.file_name().unwrap_or_default().to_string_lossy();
+            let state = view.state(container_of(session, &file));
+            s.files.push(DataFile {
+                path,
+                session,
+                state,
+                bytes,
+            });
+        }
+        s.dirs.push(d.path());
+    }
+    Ok(s)
+}
+
+/// The files directly in `dir`, with their sizes.
+fn files_in(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut out = Vec::new();
+    for f in std::fs::read_dir(dir).ctx(|| format!("reading {}", dir.display()))? {
+        let f = f.ctx(|| format!("reading {}", dir.display()))?;
+        let m = f
+            .metadata()
+            .ctx(|| format!("reading {}", f.path().display()))?;
+        if m.is_file() {
+            out.push((f.path(), m.len()));
+        }
+    }
+    Ok(out)
+}
+
+/// The highest session id any file or directory in the data directory was
+/// written under (quarantined files included).
+pub(crate) fn highest_session_on_disk(data: &Path) -> Result<Option<u64>> {
+    let mut max = None;
+    let entries = match std::fs::read_dir(data) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).ctx(|| format!("reading {}", data.display())),
+    };
+    for d in entries.flatten() {
+        let name = d.file_name().to_string_lossy().into_owned();
+        if name == QUARANTINE {
+            for (p, _) in files_in(&d.path())? {
+                let f = p.file_name().unwrap_or_default().to_string_lossy();
+                let s = f.split('-').next().and_then(session_of);
+                max = max.max(s);
+            }
+        } else {
+            max = max.max(session_of(&name));
+        }
+    }
+    Ok(max)
+}
+
+/// gc's pass over the data directory: deletes what a commit freed and a
+/// crash left behind, quarantines what nothing explains, removes empty
+/// session directories, and forgets the freed keys of files that are gone.
+pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
+    store.require_writable()?;
+    let view = store.data_dir_view()?;
+    store.pause_point("gc.orphans.scanned");
+    let data = store.data_dir();
+    let survey = survey(data, &view)?;
+    let mut rep = OrphanReport::default();
+    let mut touched: BTreeSet<PathBuf> = BTreeSet::new();
+    for f in &survey.files {
+        match f.state {
+            FileState::Freed => {
+                std::fs::remove_file(&f.path).ctx(|| format!("removing {}", f.path.display()))?;
+                tracing::info!(file = %f.path.display(), bytes = f.bytes, "removed a freed container file");
+                rep.orphan_files += 1;
+                rep.orphan_bytes += f.bytes;
+            }
+            FileState::Unknown => {
+                let to = quarantine(data, f)?;
+                tracing::error!(file = %f.path.display(), quarantined = %to.display(), bytes = f.bytes,
+                    "no record names this file and no commit freed it: the metadata may have lost writes; moved to quarantine, not deleted");
+                rep.quarantined_files += 1;
+                rep.quarantined_bytes += f.bytes;
+            }
+            FileState::Live | FileState::Pending => continue,
+        }
+        touched.extend(f.path.parent().map(Path::to_path_buf));
+    }
+    for d in &survey.dirs {
+        if std::fs::remove_dir(d).is_ok() {
+            rep.empty_dirs += 1;
+            touched.remove(d);
+        }
+    }
+    for d in &touched {
+        sync_dir(d)?;
+    }
+    if rep.quarantined_files > 0 {
+        sync_dir(&data.join(QUARANTINE))?;
+    }
+    if !touched.is_empty() || rep.empty_dirs > 0 || rep.quarantined_files > 0 {
+        sync_dir(data)?;
+    }
+    forget_freed(store, &view)?;
+    Ok(rep)
+}
+
+/// Moves a file nothing explains into `data/quarantine/SESSION-NAME`.
+fn quarantine(data: &Path, f: &DataFile) -> Result<PathBuf> {
+    let q = data.join(QUARANTINE);
+    std::fs::create_dir_all(&q).ctx(|| format!("creating {}", q.display()))?;
+    let name = f.path.file_name().unwrap_or_default().to_string_lossy();
+    let mut to = q.join(format!("{}-{name}", session_dir_name(f.session)));
+    let mut n = 1;
+    while to.exists() {
+        to = q.join(format!("{}-{name}.{n}", session_dir_name(f.session)));
+        n += 1;
+    }
+    std::fs::rename(&f.path, &to)
+        .ctx(|| format!("moving {} to {}", f.path.display(), to.display()))?;
+    Ok(to)
+}
+
+/// Deletes the freed keys of container files that are gone, once their
+/// removal is durable (a freed key dropped before the unlink is on disk
+/// would turn a file that reappears after a power cut into an unknown one).
+fn forget_freed(store: &Store, view: &DataDirView) -> Result<()> {
+    let data = store.data_dir();
+    let gone: Vec<ContainerId> = view
+        .freed
+        .iter()
+        .map(|id| ContainerId(*id))
+        .filter(|c| !view.pending.contains(&c.0) && !c.path(data).exists())
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let dirs: BTreeSet<PathBuf> = gone
+        .iter()
+        .map(|c| data.join(session_dir_name(c.session())))
+        .filter(|d| d.exists())
+        .collect();
+    for d in &dirs {
+        sync_dir(d)?;
+    }
+    sync_dir(data)?;
+    let mut b = store.meta.batch();
+    for c in &gone {
+        b.delete(CF_MARKS, &freed_key(*c));
+    }
+    store.meta.write(b, true)
+}

@@ -1,0 +1,410 @@
+//! Races between gc, expiry, slides, backups and restores, replayed
+//! deterministically: a pause point stops the engine inside one operation
+//! (after gc's mark phase, before it dooms units, inside its orphan removal,
+//! at the start of a commit, ...) and runs the other operation right there,
+//! so each known race window is exercised on every run, not by luck. After
+//! each one: every acknowledged version restores byte-exact and `check` is
+//! clean.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use common::*;
+use revault_engine::backup::{backup, BackupOptions};
+use revault_engine::check::check;
+use revault_engine::config::DedupUnit;
+use revault_engine::expire::{expire, ExpireSel};
+use revault_engine::gc::{gc, GcOptions};
+use revault_engine::restore::{restore, RestoreTarget};
+use revault_engine::slide::slide;
+use revault_engine::source::StreamSource;
+use revault_engine::store::{OpenMode, Store, VersionSel};
+
+fn assert_clean(st: &Store, what: &str) {
+    let c = check(st).unwrap();
+    assert!(c.ok, "{what}: check: {:?}", c.errors);
+}
+
+fn compact_all() -> GcOptions {
+    GcOptions {
+        compact_below: 1.0,
+        full: true,
+    }
+}
+
+/// Runs `hook` when the engine reaches pause point `name`; returns a flag
+/// that says whether it ran (a test whose pause point is never reached
+/// proves nothing).
+fn at(st: &Store, name: &str, hook: impl FnOnce(&Store) + Send + 'static) -> Arc<AtomicBool> {
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    st.on_pause_point(
+        name,
+        Box::new(move |st: &Store| {
+            hook(st);
+            r.store(true, Ordering::SeqCst);
+        }),
+    );
+    ran
+}
+
+fn reached(flag: &AtomicBool, name: &str) {
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "pause point {name} not reached"
+    );
+}
+
+/// Two series back up the same base, then change it in the same places
+/// differently, and both slide: the base's segments are then referenced by
+/// two archival versions only, each needing a few of their chunks. A gc
+/// trims those segments (RevDedup's leftovers inside shared units). Returns
+/// the base.
+fn shared_leftovers(st: &Store) -> Vec<u8> {
+    let base = random(2 << 20, 4);
+    let mut a = base.clone();
+    let mut c = base.clone();
+    for j in 0..20 {
+        let at = j * 100_000 + 500;
+        a.splice(at..at + 50, random(64, 100 + j as u64));
+        c.splice(at..at + 50, random(64, 200 + j as u64));
+    }
+    for (series, v2) in [("team-a/db", &a), ("team-c/db", &c)] {
+        backup_bytes(st, series, &base, DedupUnit::Segment);
+        backup_bytes(st, series, v2, DedupUnit::Segment);
+    }
+    slide(st, "team-a/db").unwrap();
+    slide(st, "team-c/db").unwrap();
+    base
+}
+
+/// Defect 1 of issue 18: a full gc over partly dead units, and a backup into
+/// another series that deduplicates against those units and commits while
+/// the gc runs. The gc must not trim what the new version references.
+#[test]
+fn gc_never_trims_a_unit_a_backup_committed_during_the_gc_references() {
+    for point in ["gc.after_mark", "gc.before_doom", "commit.enter"] {
+        let (_d, st) = new_store(small_config());
+        let base = shared_leftovers(&st);
+        let copy = base.clone();
+        let ran = at(&st, point, move |st| {
+            let rep = backup_bytes(st, "team-b/db", &copy, DedupUnit::Segment);
+            assert!(
+                rep.new_vbytes < copy.len() as u64 / 10,
+                "team-b did not dedup against the shared segments: {rep:?}"
+            );
+        });
+        let g = gc(&st, &compact_all()).unwrap();
+        reached(&ran, point);
+        assert_eq!(
+            restore_bytes(&st, "team-b/db", 1).0,
+            base,
+            "{point}: team-b's version, committed during gc ({g:?})"
+        );
+        assert_clean(&st, point);
+        // Later gcs still reclaim what is dead, and keep what is live.
+        gc(&st, &compact_all()).unwrap();
+        assert_eq!(restore_bytes(&st, "team-b/db", 1).0, base, "{point}");
+        assert_clean(&st, point);
+    }
+}
+
+/// A writer that blocks at its first write until released: a restore that
+/// has planned its reads from a snapshot and is stuck sending.
+struct SlowClient {
+    out: Arc<Mutex<Vec<u8>>>,
+    started: Option<mpsc::Sender<()>>,
+    go: Option<mpsc::Receiver<()>>,
+}
+
+impl std::io::Write for SlowClient {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Some(s) = self.started.take() {
+            s.send(()).unwrap();
+            self.go.take().unwrap().recv().unwrap();
+        }
+        self.out.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Defect 2 of issue 18: a slow client restores version 2 while version 1
+/// expires and gc runs twice. The first gc compacts the containers version 2
+/// shares with version 1 (their files' unlink waits for the restore); the
+/// second's orphan removal must not delete them under the restore.
+#[test]
+fn gc_keeps_container_files_a_running_restore_still_reads() {
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        let (_d, st) = new_store(small_config());
+        let st = Arc::new(st);
+        let v1 = random(8 << 20, 21);
+        let mut v2 = v1.clone();
+        for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
+            r.copy_from_slice(&random(r.len(), 100 + i as u64));
+        }
+        backup_bytes(&st, "team/a", &v1, unit);
+        backup_bytes(&st, "team/a", &v2, unit);
+
+        let (started_tx, started) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let client = SlowClient {
+            out: out.clone(),
+            started: Some(started_tx),
+            go: Some(go_rx),
+        };
+        let st2 = st.clone();
+        let restoring = std::thread::spawn(move || {
+            let mut w = client;
+            restore(
+                &st2,
+                "team/a",
+                VersionSel::Number(2),
+                &small_restore(),
+                RestoreTarget::Writer(&mut w),
+            )
+        });
+        started.recv().unwrap();
+        expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
+        let g1 = gc(&st, &compact_all()).unwrap();
+        assert!(g1.containers_compacted > 0, "{unit}: {g1:?}");
+        gc(&st, &compact_all()).unwrap();
+        go.send(()).unwrap();
+        let r = restoring.join().unwrap();
+        assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
+        assert!(*out.lock().unwrap() == v2, "{unit}: restored bytes differ");
+        // Once the restore is over, nothing it held is left behind.
+        gc(&st, &compact_all()).unwrap();
+        assert_clean(&st, &format!("{unit}"));
+        let t = st.totals().unwrap();
+        assert_eq!(
+            files_in(st.data_dir()),
+            t.containers,
+            "{unit}: container files on disk vs. records"
+        );
+    }
+}
+
+fn files_in(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for d in std::fs::read_dir(dir).unwrap().flatten() {
+        if d.path().is_dir() {
+            n += files_in(&d.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// gc's orphan removal against a backup that commits while gc looks at the
+/// data directory: the backup's containers are not orphans.
+#[test]
+fn gc_orphan_removal_keeps_the_containers_of_a_backup_committing_meanwhile() {
+    let (_d, st) = new_store(small_config());
+    backup_bytes(&st, "team/a", &random(1 << 20, 1), DedupUnit::Chunk);
+    let data = random(3 << 20, 2);
+    let copy = data.clone();
+    let ran = at(&st, "gc.orphans.scanned", move |st| {
+        backup_bytes(st, "team/b", &copy, DedupUnit::Chunk);
+    });
+    gc(&st, &GcOptions::default()).unwrap();
+    reached(&ran, "gc.orphans.scanned");
+    assert_eq!(restore_bytes(&st, "team/b", 1).0, data);
+    assert_clean(&st, "after gc");
+}
+
+/// The same, with a backup that has written and synced its containers but
+/// not committed when gc lists the data directory, and commits after gc
+/// is done: its session started after gc read the metadata.
+#[test]
+fn gc_orphan_removal_keeps_the_containers_of_a_backup_in_flight() {
+    let (_d, st) = new_store(small_config());
+    let st = Arc::new(st);
+    backup_bytes(&st, "team/a", &random(1 << 20, 1), DedupUnit::Chunk);
+    let data = random(3 << 20, 3);
+    let (ready_tx, ready) = mpsc::channel::<()>();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let go_rx = Mutex::new(go_rx);
+    st.on_pause_point(
+        "backup.before_commit",
+        Box::new(move |_| {
+            ready_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }),
+    );
+    let handle: Arc<Mutex<Option<std::thread::JoinHandle<_>>>> = Arc::default();
+    let (st2, h2, copy) = (st.clone(), handle.clone(), data.clone());
+    let ran = at(&st, "gc.orphans.scanned", move |_| {
+        let st3 = st2.clone();
+        *h2.lock().unwrap() = Some(std::thread::spawn(move || {
+            let src = StreamSource::new("test input", std::io::Cursor::new(copy));
+            let opts = BackupOptions {
+                unit: Some(DedupUnit::Chunk),
+                ..Default::default()
+            };
+            backup(&st3, "team/b", Box::new(src), &opts)
+        }));
+        ready.recv().unwrap();
+    });
+    gc(&st, &GcOptions::default()).unwrap();
+    reached(&ran, "gc.orphans.scanned");
+    go.send(()).unwrap();
+    let h = handle.lock().unwrap().take().unwrap();
+    h.join().unwrap().unwrap();
+    assert_eq!(restore_bytes(&st, "team/b", 1).0, data);
+    assert_clean(&st, "after the backup");
+}
+
+/// A unit whose references reach zero while a backup has it pinned becomes
+/// a zombie that a later gc frees. The zombie must survive a restart: after
+/// the backup is abandoned and the store reopened, gc still frees it.
+#[test]
+fn units_freed_while_pinned_are_collected_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    revault_engine::store::Store::init(
+        dir.path(),
+        &revault_engine::store::InitOptions {
+            config: small_config(),
+            data_dir: None,
+        },
+    )
+    .unwrap();
+    {
+        let st = Arc::new(Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap());
+        let shared = random(4 << 20, 5);
+        backup_bytes(&st, "team/b", &shared, DedupUnit::Chunk);
+        // team/a's backup dedups against team/b's data; just before its
+        // commit, team/b's only version expires (the units are pinned by
+        // the backup, so they are not freed), and then the process dies
+        // before the backup commits.
+        let ran = at(&st, "backup.before_commit", move |st| {
+            expire(st, "team/b", &ExpireSel::Version(1)).unwrap();
+            st.arm_failpoint("commit.before_write");
+        });
+        let opts = BackupOptions {
+            unit: Some(DedupUnit::Chunk),
+            ..Default::default()
+        };
+        let src = StreamSource::new("test input", std::io::Cursor::new(shared));
+        let r = backup(&st, "team/a", Box::new(src), &opts);
+        reached(&ran, "backup.before_commit");
+        assert!(r.is_err(), "the backup was to crash: {r:?}");
+        let t = st.totals().unwrap();
+        assert!(t.units > 0, "the pinned units were freed at once: {t:?}");
+    }
+    let st = Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
+    gc(&st, &GcOptions::default()).unwrap();
+    let t = st.totals().unwrap();
+    assert_eq!(
+        (t.units, t.containers, t.unit_vbytes),
+        (0, 0, 0),
+        "nothing references them any more: {t:?}"
+    );
+    assert_eq!(files_in(st.data_dir()), 0);
+    assert_clean(&st, "after gc");
+}
+
+/// If the metadata loses its latest writes (a deleted RocksDB log, a
+/// restored old copy), the containers of the lost commits look like orphans.
+/// They are the only copy of acknowledged data: gc must not delete them, and
+/// check must not call the store healthy.
+#[test]
+fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    revault_engine::store::Store::init(
+        dir.path(),
+        &revault_engine::store::InitOptions {
+            config: small_config(),
+            data_dir: None,
+        },
+    )
+    .unwrap();
+    let open = || Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
+    let v1 = random(1 << 20, 7);
+    let v2 = random(2 << 20, 8);
+    {
+        let st = open();
+        backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
+    }
+    let meta = dir.path().join("meta");
+    let saved = dir.path().join("meta.saved");
+    copy_dir(&meta, &saved);
+    {
+        let st = open();
+        backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
+    }
+    let lost_files = files_in(&dir.path().join("data"));
+    std::fs::remove_dir_all(&meta).unwrap();
+    std::fs::rename(&saved, &meta).unwrap();
+
+    let st = open();
+    let c = check(&st).unwrap();
+    assert!(
+        !c.ok,
+        "check calls a store whose metadata lost a commit healthy: {c:?}"
+    );
+    assert!(
+        c.errors.iter().any(|e| e.contains("no record names")),
+        "{:?}",
+        c.errors
+    );
+    gc(&st, &GcOptions::default()).unwrap();
+    assert_eq!(
+        files_in(&dir.path().join("data")),
+        lost_files,
+        "gc deleted container files of a commit the metadata lost"
+    );
+    // New backups do not collide with the lost session's directory.
+    backup_bytes(&st, "team/a", &random(1 << 20, 9), DedupUnit::Chunk);
+    assert_eq!(restore_bytes(&st, "team/a", 1).0, v1);
+    assert!(files_in(&dir.path().join("data")) > lost_files);
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A thread of the backup pipeline that panics is an internal failure (a
+/// 5xx for the server), not the caller's mistake, and leaves no version.
+#[test]
+fn a_panicking_source_is_an_internal_error() {
+    struct Panics;
+    impl revault_engine::source::Source for Panics {
+        fn next_piece(&mut self) -> revault_engine::Result<bool> {
+            Ok(true)
+        }
+        fn read(&mut self, _: &mut [u8]) -> revault_engine::Result<usize> {
+            panic!("a source that fails in a way nobody expected")
+        }
+        fn finish(
+            self: Box<Self>,
+        ) -> revault_engine::Result<Option<Vec<revault_engine::catalog::Entry>>> {
+            Ok(None)
+        }
+    }
+    let (_d, st) = new_store(small_config());
+    let e = backup(&st, "team/a", Box::new(Panics), &BackupOptions::default()).unwrap_err();
+    assert_eq!(e.code(), "internal", "{e}");
+    assert!(!e.is_user_error(), "{e}");
+    assert!(
+        st.series("team/a").is_err()
+            || st
+                .versions(&st.series("team/a").unwrap())
+                .unwrap()
+                .is_empty()
+    );
+}
