@@ -118,8 +118,10 @@ impl Error {
     pub fn is_no_space(&self) -> bool {
         match self {
             Error::Io { source, .. } => {
-                matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
-                    || source.kind() == io::ErrorKind::StorageFull
+                matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT)
+                ) || source.kind() == io::ErrorKind::StorageFull
             }
             // RocksDB reports errno as text ("IO error: No space left on
             // device: ..."), also when an earlier failure put it in read-only

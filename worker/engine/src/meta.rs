@@ -238,7 +238,8 @@ impl Meta {
         Ok(meta)
     }
 
-    fn open_with(path: &Path, o: Options, read_only: bool) -> Result<Meta> {
+    fn open_with(path: &Path, mut o: Options, read_only: bool) -> Result<Meta> {
+        let o = o.get_options_from_string("track_and_verify_wals=true")?;
         let cfs: Vec<_> = ALL_CFS
             .iter()
             .map(|n| ColumnFamilyDescriptor::new(*n, o.clone()))

@@ -155,7 +155,8 @@ impl Store {
         let lock = StoreLock::acquire(root, mode == OpenMode::ReadWrite, what)?;
         // A read-write open brings the metadata up to the current format,
         // then says so in the marker.
-        let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)?;
+        let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)
+            .map_err(|e| explain_meta_open(root, e))?;
         if mode == OpenMode::ReadWrite && marker.format < FORMAT {
             meta.migrate_refs()?;
             write_marker(
@@ -908,6 +909,26 @@ fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
         path: root.to_path_buf(),
         found: found.join(" and "),
     })
+}
+
+/// RocksDB refuses to open metadata whose log files went missing (we ask
+/// it to check, `track_and_verify_wals`): the latest commits would be
+/// silently lost, and the next open would take their sessions for crashed
+/// ones and delete their containers. Say so in the store's terms.
+fn explain_meta_open(root: &Path, e: Error) -> Error {
+    let Error::Db(db) = &e else { return e };
+    let m = db.to_string();
+    if m.contains("WAL") {
+        return corrupt_meta(
+            format!("the metadata log of {}", root.join("meta").display()),
+            format!(
+                "{m}: log files are missing, so the latest commits are not in the metadata. \
+                 Nothing was changed and no container was touched; put the log files back, or \
+                 see docs/retention.md (\"Orphans and quarantine\")"
+            ),
+        );
+    }
+    e
 }
 
 fn resolve(root: &Path, p: &Path) -> PathBuf {

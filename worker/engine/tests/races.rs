@@ -316,54 +316,86 @@ fn units_freed_while_pinned_are_collected_after_a_restart() {
 /// check must not call the store healthy.
 #[test]
 fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    revault_engine::store::Store::init(
-        dir.path(),
-        &revault_engine::store::InitOptions {
-            config: small_config(),
-            data_dir: None,
-        },
-    )
-    .unwrap();
-    let open = || Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
-    let v1 = random(1 << 20, 7);
-    let v2 = random(2 << 20, 8);
-    {
-        let st = open();
-        backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
-    }
-    let meta = dir.path().join("meta");
-    let saved = dir.path().join("meta.saved");
-    copy_dir(&meta, &saved);
-    {
-        let st = open();
-        backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
-    }
-    let lost_files = files_in(&dir.path().join("data"));
-    std::fs::remove_dir_all(&meta).unwrap();
-    std::fs::rename(&saved, &meta).unwrap();
+    for how in ["old copy of meta/", "deleted log"] {
+        let dir = tempfile::tempdir().unwrap();
+        revault_engine::store::Store::init(
+            dir.path(),
+            &revault_engine::store::InitOptions {
+                config: small_config(),
+                data_dir: None,
+            },
+        )
+        .unwrap();
+        let open = || Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
+        let v1 = random(1 << 20, 7);
+        let v2 = random(2 << 20, 8);
+        {
+            let st = open();
+            backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
+        }
+        // A read-write open writes what the log holds to tables; after it,
+        // the log holds only the next command's writes.
+        drop(open());
+        let meta = dir.path().join("meta");
+        let saved = dir.path().join("meta.saved");
+        copy_dir(&meta, &saved);
+        {
+            let st = open();
+            backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
+        }
+        let lost_files = files_in(&dir.path().join("data"));
+        if how == "deleted log" {
+            for f in std::fs::read_dir(&meta).unwrap().flatten() {
+                if f.path().extension().is_some_and(|e| e == "log") {
+                    std::fs::remove_file(f.path()).unwrap();
+                }
+            }
+        } else {
+            std::fs::remove_dir_all(&meta).unwrap();
+            std::fs::rename(&saved, &meta).unwrap();
+        }
 
-    let st = open();
-    let c = check(&st).unwrap();
-    assert!(
-        !c.ok,
-        "check calls a store whose metadata lost a commit healthy: {c:?}"
-    );
-    assert!(
-        c.errors.iter().any(|e| e.contains("no record names")),
-        "{:?}",
-        c.errors
-    );
-    gc(&st, &GcOptions::default()).unwrap();
-    assert_eq!(
-        files_in(&dir.path().join("data")),
-        lost_files,
-        "gc deleted container files of a commit the metadata lost"
-    );
-    // New backups do not collide with the lost session's directory.
-    backup_bytes(&st, "team/a", &random(1 << 20, 9), DedupUnit::Chunk);
-    assert_eq!(restore_bytes(&st, "team/a", 1).0, v1);
-    assert!(files_in(&dir.path().join("data")) > lost_files);
+        if how == "deleted log" {
+            // RocksDB notices the missing log: the store does not open, and
+            // nothing is deleted.
+            let e = Store::open(dir.path(), OpenMode::ReadWrite, "t")
+                .err()
+                .unwrap();
+            assert_eq!(e.code(), "corrupt_metadata", "{e}");
+            assert!(e.to_string().contains("log files are missing"), "{e}");
+            assert_eq!(files_in(&dir.path().join("data")), lost_files);
+            continue;
+        }
+        let st = open();
+        let listed = st.versions(&st.series("team/a").unwrap()).unwrap().len();
+        assert_eq!(listed, 1, "{how}: the second backup's commit is to be lost");
+        let c = check(&st).unwrap();
+        assert!(
+            !c.ok,
+            "{how}: check calls a store whose metadata lost a commit healthy: {c:?}"
+        );
+        assert!(
+            c.errors.iter().any(|e| e.contains("no record names")),
+            "{how}: {:?}",
+            c.errors
+        );
+        gc(&st, &GcOptions::default()).unwrap();
+        assert_eq!(
+            files_in(&dir.path().join("data")),
+            lost_files,
+            "{how}: gc deleted container files of a commit the metadata lost"
+        );
+        let c = check(&st).unwrap();
+        assert!(
+            c.errors.iter().any(|e| e.contains("quarantine")),
+            "{how}: {:?}",
+            c.errors
+        );
+        // New backups do not collide with the lost session's files.
+        backup_bytes(&st, "team/a", &random(1 << 20, 9), DedupUnit::Chunk);
+        assert_eq!(restore_bytes(&st, "team/a", 1).0, v1, "{how}");
+        assert!(files_in(&dir.path().join("data")) > lost_files, "{how}");
+    }
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
