@@ -255,11 +255,17 @@ impl Filesystem for FaultFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.tree().write(ino.0, offset, data) {
+        let mut tree = self.tree();
+        let mut r = tree.write(ino.0, offset, data);
+        // A file opened O_SYNC or O_DSYNC is synced by every write.
+        if flags.0 & libc::O_DSYNC != 0 {
+            r = r.and_then(|()| tree.fsync(ino.0));
+        }
+        match r {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
         }

@@ -62,6 +62,9 @@ pub enum OpKind {
     Truncate {
         size: u64,
     },
+    Chmod {
+        mode: u16,
+    },
     Fallocate {
         offset: u64,
         len: u64,
@@ -103,6 +106,7 @@ impl fmt::Display for Op {
             OpKind::Link { to } => write!(f, "link {p} -> {}", to.display()),
             OpKind::Write { offset, len } => write!(f, "write {p} [{offset}, +{len})"),
             OpKind::Truncate { size } => write!(f, "truncate {p} to {size}"),
+            OpKind::Chmod { mode } => write!(f, "chmod {p} {mode:o}"),
             OpKind::Fallocate { offset, len, mode } => {
                 write!(f, "fallocate {p} [{offset}, +{len}) mode {mode:#x}")
             }
@@ -419,6 +423,7 @@ impl Tree {
 
     pub fn set_perm(&mut self, ino: u64, perm: u16) -> Result<(), Errno> {
         self.node_mut(ino)?.perm = perm;
+        self.record(OpKind::Chmod { mode: perm }, self.path_of(ino));
         Ok(())
     }
 

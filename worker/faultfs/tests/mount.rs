@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use faultfs::{Mount, OpKind};
@@ -75,7 +76,19 @@ fn a_cut_keeps_what_was_synced_and_nothing_else() {
     g.sync_all().unwrap();
     sync_dir(&d);
     let end = m.position();
-    drop((f, g));
+
+    // O_DSYNC: each write is durable when it returns; chmod is logged.
+    let mut h = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(d.join("g"))
+        .unwrap();
+    h.write_all(b"dsync").unwrap();
+    let dsync_written = m.position();
+    std::fs::set_permissions(d.join("g"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    drop((f, g, h));
 
     let rec = m.unmount().unwrap();
     let kinds: Vec<_> = rec.ops().iter().map(|o| o.to_string()).collect();
@@ -102,4 +115,9 @@ fn a_cut_keeps_what_was_synced_and_nothing_else() {
     assert_eq!(read_at(&rec, renamed, "d/m.new"), None);
     assert_eq!(read_at(&rec, rename_synced, "d/a").unwrap(), b"new");
     assert_eq!(read_at(&rec, end, "d/g").unwrap(), vec![0; 10]);
+    assert_eq!(
+        read_at(&rec, dsync_written, "d/g").unwrap(),
+        b"dsync\0\0\0\0\0"
+    );
+    assert_eq!(rec.ops().last().unwrap().to_string(), "chmod d/g 600");
 }

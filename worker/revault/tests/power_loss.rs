@@ -345,8 +345,9 @@ struct CutResult {
 
 type Listed = BTreeMap<String, BTreeMap<u64, String>>;
 
-/// Checks the store a cut after `p` operations leaves (materialised in `dir`).
-fn verify(dir: &Path, p: usize, cmds: &[Cmd]) -> Result<CutResult, String> {
+/// Checks the store a cut after `p` operations leaves (materialised in
+/// `dir`), going on past a problem so that every lost version is counted.
+fn verify(dir: &Path, p: usize, cmds: &[Cmd]) -> CutResult {
     let root = dir.join("store");
     let store = root.to_str().unwrap();
     let mut res = CutResult::default();
@@ -355,42 +356,72 @@ fn verify(dir: &Path, p: usize, cmds: &[Cmd]) -> Result<CutResult, String> {
             .iter()
             .any(|c| c.end <= p && matches!(c.effect, Effect::Init))
         {
-            return Err("init was acknowledged but the store is gone".into());
+            res.problems
+                .push("init was acknowledged but the store is gone".into());
+            res.acked_lost = owed(p, cmds).len();
+        } else {
+            res.no_store = true;
         }
-        res.no_store = true;
-        return Ok(res);
+        return res;
     }
-    check_clean(store, false).map_err(|e| format!("before recovery: {e}"))?;
+    if let Err(e) = check_clean(store, false) {
+        res.problems.push(format!("before recovery: {e}"));
+    }
     // The read-write open recovers unfinished sessions; gc then removes
     // whatever the cut left that no record names.
-    run(&["gc", "--store", store])?;
-    check_clean(store, true)?;
-    let found = listed(store)?;
-    check_records(&found, p, cmds, &mut res);
-    check_restores(store, &found, p, cmds, &mut res)?;
-    Ok(res)
+    let gc = run(&["gc", "--store", store]);
+    if let Err(e) = gc.and_then(|_| check_clean(store, true)) {
+        res.problems.push(format!("after gc: {e}"));
+    }
+    match listed(store) {
+        Ok(found) => {
+            check_records(&found, p, cmds, &mut res);
+            check_restores(store, &found, p, cmds, &mut res);
+        }
+        Err(e) => {
+            res.problems.push(e);
+            res.acked_lost = owed(p, cmds).len();
+        }
+    }
+    res
+}
+
+/// The versions a cut after `p` operations must keep: acknowledged, and no
+/// expiry of them started.
+fn owed(p: usize, cmds: &[Cmd]) -> Vec<(&'static str, u64)> {
+    cmds.iter()
+        .filter(|c| c.end <= p)
+        .filter_map(|c| match &c.effect {
+            Effect::Backup {
+                series, version, ..
+            } if !expiring(p, cmds, series, *version) => Some((*series, *version)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether an expiry of the version started before the cut (and so may
+/// have committed).
+fn expiring(p: usize, cmds: &[Cmd], series: &str, v: u64) -> bool {
+    cmds.iter().any(|c| {
+        c.start < p
+            && matches!(&c.effect, Effect::Expire { series: s, expired }
+                if *s == series && expired.contains(&v))
+    })
 }
 
 /// What the acknowledged commands promise about the versions listed.
 fn check_records(found: &Listed, p: usize, cmds: &[Cmd], res: &mut CutResult) {
     let is_listed = |series: &str, v: u64| found.get(series).is_some_and(|m| m.contains_key(&v));
-    // An expiry that started before the cut may have committed.
-    let expiring = |series: &str, v: u64| {
-        cmds.iter().any(|c| {
-            c.start < p
-                && matches!(&c.effect, Effect::Expire { series: s, expired }
-                    if *s == series && expired.contains(&v))
-        })
-    };
+    for (series, v) in owed(p, cmds) {
+        if !is_listed(series, v) {
+            res.acked_lost += 1;
+            res.problems
+                .push(format!("acknowledged version {series} {v} was lost"));
+        }
+    }
     for c in cmds.iter().filter(|c| c.end <= p) {
         match &c.effect {
-            Effect::Backup {
-                series, version, ..
-            } if !is_listed(series, *version) && !expiring(series, *version) => {
-                res.acked_lost += 1;
-                let e = format!("acknowledged version {series} {version} was lost");
-                res.problems.push(e);
-            }
             Effect::Expire { series, expired } => {
                 for v in expired.iter().filter(|v| is_listed(series, **v)) {
                     let e = format!("{series} {v} is listed after its expiry was acknowledged");
@@ -414,13 +445,7 @@ fn check_records(found: &Listed, p: usize, cmds: &[Cmd], res: &mut CutResult) {
 
 /// Every version listed was backed up (before the cut) and restores to the
 /// bytes it was backed up from.
-fn check_restores(
-    store: &str,
-    found: &Listed,
-    p: usize,
-    cmds: &[Cmd],
-    res: &mut CutResult,
-) -> Result<(), String> {
+fn check_restores(store: &str, found: &Listed, p: usize, cmds: &[Cmd], res: &mut CutResult) {
     for (series, versions) in found {
         for v in versions.keys() {
             let backup = cmds.iter().find_map(|c| match &c.effect {
@@ -436,19 +461,19 @@ fn check_restores(
                     .push(format!("{series} {v} is listed but was never backed up"));
                 continue;
             };
-            let exact = &restore_sha(store, series, *v)? == sha;
-            match (exact, c.end <= p) {
-                (true, true) => res.acked_restored += 1,
-                (true, false) => res.unacked_restored += 1,
-                (false, acked) => {
+            let acked = c.end <= p;
+            match restore_sha(store, series, *v) {
+                Ok(got) if &got == sha && acked => res.acked_restored += 1,
+                Ok(got) if &got == sha => res.unacked_restored += 1,
+                r => {
                     res.acked_lost += acked as usize;
-                    let e = format!("{series} {v} restores to different bytes");
-                    res.problems.push(e);
+                    let why = r.err().unwrap_or_else(|| "different bytes".into());
+                    res.problems
+                        .push(format!("{series} {v} does not restore: {why}"));
                 }
             }
         }
     }
-    Ok(())
 }
 
 /// Checks every cut on two threads; returns each cut's result.
@@ -457,7 +482,7 @@ fn verify_all(
     cmds: &[Cmd],
     cuts: &[usize],
     scratch: &Path,
-) -> Vec<(usize, Result<CutResult, String>)> {
+) -> Vec<(usize, CutResult)> {
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -466,10 +491,15 @@ fn verify_all(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&p) = cuts.get(i) else { break };
                 let dir = tempfile::tempdir_in(scratch).unwrap();
-                let r = rec
-                    .materialise(p, dir.path())
-                    .map_err(|e| format!("materialising: {e}"))
-                    .and_then(|()| verify(dir.path(), p, cmds));
+                let mut r = match rec.materialise(p, dir.path()) {
+                    Ok(()) => verify(dir.path(), p, cmds),
+                    Err(e) => panic!("materialising the cut after op {p}: {e}"),
+                };
+                // Name the store as <cut>, not by its temporary path.
+                let path = dir.path().to_string_lossy().into_owned();
+                for e in &mut r.problems {
+                    *e = e.replace(&path, "<cut>");
+                }
                 results.lock().unwrap().push((p, r));
             });
         }
@@ -501,74 +531,37 @@ fn describe(ops: &[Op], cmds: &[Cmd], p: usize) -> String {
     )
 }
 
-#[test]
-fn only_what_was_fsynced_survives_and_nothing_acknowledged_is_lost() {
-    if let Some(why) = faultfs::unavailable() {
-        eprintln!("\n*** SKIPPED power-loss test: {why} ***\n");
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let started = Instant::now();
-    let (cmds, rec) = record_workload(tmp.path());
-    // Cuts go to memory where there is a tmpfs: the checks fsync too.
-    let shm = Path::new("/dev/shm");
-    let scratch = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir_in(tmp.path()).unwrap()
-    };
-    let recorded = started.elapsed();
-    let ops = rec.ops();
-    let cuts = choose_cuts(ops, &cmds);
-    let results = verify_all(&rec, &cmds, &cuts, scratch.path());
-
-    let mut per_cmd: Vec<(usize, usize, usize)> = vec![(0, 0, 0); cmds.len()];
+/// The report printed at the end: operations, cuts per command, versions
+/// restored and lost; and the failed cuts, described.
+fn summarise(ops: &[Op], cmds: &[Cmd], results: &[(usize, CutResult)]) -> (String, Vec<String>) {
+    // Per command: syncs, cuts inside, cuts at its acknowledgement.
+    let mut per_cmd = vec![[0usize; 3]; cmds.len()];
     for (i, _) in ops.iter().enumerate().filter(|(_, o)| o.is_sync()) {
-        per_cmd[place(&cmds, i + 1).0].0 += 1;
+        per_cmd[place(cmds, i + 1).0][0] += 1;
     }
     let mut failures = Vec::new();
     let (mut acked, mut lost, mut unacked, mut no_store) = (0, 0, 0, 0);
-    for (p, r) in &results {
-        let (i, at_exit) = place(&cmds, *p);
-        if at_exit {
-            per_cmd[i].2 += 1
-        } else {
-            per_cmd[i].1 += 1
-        }
-        match r {
-            Ok(r) => {
-                acked += r.acked_restored;
-                lost += r.acked_lost;
-                unacked += r.unacked_restored;
-                no_store += r.no_store as usize;
-                if !r.problems.is_empty() {
-                    let e = r.problems.join("; ");
-                    failures.push(format!("{}: {e}", describe(ops, &cmds, *p)));
-                }
-            }
-            Err(e) => failures.push(format!("{}: {e}", describe(ops, &cmds, *p))),
+    for (p, r) in results {
+        let (i, at_exit) = place(cmds, *p);
+        per_cmd[i][if at_exit { 2 } else { 1 }] += 1;
+        acked += r.acked_restored;
+        lost += r.acked_lost;
+        unacked += r.unacked_restored;
+        no_store += r.no_store as usize;
+        if !r.problems.is_empty() {
+            let e = r.problems.join("; ");
+            failures.push(format!("{}: {e}", describe(ops, cmds, *p)));
         }
     }
     let mut report = format!(
-        "power loss: {} operations ({} syncs) recorded in {:.1}s; {} cuts checked in {:.1}s\n",
-        ops.len(),
-        ops.iter().filter(|o| o.is_sync()).count(),
-        recorded.as_secs_f64(),
-        cuts.len(),
-        (started.elapsed() - recorded).as_secs_f64()
-    );
-    report += &format!(
         "{:<22} {:>6} {:>6} {:>7} {:>7}\n",
         "command", "ops", "syncs", "inside", "at ack"
     );
-    for (c, (syncs, inside, at_ack)) in cmds.iter().zip(&per_cmd) {
+    for (c, [syncs, inside, at_ack]) in cmds.iter().zip(&per_cmd) {
+        let ops = c.end - c.start;
         report += &format!(
-            "{:<22} {:>6} {:>6} {:>7} {:>7}\n",
-            c.label,
-            c.end - c.start,
-            syncs,
-            inside,
-            at_ack
+            "{:<22} {ops:>6} {syncs:>6} {inside:>7} {at_ack:>7}\n",
+            c.label
         );
     }
     report += &format!(
@@ -576,6 +569,34 @@ fn only_what_was_fsynced_survives_and_nothing_acknowledged_is_lost() {
          not yet acknowledged but committed and exact: {unacked}; \
          cuts before the store existed: {no_store}; failed cuts: {}\n",
         failures.len()
+    );
+    (report, failures)
+}
+
+#[test]
+fn only_what_was_fsynced_survives_and_nothing_acknowledged_is_lost() {
+    if let Some(why) = faultfs::unavailable() {
+        eprintln!("\n*** SKIPPED power-loss test: {why} ***\n");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // Cuts go to memory where there is a tmpfs: the checks fsync too.
+    let shm = Path::new("/dev/shm");
+    let scratch = tempfile::tempdir_in(if shm.is_dir() { shm } else { tmp.path() }).unwrap();
+    let started = Instant::now();
+    let (cmds, rec) = record_workload(tmp.path());
+    let recorded = started.elapsed();
+    let ops = rec.ops();
+    let cuts = choose_cuts(ops, &cmds);
+    let results = verify_all(&rec, &cmds, &cuts, scratch.path());
+    let (table, failures) = summarise(ops, &cmds, &results);
+    let report = format!(
+        "power loss: {} operations ({} syncs) recorded in {:.1}s; {} cuts checked in {:.1}s\n{table}",
+        ops.len(),
+        ops.iter().filter(|o| o.is_sync()).count(),
+        recorded.as_secs_f64(),
+        cuts.len(),
+        (started.elapsed() - recorded).as_secs_f64()
     );
     println!("{report}");
     assert!(
