@@ -558,6 +558,9 @@ fn summarise(ops: &[Op], cmds: &[Cmd], results: &[(usize, CutResult)]) -> (Strin
         "command", "ops", "syncs", "inside", "at ack"
     );
     for (c, [syncs, inside, at_ack]) in cmds.iter().zip(&per_cmd) {
+        if *inside == 0 {
+            failures.push(format!("no cut fell inside `{}`", c.label));
+        }
         let ops = c.end - c.start;
         report += &format!(
             "{:<22} {ops:>6} {syncs:>6} {inside:>7} {at_ack:>7}\n",
