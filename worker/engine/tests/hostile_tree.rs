@@ -150,8 +150,13 @@ fn restore(out: &Path, entries: Vec<Entry>) -> Result<Vec<String>, String> {
         })();
         let _ = tx.send(r);
     });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("the restore hung (did it open a FIFO?)")
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(r) => r,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the restore hung (did it open a FIFO?)")
+        }
+        Err(e) => panic!("the restore thread panicked: {e}"),
+    }
 }
 
 /// Asserts that restoring `entries` fails with an error naming `names`, and
@@ -442,6 +447,35 @@ fn unlisted_parents_are_made_and_a_directory_may_follow_its_children() {
 }
 
 #[test]
+fn deep_trees_restore_with_directories_opened_again_when_needed() {
+    // Deeper than the writer keeps directory descriptors open, then back up
+    // and down again, so closed levels are opened again on the way.
+    let s = scene();
+    let deep = |n: usize| vec!["d"; n].join("/");
+    let mut es = vec![dir("")];
+    for n in 1..=300 {
+        es.push(dir(&deep(n)).tap(|e| e.mtime_sec = 1_000_000_000 + n as i64));
+    }
+    es.push(file(&format!("{}/bottom", deep(300))));
+    es.push(file(&format!("{}/middle", deep(100))));
+    es.push(file(&format!("{}/again", deep(299))));
+    restore(&s.out, es).unwrap();
+    s.assert_untouched("deep");
+    for f in [
+        format!("{}/bottom", deep(300)),
+        format!("{}/middle", deep(100)),
+        format!("{}/again", deep(299)),
+    ] {
+        assert_eq!(fs::read(s.out.join(&f)).unwrap(), PWNED, "{f}");
+    }
+    for n in [1, 64, 65, 200, 300] {
+        let m = fs::metadata(s.out.join(deep(n))).unwrap();
+        assert_eq!(m.mtime(), 1_000_000_000 + n as i64, "depth {n}");
+        assert_eq!(m.mode() & 0o7777, 0o755, "depth {n}");
+    }
+}
+
+#[test]
 fn an_error_part_way_keeps_what_was_written_and_names_the_entry() {
     // `lost+found` may already be in the target; a catalog entry that
     // collides with it fails there, after the entries before it.
@@ -656,9 +690,12 @@ fn round_trip(t: &[u8], out: &Path) -> Vec<Entry> {
     cat
 }
 
+/// (what, members, files that must hold `PWNED` after the restore).
+type Accepted<'a> = (&'a str, Vec<Vec<u8>>, Vec<&'a str>);
+
 #[test]
 fn ordinary_tars_are_still_accepted() {
-    let cases: Vec<(&str, Vec<Vec<u8>>, Vec<&str>)> = vec![
+    let cases: Vec<Accepted> = vec![
         (
             "parents not listed",
             vec![reg("a/b/c.txt")],
