@@ -12,6 +12,8 @@
 //! suffix), fields as varints; the whole catalog zstd-compressed and split into
 //! parts sealed with CRC32C.
 
+use std::collections::HashMap;
+
 use crate::codec::{open_crc, put_bytes, put_ivarint, put_uvarint, seal_crc, Reader};
 use crate::error::{corrupt_meta, Result};
 
@@ -53,6 +55,19 @@ impl Kind {
             6 => Kind::BlockDev,
             _ => return None,
         })
+    }
+
+    /// The kind in words, for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::File => "a regular file",
+            Kind::Dir => "a directory",
+            Kind::Symlink => "a symlink",
+            Kind::Hardlink => "a hard link",
+            Kind::Fifo => "a FIFO",
+            Kind::CharDev => "a character device",
+            Kind::BlockDev => "a block device",
+        }
     }
 }
 
@@ -104,6 +119,193 @@ impl Entry {
     pub fn path_str(&self) -> String {
         String::from_utf8_lossy(&self.path).into_owned()
     }
+}
+
+/// Checks, entry by entry in stream order, that entries describe one
+/// directory tree that can be recreated as it is. Tar readers use it to
+/// refuse impossible uploads, and restores to refuse hostile catalogs
+/// (a store written by an older build may hold any catalog).
+///
+/// The rules:
+/// - a path is relative and clean: `/`-separated components, none empty,
+///   `.` or `..`, no NUL; `""` is the root, and must be a directory;
+/// - nothing lies below a non-directory (above all a symlink: a restore
+///   would otherwise write through it);
+/// - no path repeats, except a directory listed again (tar does that);
+/// - a hard link names an earlier regular file (or an earlier hard link to
+///   one) by a clean path; a symlink's target is content, anything but
+///   empty or holding NUL;
+/// - a file's sparse layout fits its size and data length.
+///
+/// Parents that are not listed are implied directories, and a directory may
+/// be listed after its children.
+#[derive(Default)]
+pub struct TreeCheck {
+    /// Every path seen so far, with what it is.
+    seen: HashMap<Box<[u8]>, Seen>,
+}
+
+#[derive(Clone, Copy)]
+enum Seen {
+    /// A directory only implied by a deeper path.
+    Implied,
+    Entry(Kind),
+}
+
+/// What [`TreeCheck::add`] found an entry to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    New,
+    /// A directory listed before: nothing new to create.
+    RepeatedDir,
+}
+
+/// The path as it is shown in messages: quoted, with escapes.
+fn quoted(p: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(p))
+}
+
+/// True for `""` (the root) and for relative paths whose components are
+/// neither empty, `.` nor `..`, without NUL bytes.
+pub fn is_clean_path(p: &[u8]) -> bool {
+    p.is_empty()
+        || (!p.contains(&0)
+            && p.split(|&b| b == b'/')
+                .all(|c| !c.is_empty() && c != b"." && c != b".."))
+}
+
+impl TreeCheck {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Checks the next entry. The error says what is wrong, naming the
+    /// entry's path first (callers say whether it is a member or an entry).
+    pub fn add(&mut self, e: &Entry) -> std::result::Result<Checked, String> {
+        let path = &e.path[..];
+        let name = quoted(path);
+        if !is_clean_path(path) {
+            return Err(format!(
+                "{name} is not a clean relative path (no leading '/', no empty, '.' or '..' components, no NUL)"
+            ));
+        }
+        if path.is_empty() && e.kind != Kind::Dir {
+            return Err(format!(
+                "{name} (the root) must be a directory, not {}",
+                e.kind.describe()
+            ));
+        }
+        check_content(e, &name)?;
+        if e.kind == Kind::Hardlink {
+            self.check_hardlink(e, &name)?;
+        }
+        let implied = self.implied_parents(path, &name)?;
+        let checked = match self.seen.get(path) {
+            None => Checked::New,
+            Some(Seen::Implied) if e.kind == Kind::Dir => Checked::New,
+            Some(Seen::Entry(Kind::Dir)) if e.kind == Kind::Dir => Checked::RepeatedDir,
+            Some(Seen::Implied) => {
+                return Err(format!(
+                    "{name} is {}, but earlier entries lie below it",
+                    e.kind.describe()
+                ))
+            }
+            Some(Seen::Entry(k)) => {
+                return Err(format!(
+                    "{name} is listed twice: {}, then {}",
+                    k.describe(),
+                    e.kind.describe()
+                ))
+            }
+        };
+        for end in implied {
+            self.seen.insert(path[..end].into(), Seen::Implied);
+        }
+        if checked == Checked::New {
+            self.seen.insert(path.into(), Seen::Entry(e.kind));
+        }
+        Ok(checked)
+    }
+
+    /// The ends of the parents of `path` not seen yet (implied directories),
+    /// or an error if a parent is not a directory. A parent already seen had
+    /// its own parents checked, so the walk stops there.
+    fn implied_parents(&self, path: &[u8], name: &str) -> std::result::Result<Vec<usize>, String> {
+        let mut implied = Vec::new();
+        let mut end = path.len();
+        while let Some(slash) = path[..end].iter().rposition(|&b| b == b'/') {
+            match self.seen.get(&path[..slash]) {
+                None => implied.push(slash),
+                Some(Seen::Implied) | Some(Seen::Entry(Kind::Dir)) => break,
+                Some(Seen::Entry(k)) => {
+                    return Err(format!(
+                        "{name} lies below {}, which is {}",
+                        quoted(&path[..slash]),
+                        k.describe()
+                    ))
+                }
+            }
+            end = slash;
+        }
+        Ok(implied)
+    }
+
+    fn check_hardlink(&self, e: &Entry, name: &str) -> std::result::Result<(), String> {
+        let target = quoted(&e.link);
+        if e.link.is_empty() || !is_clean_path(&e.link) {
+            return Err(format!(
+                "{name} is a hard link to {target}, which is not a clean relative path inside the tree"
+            ));
+        }
+        match self.seen.get(&e.link[..]) {
+            Some(Seen::Entry(Kind::File | Kind::Hardlink)) => Ok(()),
+            Some(Seen::Entry(k)) => Err(format!(
+                "{name} is a hard link to {target}, which is {}; a hard link may only name a regular file",
+                k.describe()
+            )),
+            Some(Seen::Implied) => Err(format!(
+                "{name} is a hard link to {target}, which is a directory; a hard link may only name a regular file"
+            )),
+            None => Err(format!(
+                "{name} is a hard link to {target}, which is not an earlier regular file of the tree"
+            )),
+        }
+    }
+}
+
+/// Per-kind content: a symlink's target, a file's layout.
+fn check_content(e: &Entry, name: &str) -> std::result::Result<(), String> {
+    match e.kind {
+        Kind::Symlink if e.link.is_empty() || e.link.contains(&0) => Err(format!(
+            "{name} is a symlink with an empty target or one holding NUL"
+        )),
+        Kind::File if !layout_fits(e) => Err(format!(
+            "{name} has a data layout that does not fit its size ({} bytes, {} of data, extents {:?})",
+            e.size, e.data_len, e.extents
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A dense file has at most its size in data; a sparse one's extents are in
+/// order, do not overlap, end within the size and add up to the data length.
+fn layout_fits(e: &Entry) -> bool {
+    if e.extents.is_empty() {
+        return e.data_len <= e.size;
+    }
+    let mut end = 0u64;
+    let mut total = 0u64;
+    for &(off, len) in &e.extents {
+        let Some(next) = off.checked_add(len) else {
+            return false;
+        };
+        if off < end || next > e.size {
+            return false;
+        }
+        end = next;
+        total += len;
+    }
+    total == e.data_len
 }
 
 /// Encodes entries (already in stream order) into sealed, compressed parts.

@@ -6,12 +6,15 @@
 //! Parsed as a stream (nothing is buffered beyond one header): ustar and GNU
 //! headers via the `tar` crate's `Header`, GNU long names and links, and PAX
 //! extended headers (`path`, `linkpath`, `size`, `mtime`, `uid`, `gid`).
-//! GNU sparse entries are refused with a clear error.
+//! GNU sparse entries are refused with a clear error, and so is a stream that
+//! cannot be one directory tree ([`TreeCheck`]): an entry below a symlink or
+//! another non-directory, a path listed twice (a directory may repeat), a
+//! hard link to anything but an earlier regular file.
 
 use std::collections::HashMap;
 use std::io::Read;
 
-use crate::catalog::{Entry, Kind};
+use crate::catalog::{Checked, Entry, Kind, TreeCheck};
 use crate::error::{Error, Result};
 use crate::source::{input_error, Source};
 
@@ -26,8 +29,8 @@ pub struct TarSource<R> {
     pax: HashMap<String, Vec<u8>>,
     long_name: Option<Vec<u8>>,
     long_link: Option<Vec<u8>>,
-    /// Directory entries by path, to reject a second root or duplicates.
-    seen: HashMap<Vec<u8>, usize>,
+    /// The tree so far, to refuse members that cannot be part of it.
+    check: TreeCheck,
 }
 
 impl<R: Read + Send> TarSource<R> {
@@ -42,7 +45,7 @@ impl<R: Read + Send> TarSource<R> {
             pax: HashMap::new(),
             long_name: None,
             long_link: None,
-            seen: HashMap::new(),
+            check: TreeCheck::new(),
         }
     }
 
@@ -283,17 +286,18 @@ impl<R: Read + Send> Source for TarSource<R> {
                 _ => {}
             }
             let data = if kind == Kind::File { size } else { 0 };
-            // Directories may repeat (e.g. "./" and "."); keep the first.
-            if kind == Kind::Dir {
-                if self.seen.contains_key(&e.path) {
-                    self.skip(data + pad(data))?;
-                    continue;
-                }
-                self.seen.insert(e.path.clone(), self.entries.len());
-            }
             if kind == Kind::File {
                 e.size = size;
                 e.data_len = size;
+            }
+            match self.check.add(&e) {
+                Ok(Checked::New) => {}
+                // Directories may repeat (e.g. "./" and "."); keep the first.
+                Ok(Checked::RepeatedDir) => {
+                    self.skip(size + pad(size))?;
+                    continue;
+                }
+                Err(why) => return Err(self.bad(format!("member {why}"))),
             }
             self.entries.push(e);
             if data > 0 {
@@ -330,6 +334,15 @@ impl<R: Read + Send> Source for TarSource<R> {
 
     fn finish(self: Box<Self>) -> Result<Option<Vec<Entry>>> {
         Ok(Some(self.entries))
+    }
+}
+
+impl<R> TarSource<R> {
+    /// The entries parsed since the last call, in stream order. A reader
+    /// that uses the entries as they come (an extraction) takes them here so
+    /// they are not all held; what it leaves is the catalog `finish` returns.
+    pub(crate) fn take_entries(&mut self) -> Vec<Entry> {
+        std::mem::take(&mut self.entries)
     }
 }
 

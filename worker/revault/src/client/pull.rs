@@ -4,10 +4,12 @@
 //! crosses the network and the decoding runs on this side. With `--transfer
 //! bytes` (or a worker without block transfer) the worker assembles the
 //! version and sends every byte, a directory version as a tar stream that is
-//! extracted on the fly.
+//! extracted on the fly ([`revault_engine::tree::extract_tar`]). Either way a
+//! directory is written by the engine's one directory writer, which never
+//! writes outside the target, whatever the version holds.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,6 +21,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use revault_engine::transfer::{self, Destination, Receiver};
+use revault_engine::tree;
 
 use super::{check, runtime, series_path, ChannelRead, Conn, ServerArgs, QUEUE};
 use crate::output::{self, mib, rate};
@@ -64,24 +67,14 @@ enum Target {
     Dir(PathBuf),
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Extracts a tar stream into `dir`: permissions and mtimes always,
-/// ownership when running as root.
-pub fn extract_tar(r: impl Read, dir: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let mut a = tar::Archive::new(r);
-    a.set_preserve_permissions(true);
-    a.set_preserve_mtime(true);
-    a.set_preserve_ownerships(is_root());
-    a.set_overwrite(true);
-    a.unpack(dir)?;
-    // Drain the end-of-archive padding so the whole body is read.
-    io::copy(&mut a.into_inner(), &mut io::sink())?;
-    Ok(())
+/// Extracts the server's tar stream into `dir` through the engine's
+/// directory writer (permissions and mtimes always, ownership when running
+/// as root), then reads the rest of the body (the end-of-archive padding) so
+/// the whole download completes. Returns the entries' warnings.
+fn extract(mut r: ChannelRead, dir: &Path) -> io::Result<Vec<String>> {
+    let warnings = tree::extract_tar("the download", &mut r, dir).map_err(io::Error::other)?;
+    io::copy(&mut r, &mut io::sink())?;
+    Ok(warnings)
 }
 
 fn partial_name(p: &Path) -> PathBuf {
@@ -151,14 +144,14 @@ impl OutFile {
 /// the writes, and a piece written and dropped at once lets the HTTP client
 /// reuse its read buffer instead of faulting in fresh pages. A write that
 /// blocks (a slow pipe) holds one of the two runtime threads, which is the
-/// backpressure we want. A tar stream for a directory is extracted by `tar`
-/// on a blocking thread fed through a bounded channel. A block stream goes
+/// backpressure we want. A tar stream for a directory is extracted on a
+/// blocking thread fed through a bounded channel. A block stream goes
 /// to a [`Receiver`], which decodes it on its own thread.
 enum Sink {
     Direct(OutFile),
     Extract {
         tx: mpsc::Sender<io::Result<Bytes>>,
-        task: tokio::task::JoinHandle<io::Result<()>>,
+        task: tokio::task::JoinHandle<io::Result<Vec<String>>>,
     },
     Blocks {
         rx: Box<Receiver>,
@@ -182,8 +175,7 @@ impl Sink {
             Ok(out) => Sink::Direct(out),
             Err(d) => {
                 let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
-                let task =
-                    tokio::task::spawn_blocking(move || extract_tar(ChannelRead::new(rx), &d));
+                let task = tokio::task::spawn_blocking(move || extract(ChannelRead::new(rx), &d));
                 Sink::Extract { tx, task }
             }
         })
@@ -222,9 +214,11 @@ impl Sink {
             Sink::Direct(out) => out.complete().map(|_| Written::default()),
             Sink::Extract { tx, task } => {
                 drop(tx);
-                task.await
-                    .map_err(io::Error::other)?
-                    .map(|_| Written::default())
+                let warnings = task.await.map_err(io::Error::other)??;
+                Ok(Written {
+                    bytes: None,
+                    warnings,
+                })
             }
             Sink::Blocks { rx, out } => match rx.finish() {
                 Ok(r) => {
