@@ -57,18 +57,24 @@ fn start(dir: &Path, env: &[(&str, &str)], args: &[&str], nofile: Option<(u64, u
         }
     }
     let child = cmd.spawn().expect("start revault serve");
+    let tls = args.contains(&"--tls-cert");
     let mut srv = Server {
         child,
         addr: String::new(),
         store,
         log,
-        scheme: "http",
+        scheme: if tls { "https" } else { "http" },
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(a) = std::fs::read_to_string(&addr_file) {
             srv.addr = a.trim().to_string();
-            if get_from(PROBE, &srv, "/readyz", None).is_ok_and(|r| r.status == 200) {
+            let ready = if tls {
+                srv.log_text().contains("store open; ready")
+            } else {
+                get_from(PROBE, &srv, "/readyz", None).is_ok_and(|r| r.status == 200)
+            };
+            if ready {
                 return srv;
             }
         }
@@ -159,12 +165,13 @@ fn closed_by_server(s: &mut TcpStream) -> bool {
     closed
 }
 
-/// Opens up to `n` connections from 127.0.0.1 that send half a request head
-/// and then nothing. Stops early if the server no longer accepts.
-fn half_open_flood(srv: &Server, n: usize) -> Vec<TcpStream> {
+/// Opens up to `n` connections from the addresses `from` in turn that send
+/// half a request head and then nothing. Stops early if the server no longer
+/// accepts.
+fn half_open_flood(srv: &Server, from: &[[u8; 4]], n: usize) -> Vec<TcpStream> {
     let mut flood = Vec::new();
-    for _ in 0..n {
-        match connect_from([127, 0, 0, 1], server_addr(srv)) {
+    for i in 0..n {
+        match connect_from(from[i % from.len()], server_addr(srv)) {
             Ok(mut s) => {
                 let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: revault\r\n");
                 flood.push(s);
@@ -213,7 +220,7 @@ fn one_client_address_cannot_starve_the_others() {
         &[],
         Some((256, 256)),
     );
-    let mut flood = half_open_flood(&srv, 300);
+    let mut flood = half_open_flood(&srv, &[[127, 0, 0, 1]], 300);
     assert_eq!(flood.len(), 300, "the server stopped accepting connections");
 
     // Another address still gets answers while the flood holds its share.
@@ -233,15 +240,22 @@ fn one_client_address_cannot_starve_the_others() {
     assert_eq!(rejected, Some(284.0));
     let open = metric_from(ANOTHER_CLIENT, &srv, "revault_open_connections ").unwrap();
     assert!(open >= 16.0, "revault_open_connections {open}");
-    let held = flood.iter_mut().filter_map(|s| (!closed_by_server(s)).then_some(())).count();
+    let held = flood
+        .iter_mut()
+        .filter_map(|s| (!closed_by_server(s)).then_some(()))
+        .count();
     assert_eq!(held, 16);
 
     // Once the flood goes away, 127.0.0.1 is served again.
     drop(flood);
-    srv.wait_for("127.0.0.1 to be served again", Duration::from_secs(20), |s| {
-        s.try_request("GET", "/healthz", &[], b"")
-            .is_ok_and(|r| r.status == 200)
-    });
+    srv.wait_for(
+        "127.0.0.1 to be served again",
+        Duration::from_secs(20),
+        |s| {
+            s.try_request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        },
+    );
     srv.stop();
 }
 
@@ -259,17 +273,28 @@ fn the_connection_cap_keeps_descriptors_for_the_store() {
         &[],
         Some((128, 256)),
     );
-    let mut flood = half_open_flood(&srv, 200);
+    // From four addresses, so that no per-address cap (128 here) is reached.
+    let many = [
+        [127, 0, 1, 1],
+        [127, 0, 1, 2],
+        [127, 0, 1, 3],
+        [127, 0, 1, 4],
+    ];
+    let mut flood = half_open_flood(&srv, &many, 200);
     assert_eq!(flood.len(), 200, "the server stopped accepting connections");
     // 128 in all: the readiness probe's connection may still count for a moment.
     let closed = wait_closed(&srv, &mut flood, 200 - 128);
     assert!((72..=73).contains(&closed), "closed {closed} of 200");
     // The server works on: a backup and its restore, once the flood is gone.
     drop(flood);
-    srv.wait_for("connections to be accepted again", Duration::from_secs(20), |s| {
-        s.try_request("GET", "/healthz", &[], b"")
-            .is_ok_and(|r| r.status == 200)
-    });
+    srv.wait_for(
+        "connections to be accepted again",
+        Duration::from_secs(20),
+        |s| {
+            s.try_request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        },
+    );
     let rejected = srv
         .metric("revault_rejected_connections_total{reason=\"max_connections\"}")
         .unwrap();
@@ -279,26 +304,44 @@ fn the_connection_cap_keeps_descriptors_for_the_store() {
     std::fs::write(&input, &data).unwrap();
     let url = srv.url();
     let inp = input.to_str().unwrap();
-    client_ok(&["push", "--server", &url, "--series", "default/db", inp], None);
+    client_ok(
+        &["push", "--server", &url, "--series", "default/db", inp],
+        None,
+    );
     let out = dir.path().join("out.bin");
     let outp = out.to_str().unwrap();
-    client_ok(&["pull", "--server", &url, "--series", "default/db", "-o", outp], None);
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/db",
+            "-o",
+            outp,
+        ],
+        None,
+    );
     assert_eq!(std::fs::read(&out).unwrap(), data);
     let log = srv.stop();
     assert!(log.contains("open-file limit 256"), "{log}");
 }
 
-/// Waits (bounded) for the server to close `s`; panics if it does not.
-fn expect_closed(srv: &Server, mut s: TcpStream, what: &str) {
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+/// Waits (at most `limit`) for the server to close `s`; panics if it does not.
+fn expect_closed_within(srv: &Server, mut s: TcpStream, limit: Duration, what: &str) {
+    s.set_read_timeout(Some(limit)).unwrap();
     let mut buf = Vec::new();
     match s.read_to_end(&mut buf) {
         Ok(_) => {}
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            panic!("{what}: still open after 15 s:\n{}", srv.log_text())
+            panic!("{what}: still open after {limit:?}:\n{}", srv.log_text())
         }
         Err(_) => {} // reset: closed too
     }
+}
+
+fn expect_closed(srv: &Server, s: TcpStream, what: &str) {
+    expect_closed_within(srv, s, Duration::from_secs(15), what)
 }
 
 #[test]
@@ -328,7 +371,11 @@ fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
         assert!(n > 0, "closed before answering");
         got.extend_from_slice(&buf[..n]);
     }
-    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
     expect_closed(&srv, s, "an idle keep-alive connection");
 
     let header = srv.metric("revault_timeouts_total{kind=\"header\"}");
@@ -339,15 +386,84 @@ fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
 }
 
 #[test]
+fn a_stalled_tls_handshake_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let srv = start(
+        dir.path(),
+        &[
+            ("REVAULT_TLS_HANDSHAKE_TIMEOUT", "1s"),
+            ("REVAULT_HEADER_TIMEOUT", "5m"),
+        ],
+        &["--tls-cert", c, "--tls-key", k],
+        None,
+    );
+    let to = server_addr(&srv);
+    // Nothing at all, and the first bytes of a ClientHello. The bound is
+    // well past the 1 s asked for and short of the 10 s a fixed default
+    // would take.
+    let s = connect_from([127, 0, 0, 1], to).unwrap();
+    expect_closed_within(&srv, s, Duration::from_secs(6), "a silent TLS connection");
+    let mut s = connect_from([127, 0, 0, 1], to).unwrap();
+    s.write_all(&[0x16, 0x03, 0x01, 0x01, 0x00, 0x01, 0x00])
+        .unwrap();
+    expect_closed_within(&srv, s, Duration::from_secs(6), "half a ClientHello");
+    // A real client is served.
+    let port = srv.addr.rsplit(':').next().unwrap().to_string();
+    let url = format!("https://localhost:{port}");
+    let f = dir.path().join("f");
+    std::fs::write(&f, random(1 << 20, 52)).unwrap();
+    let fp = f.to_str().unwrap();
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--ca-cert",
+            c,
+            "--series",
+            "default/tls",
+            fp,
+        ],
+        None,
+    );
+    let out = client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--ca-cert",
+            c,
+            "--series",
+            "default/tls",
+        ],
+        None,
+    );
+    assert_eq!(out.stdout, std::fs::read(&f).unwrap());
+    srv.stop();
+}
+
+#[test]
 fn request_heads_and_json_bodies_have_size_limits() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("store"), &[]);
-    // A head of 300 KiB is read; one of 500 KiB gets 431.
-    let h = "x".repeat(300 << 10);
-    assert_eq!(srv.request("GET", "/healthz", &[("X-Pad", &h)], b"").status, 200);
-    let h = "x".repeat(500 << 10);
-    let r = srv.request("GET", "/healthz", &[("X-Pad", &h)], b"");
-    assert_eq!(r.status, 431, "{}", r.text());
+    // A head of 60 KiB is read; one over 64 KiB gets 431, however it is sent.
+    let h = "x".repeat(60 << 10);
+    assert_eq!(
+        srv.request("GET", "/healthz", &[("X-Pad", &h)], b"").status,
+        200
+    );
+    for kib in [65, 500, 2048] {
+        let h = "x".repeat(kib << 10);
+        let r = srv.request("GET", "/healthz", &[("X-Pad", &h)], b"");
+        assert_eq!(r.status, 431, "{kib} KiB: {}", r.text());
+    }
     // 100 headers pass, 101 do not (the request adds Host and Connection).
     let names: Vec<String> = (0..99).map(|i| format!("X-H{i}")).collect();
     let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
@@ -369,13 +485,18 @@ fn request_heads_and_json_bodies_have_size_limits() {
 /// Sends a backup's head and then `trickle` bytes of its body, one every
 /// `every`, until the server answers (or 20 s pass). Returns the answer.
 fn trickle_upload(srv: &Server, series: &str, trickle: usize, every: Duration) -> Response {
+    let head = format!(
+        "PUT /v1/series/{series}/versions HTTP/1.1\r\nHost: revault\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000000\r\n\r\n"
+    );
+    trickle_body(srv, &head, trickle, every)
+}
+
+/// Sends `head`, then `trickle` bytes of a body, one every `every`, until
+/// the server answers (or 20 s pass). Returns the answer.
+fn trickle_body(srv: &Server, head: &str, trickle: usize, every: Duration) -> Response {
     let mut s = connect_from([127, 0, 0, 1], server_addr(srv)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "PUT /v1/series/{series}/versions HTTP/1.1\r\nHost: revault\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000000\r\n\r\n"
-    )
-    .unwrap();
+    s.write_all(head.as_bytes()).unwrap();
     let reader = s.try_clone().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -387,7 +508,10 @@ fn trickle_upload(srv: &Server, series: &str, trickle: usize, every: Duration) -
         match rx.recv_timeout(every) {
             Ok(r) => break r,
             Err(_) if Instant::now() >= deadline => {
-                panic!("no answer to a trickling upload in 20 s:\n{}", srv.log_text())
+                panic!(
+                    "no answer to a trickling upload in 20 s:\n{}",
+                    srv.log_text()
+                )
             }
             Err(_) => {}
         }
@@ -427,12 +551,32 @@ fn trickling_and_stalled_uploads_are_cut_and_leave_no_version() {
     let inp = input.to_str().unwrap();
 
     // A byte every 300 ms: never idle for a second, but far below 1000 B/s.
-    let r = trickle_upload(&srv, "default/trickle", usize::MAX, Duration::from_millis(300));
+    let r = trickle_upload(
+        &srv,
+        "default/trickle",
+        usize::MAX,
+        Duration::from_millis(300),
+    );
     r.assert_error(408, "request_timeout");
-    assert!(r.json()["message"].as_str().unwrap().contains("no version"), "{}", r.text());
+    assert!(
+        r.json()["message"].as_str().unwrap().contains("no version"),
+        "{}",
+        r.text()
+    );
     assert_no_version(&srv, "default/trickle");
     // The series claim is gone: a new backup starts and commits at once.
-    let out = client_ok(&["push", "--server", &url, "--series", "default/trickle", inp, "--json"], None);
+    let out = client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "default/trickle",
+            inp,
+            "--json",
+        ],
+        None,
+    );
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["version"], 1, "{rep}");
 
@@ -440,16 +584,32 @@ fn trickling_and_stalled_uploads_are_cut_and_leave_no_version() {
     let r = trickle_upload(&srv, "default/stall", 10, Duration::from_millis(50));
     r.assert_error(408, "request_timeout");
     assert_no_version(&srv, "default/stall");
-    client_ok(&["push", "--server", &url, "--series", "default/stall", inp], None);
+    client_ok(
+        &["push", "--server", &url, "--series", "default/stall", inp],
+        None,
+    );
 
-    assert_eq!(srv.metric("revault_timeouts_total{kind=\"body_rate\"}"), Some(1.0));
-    assert_eq!(srv.metric("revault_timeouts_total{kind=\"body_idle\"}"), Some(1.0));
+    // A JSON body is paced too.
+    let gc = "POST /v1/gc HTTP/1.1\r\nHost: revault\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+    trickle_body(&srv, gc, 2, Duration::from_millis(50)).assert_error(408, "request_timeout");
+
+    assert_eq!(
+        srv.metric("revault_timeouts_total{kind=\"body_rate\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        srv.metric("revault_timeouts_total{kind=\"body_idle\"}"),
+        Some(2.0)
+    );
     assert_eq!(srv.metric("revault_inflight_backups "), Some(0.0));
     // What was committed restores byte-exact.
     for series in ["default/trickle", "default/stall"] {
         let out = dir.path().join("out.bin");
         let outp = out.to_str().unwrap();
-        client_ok(&["pull", "--server", &url, "--series", series, "-o", outp], None);
+        client_ok(
+            &["pull", "--server", &url, "--series", series, "-o", outp],
+            None,
+        );
         assert_eq!(std::fs::read(&out).unwrap(), data, "{series}");
     }
     let store = srv.store.clone();
@@ -468,13 +628,22 @@ fn a_pull_whose_client_stops_reading_is_aborted() {
     let input = dir.path().join("big.bin");
     std::fs::write(&input, random(size, 11)).unwrap();
     client_ok(
-        &["push", "--server", &url, "--series", "default/big", input.to_str().unwrap()],
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "default/big",
+            input.to_str().unwrap(),
+        ],
         None,
     );
 
     let mut s = connect_from([127, 0, 0, 1], server_addr(&srv)).unwrap();
-    s.write_all(b"GET /v1/series/default/big/versions/latest?cache_mib=1 HTTP/1.1\r\nHost: revault\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        b"GET /v1/series/default/big/versions/latest?cache_mib=1 HTTP/1.1\r\nHost: revault\r\n\r\n",
+    )
+    .unwrap();
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -491,12 +660,17 @@ fn a_pull_whose_client_stops_reading_is_aborted() {
         .trim()
         .to_string();
     // The client stops reading: the restore is given up and its engine work ends.
-    srv.wait_for("the in-flight restore to end", Duration::from_secs(30), |s| {
-        s.metric("revault_inflight_restores ") == Some(0.0)
-    });
+    srv.wait_for(
+        "the in-flight restore to end",
+        Duration::from_secs(30),
+        |s| s.metric("revault_inflight_restores ") == Some(0.0),
+    );
     let report = srv.get(&format!("/v1/restores/{id}"), None).json();
     assert_eq!(report["state"], "failed", "{report}");
-    assert_eq!(srv.metric("revault_timeouts_total{kind=\"send\"}"), Some(1.0));
+    assert_eq!(
+        srv.metric("revault_timeouts_total{kind=\"send\"}"),
+        Some(1.0)
+    );
     // The response was cut, not completed.
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
     let mut total = head.len();
@@ -510,7 +684,15 @@ fn a_pull_whose_client_stops_reading_is_aborted() {
     // The server is fine: a full pull works.
     let out = dir.path().join("out.bin");
     client_ok(
-        &["pull", "--server", &url, "--series", "default/big", "-o", out.to_str().unwrap()],
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--series",
+            "default/big",
+            "-o",
+            out.to_str().unwrap(),
+        ],
         None,
     );
     assert_eq!(sha256_file(&out), sha256_file(&input));
@@ -526,14 +708,32 @@ fn metrics_name_series_only_to_tokens_that_may_see_them() {
         "admin-0123456789 *\nteam-a-token-0001 team-a\nteam-b-token-0002 team-b\n",
     )
     .unwrap();
-    let srv = start(dir.path(), &[], &["--token-file", tokens.to_str().unwrap()], None);
+    let srv = start(
+        dir.path(),
+        &[],
+        &["--token-file", tokens.to_str().unwrap()],
+        None,
+    );
     let url = srv.url();
     let input = dir.path().join("in.bin");
     std::fs::write(&input, random(1 << 20, 3)).unwrap();
     let inp = input.to_str().unwrap();
     let (ta, tb) = (Some("team-a-token-0001"), Some("team-b-token-0002"));
-    client_ok(&["push", "--server", &url, "--series", "team-a/db", inp], ta);
-    client_ok(&["push", "--server", &url, "--series", "team-b/secret-db", inp], tb);
+    client_ok(
+        &["push", "--server", &url, "--series", "team-a/db", inp],
+        ta,
+    );
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &url,
+            "--series",
+            "team-b/secret-db",
+            inp,
+        ],
+        tb,
+    );
     let obj = srv.request(
         "PUT",
         "/v1/buckets/team-b/secret-bucket/object?key=k",
@@ -552,7 +752,10 @@ fn metrics_name_series_only_to_tokens_that_may_see_them() {
     assert!(text.contains("revault_stored_bytes"), "{text}");
     assert!(text.contains("revault_versions"), "{text}");
     for name in ["team-a", "team-b", "secret", "series="] {
-        assert!(!text.contains(name), "{name} in unauthenticated metrics:\n{text}");
+        assert!(
+            !text.contains(name),
+            "{name} in unauthenticated metrics:\n{text}"
+        );
     }
     // A scoped token: its namespaces only.
     let text = srv.get("/metrics", ta).text();
