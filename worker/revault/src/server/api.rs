@@ -109,6 +109,9 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
         }
     }
     let bytes = axum::body::to_bytes(body, JSON_LIMIT).await.map_err(|e| {
+        if let Some(t) = super::limits::body_timeout(&e) {
+            return ApiError::body_timeout(t, "nothing was done");
+        }
         ApiError::bad_request(
             "bad_body",
             format!("cannot read the request body (at most {JSON_LIMIT} bytes of JSON): {e}"),
@@ -162,7 +165,8 @@ pub(crate) fn retry_while_busy<T, E>(
 ///
 /// A failure is answered once the rest of the body was let in (bounded), so
 /// the client reads the error instead of a reset connection; an upload
-/// cancelled by shutdown answers 503, saying what was `lost`.
+/// cancelled by shutdown answers 503, and one whose body came too slowly
+/// 408, saying what was `lost`.
 pub(crate) async fn run_upload<T, E>(
     app: &Arc<App>,
     headers: &HeaderMap,
@@ -194,8 +198,11 @@ where
         Ok(t) => return Ok(t),
         Err(e) => e.into(),
     };
+    let timed_out = pump.timed_out();
     pump.settle().await;
-    if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
+    if let Some(t) = timed_out.filter(|_| err.status.is_client_error()) {
+        err = ApiError::body_timeout(&t, lost);
+    } else if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
         err = ApiError::unavailable(format!(
             "the server shut down before the {what} completed; {lost}"
         ));
@@ -386,7 +393,9 @@ pub async fn readyz(State(app): AppState) -> Response {
     }
 }
 
-pub async fn metrics(State(app): AppState) -> Response {
+/// Store-wide figures for anyone; per-series gauges for a token, for the
+/// namespaces it may see (without --token-file: everyone sees all).
+pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
     if let Some(store) = app.store.get().cloned() {
         let a = app.clone();
         let _ = tokio::task::spawn_blocking(move || a.refresh_totals(&store)).await;
@@ -396,7 +405,7 @@ pub async fn metrics(State(app): AppState) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        app.metrics.encode(),
+        app.metrics.encode(p.as_ref().map(|p| &p.scope)),
     )
         .into_response()
 }

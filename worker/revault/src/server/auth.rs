@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -346,6 +346,28 @@ impl FromRequestParts<Arc<App>> for Principal {
             }
         };
         app.auth.authenticate(token)
+    }
+}
+
+/// For routes open to everyone that show more to a token (`/metrics`): no
+/// `Authorization` header is `None` when auth is enabled; a header present
+/// must hold a valid token.
+impl OptionalFromRequestParts<Arc<App>> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &Arc<App>,
+    ) -> Result<Option<Self>, ApiError> {
+        let given = parts
+            .headers
+            .contains_key(axum::http::header::AUTHORIZATION);
+        if app.auth.enabled() && !given {
+            return Ok(None);
+        }
+        <Principal as FromRequestParts<Arc<App>>>::from_request_parts(parts, app)
+            .await
+            .map(Some)
     }
 }
 

@@ -45,6 +45,15 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// 408: the request body came too slowly (see `limits::PacedBody`).
+    pub fn body_timeout(t: &super::limits::BodyTimeout, what_happened: &str) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("{t}; {what_happened}"),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }

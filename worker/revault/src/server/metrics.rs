@@ -1,6 +1,12 @@
 //! Prometheus metrics (text format at `/metrics`).
+//!
+//! Store-wide figures are for anyone who can reach `/metrics`; the
+//! per-series gauges name series and buckets, so they are shown only to a
+//! token, for the namespaces it may see (see [`Metrics::encode`]).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -8,6 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+
+use super::auth::Scope;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SeriesLabel {
@@ -27,6 +35,16 @@ pub struct OpLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,9 +96,12 @@ pub struct Metrics {
     pub versions: Gauge,
     pub containers: Gauge,
     pub dedup_ratio: Gauge<f64, AtomicU64>,
-    pub series_dedup_ratio: Family<SeriesLabel, Gauge<f64, AtomicU64>>,
-    pub series_logical_bytes: Family<SeriesLabel, Gauge>,
+    /// Per series (buckets included): (logical bytes, new bytes).
+    series: Mutex<BTreeMap<String, (u64, u64)>>,
     pub tokens: Gauge,
+    pub open_connections: Gauge,
+    pub rejected_connections: Family<ReasonLabel, Counter>,
+    pub timeouts: Family<KindLabel, Counter>,
 }
 
 impl Metrics {
@@ -113,9 +134,11 @@ impl Metrics {
             versions: Gauge::default(),
             containers: Gauge::default(),
             dedup_ratio: Gauge::default(),
-            series_dedup_ratio: Family::default(),
-            series_logical_bytes: Family::default(),
+            series: Mutex::new(BTreeMap::new()),
             tokens: Gauge::default(),
+            open_connections: Gauge::default(),
+            rejected_connections: Family::default(),
+            timeouts: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -223,26 +246,88 @@ impl Metrics {
             "Store dedup ratio: logical bytes / unique bytes",
             m.dedup_ratio.clone(),
         );
+        r.register("tokens", "Bearer tokens loaded", m.tokens.clone());
+        r.register(
+            "open_connections",
+            "Open client connections",
+            m.open_connections.clone(),
+        );
+        r.register(
+            "rejected_connections",
+            "Connections closed at once for a connection cap, by reason",
+            m.rejected_connections.clone(),
+        );
+        r.register(
+            "timeouts",
+            "Connections and requests cut by a timeout, by kind",
+            m.timeouts.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The exposition for a caller who may see the series of `scope`
+    /// (`None`: no token, store-wide figures only).
+    pub fn encode(&self, scope: Option<&Scope>) -> String {
+        use prometheus_client::encoding::text;
+        let mut out = String::new();
+        let fine = "encoding metrics into a String cannot fail";
+        text::encode_registry(&mut out, &self.registry).expect(fine);
+        if let Some(scope) = scope {
+            text::encode_registry(&mut out, &self.series_registry(scope)).expect(fine);
+        }
+        text::encode_eof(&mut out).expect(fine);
+        out
+    }
+
+    /// The per-series gauges of the series in `scope`, built for one scrape.
+    fn series_registry(&self, scope: &Scope) -> Registry {
+        let ratio: Family<SeriesLabel, Gauge<f64, AtomicU64>> = Family::default();
+        let logical: Family<SeriesLabel, Gauge> = Family::default();
+        for (name, (l, new)) in self.series.lock().unwrap().iter() {
+            let ns = name.split('/').next().unwrap_or_default();
+            if !scope.allows(ns) {
+                continue;
+            }
+            let label = SeriesLabel {
+                series: name.clone(),
+            };
+            let r = if *new > 0 {
+                *l as f64 / *new as f64
+            } else {
+                0.0
+            };
+            ratio.get_or_create(&label).set(r);
+            logical.get_or_create(&label).set(*l as i64);
+        }
+        let mut r = Registry::with_prefix("revault");
         r.register(
             "series_dedup_ratio",
             "Per series: logical bytes of its versions / new bytes they added",
-            m.series_dedup_ratio.clone(),
+            ratio,
         );
         r.register_with_unit(
             "series_logical",
             "Per series: logical bytes of its versions",
             Unit::Bytes,
-            m.series_logical_bytes.clone(),
+            logical,
         );
-        r.register("tokens", "Bearer tokens loaded", m.tokens.clone());
-        Metrics { registry, ..m }
+        r
     }
 
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("encoding metrics into a String cannot fail");
-        out
+    pub fn reject(&self, reason: &str) {
+        self.rejected_connections
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn timeout(&self, kind: &str) {
+        self.timeouts
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
     }
 
     pub fn error(&self, code: &str) {
@@ -268,22 +353,42 @@ impl Metrics {
 
     /// Per-series figures from the series' stored versions.
     pub fn set_series(&self, series: &str, logical: u64, new: u64, present: bool) {
-        let l = SeriesLabel {
-            series: series.to_string(),
-        };
-        if !present {
-            self.series_dedup_ratio.remove(&l);
-            self.series_logical_bytes.remove(&l);
-            return;
-        }
-        let ratio = if new > 0 {
-            logical as f64 / new as f64
+        let mut all = self.series.lock().unwrap();
+        if present {
+            all.insert(series.to_string(), (logical, new));
         } else {
-            0.0
-        };
-        self.series_dedup_ratio.get_or_create(&l).set(ratio);
-        self.series_logical_bytes
-            .get_or_create(&l)
-            .set(logical as i64);
+            all.remove(series);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_gauges_follow_the_scope() {
+        let m = Metrics::new();
+        m.set_series("team-a/db", 300, 100, true);
+        m.set_series("team-b/bucket", 50, 50, true);
+        m.set_series("team-b/gone", 1, 1, true);
+        m.set_series("team-b/gone", 0, 0, false);
+        let none = m.encode(None);
+        assert!(!none.contains("team-"), "{none}");
+        assert!(none.contains("revault_versions "), "{none}");
+        let a = m.encode(Some(&Scope::Namespaces(["team-a".to_string()].into())));
+        assert!(
+            a.contains("revault_series_dedup_ratio{series=\"team-a/db\"} 3.0"),
+            "{a}"
+        );
+        assert!(!a.contains("team-b"), "{a}");
+        let all = m.encode(Some(&Scope::All));
+        assert!(
+            all.contains("revault_series_logical_bytes{series=\"team-b/bucket\"} 50"),
+            "{all}"
+        );
+        assert!(!all.contains("gone"), "{all}");
+        assert_eq!(all.matches("# EOF").count(), 1);
+        assert!(all.ends_with("# EOF\n"));
     }
 }

@@ -8,7 +8,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod conn;
 pub mod error;
+pub mod limits;
 pub mod metrics;
 pub mod objects;
 pub mod routes;
@@ -89,9 +91,11 @@ pub struct ServeArgs {
     /// failing; readiness stays false meanwhile.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub lock_wait: Duration,
+    #[command(flatten)]
+    pub limits: limits::LimitArgs,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s == "0" {
         return Ok(Duration::ZERO);
     }
@@ -334,28 +338,32 @@ async fn serve(a: ServeArgs) -> Result<()> {
         _ => None,
     };
 
+    // Connections and the store's files share the open-file limit.
+    let open_files = limits::raise_open_files();
+    let caps = limits::connection_caps(&a.limits, open_files);
+    if caps.0 < a.limits.max_connections {
+        tracing::warn!(
+            asked = a.limits.max_connections,
+            open_files,
+            "--max-connections lowered to half the open-file limit"
+        );
+    }
+    tracing::info!(
+        "connection caps: {} in all (open-file limit {open_files}), {} per client address",
+        caps.0,
+        caps.1
+    );
     let listener = std::net::TcpListener::bind(a.listen)
         .with_context(|| format!("cannot listen on {}", a.listen))?;
-    listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    let handle = axum_server::Handle::new();
-    let router = routes::router(app.clone());
-    let svc = router.into_make_service();
-    // hyper's defaults: request heads over ~400 KiB (or 100 headers) get 431.
-    let server = {
-        let handle = handle.clone();
-        match tls {
-            Some(cfg) => {
-                let cfg = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(cfg));
-                let s = axum_server::from_tcp_rustls(listener, cfg).handle(handle);
-                tokio::spawn(async move { s.serve(svc).await })
-            }
-            None => {
-                let s = axum_server::from_tcp(listener).handle(handle);
-                tokio::spawn(async move { s.serve(svc).await })
-            }
-        }
-    };
+    let router = limits::pace_bodies(
+        routes::router(app.clone()),
+        limits::Pace::new(&a.limits),
+        app.metrics.clone(),
+    );
+    // Request heads over 64 KiB or with over 100 headers get 431.
+    let (server, handle) =
+        conn::serve(listener, router, tls, &a.limits, caps, app.metrics.clone())?;
     tracing::info!(
         %addr,
         tls = a.tls_cert.is_some(),
@@ -441,7 +449,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     app.draining.store(true, Ordering::SeqCst);
     sched.abort();
     tracing::info!(grace = ?a.grace_period, "draining in-flight requests");
-    handle.graceful_shutdown(None);
+    handle.graceful();
     let grace = tokio::time::sleep(a.grace_period);
     tokio::pin!(grace);
     tokio::select! {
@@ -454,7 +462,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
             app.abort.send_replace(true);
             tracing::warn!(requests = handle.connection_count(), backups = n, "grace period over: closing connections, discarding unfinished backups");
             tokio::time::sleep(Duration::from_millis(200)).await;
-            handle.shutdown();
+            handle.close();
             let _ = server.await;
         }
     }

@@ -4,7 +4,7 @@
 //! restores. Memory per stream is a few MiB whatever the stream's size.
 
 use std::io::{self, Read, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use revault_engine::source::CancelledInput;
 use tokio::sync::{mpsc, watch};
 
+use super::limits::{self, BodyTimeout};
 use super::metrics::Metrics;
 
 /// Body frames queued between the network and the engine.
@@ -40,6 +41,8 @@ enum Frame {
 /// Reads the request body on the async side and queues it for the engine.
 pub struct BodyPump {
     task: tokio::task::JoinHandle<()>,
+    /// Set when the body was cut for coming too slowly.
+    timed_out: Arc<OnceLock<BodyTimeout>>,
 }
 
 impl BodyPump {
@@ -53,6 +56,8 @@ impl BodyPump {
         metrics: Arc<Metrics>,
     ) -> (BodyPump, BodyReader) {
         let (tx, rx) = mpsc::channel::<Frame>(BODY_QUEUE);
+        let timed_out = Arc::new(OnceLock::new());
+        let cut = timed_out.clone();
         let task = tokio::spawn(async move {
             let mut s = body.into_data_stream();
             let mut gone = false;
@@ -86,6 +91,9 @@ impl BodyPump {
                         }
                     }
                     Some(Err(e)) => {
+                        if let Some(t) = limits::body_timeout(&e) {
+                            let _ = cut.set(t.clone());
+                        }
                         let _ = tx.send(Frame::Failed(e.to_string())).await;
                         return;
                     }
@@ -108,7 +116,7 @@ impl BodyPump {
             let _ = tx.send(frame).await;
         });
         (
-            BodyPump { task },
+            BodyPump { task, timed_out },
             BodyReader {
                 inner: Arc::new(Mutex::new(ReaderState {
                     rx,
@@ -118,6 +126,11 @@ impl BodyPump {
                 })),
             },
         )
+    }
+
+    /// Why the body was cut, if it came too slowly.
+    pub fn timed_out(&self) -> Option<BodyTimeout> {
+        self.timed_out.get().cloned()
     }
 
     /// Waits (bounded) until the body has been read or discarded, so that an
