@@ -402,7 +402,7 @@ impl ContainerWriter {
     }
 }
 
-fn encode_footer(f: &Footer) -> Vec<u8> {
+pub(crate) fn encode_footer(f: &Footer) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + f.blocks.len() * 12 + f.units.len() * 64);
     out.push(1u8);
     put_uvarint(&mut out, f.blocks.len() as u64);
@@ -424,7 +424,7 @@ fn encode_footer(f: &Footer) -> Vec<u8> {
     out
 }
 
-fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer> {
+pub(crate) fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer> {
     let bad = || corrupt(id, "malformed footer");
     let mut r = Reader::new(buf);
     if r.u8().ok_or_else(bad)? != 1 {

@@ -727,7 +727,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(24);
         put_uvarint(&mut v, self.next_session);
         put_uvarint(&mut v, self.next_unit);
@@ -736,7 +736,7 @@ impl Counters {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self> {
         let bad = || corrupt_meta("id counters", "checksum or format mismatch");
         let body = open_crc(b).ok_or_else(bad)?;
         let mut r = Reader::new(body);
@@ -1050,7 +1050,7 @@ impl RefsBlock {
 
     /// Each unit with a count: its slot (u8) and live, archival and link
     /// counts (uvarints), slots ascending; CRC32C-sealed.
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for (i, r) in self.slots.iter().enumerate().filter(|(_, r)| !r.is_zero()) {
             out.push(i as u8);
