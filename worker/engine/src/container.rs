@@ -534,7 +534,7 @@ impl ContainerFile {
         let foff = u64::from_le_bytes(trailer[0..8].try_into().unwrap());
         let flen = u64::from(u32::from_le_bytes(trailer[8..12].try_into().unwrap()));
         let fcrc = u32::from_le_bytes(trailer[12..16].try_into().unwrap());
-        if foff < HEADER_LEN || foff + flen + TRAILER_LEN != file_len {
+        if foff < HEADER_LEN || foff.checked_add(flen + TRAILER_LEN) != Some(file_len) {
             return Err(corrupt(
                 id,
                 "footer position is inconsistent with the file size",

@@ -1063,10 +1063,17 @@ impl RefsBlock {
     }
 
     pub fn decode(block: u64, b: &[u8]) -> Result<Self> {
+        // Unit ids are u64: the last block is the one holding u64::MAX.
+        if block > u64::MAX / REFS_BLOCK {
+            return Err(corrupt_meta(
+                "reference counts",
+                format!("block {block} is past the largest unit id"),
+            ));
+        }
         let bad = |why: &str| {
             let lo = block * REFS_BLOCK;
             corrupt_meta(
-                format!("reference counts of units {lo}..={}", lo + REFS_BLOCK - 1),
+                format!("reference counts of units {lo}..={}", lo + (REFS_BLOCK - 1)),
                 why.to_string(),
             )
         };
