@@ -227,6 +227,19 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// zstd holds at most 128 KiB of content per block of at least 4 bytes (an RLE block).
+const ZSTD_MAX_RATIO: u64 = 32 * 1024;
+
+/// Whether `vlen` bytes can come out of `stored_len` stored bytes: callers size a block's
+/// buffer by `vlen` before decoding it, so a footer or a transfer stream claiming more than
+/// its bytes can hold is refused before anything that large is allocated.
+pub(crate) fn plausible_block(flags: u8, stored_len: u32, vlen: u32) -> bool {
+    match flags {
+        BLOCK_RAW => stored_len == vlen,
+        _ => u64::from(vlen) <= u64::from(stored_len) * ZSTD_MAX_RATIO,
+    }
+}
+
 /// Verifies a block's checksum and decodes it into `out` (exactly `vlen` bytes).
 pub fn decode_block(id: ContainerId, b: &BlockInfo, stored: &[u8], out: &mut [u8]) -> Result<()> {
     if stored.len() != b.stored_len as usize || out.len() != b.vlen as usize {
@@ -441,6 +454,12 @@ pub(crate) fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Re
         let stored_len = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
         let vlen = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
         let crc = r.u32_le().ok_or_else(bad)?;
+        if !plausible_block(flags, stored_len, vlen) {
+            return Err(corrupt(
+                id,
+                format!("a block of {stored_len} stored bytes claims {vlen} bytes of data"),
+            ));
+        }
         f.blocks.push(BlockInfo {
             flags,
             offset,
@@ -711,6 +730,30 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("corrupt container 00000007/000003"), "{err}");
+    }
+
+    #[test]
+    fn a_footer_claiming_more_data_than_its_blocks_hold_is_refused() {
+        // A zstd block of 1007 bytes claiming 2 GB (the transfer fuzzer's out-of-memory
+        // input), and a raw block claiming more than it stores.
+        for (flags, stored_len, vlen) in [(BLOCK_ZSTD, 1007, 2_113_966_999), (BLOCK_RAW, 10, 20)] {
+            let f = Footer {
+                blocks: vec![BlockInfo {
+                    flags,
+                    offset: HEADER_LEN,
+                    stored_len,
+                    vbase: 0,
+                    vlen,
+                    crc: 0,
+                }],
+                units: vec![],
+                vbytes: u64::from(vlen),
+            };
+            let e = decode_footer(ContainerId(7), &encode_footer(&f), true)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("claims {vlen} bytes")), "{e}");
+        }
     }
 
     #[test]

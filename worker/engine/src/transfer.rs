@@ -568,6 +568,12 @@ fn decode_window(
             if m.vbase < end {
                 return Err(bad("a container's blocks overlap or are out of order"));
             }
+            if !crate::container::plausible_block(m.flags, m.stored_len, m.vlen) {
+                return Err(bad(format!(
+                    "a block of {} stored bytes claims {} bytes of data",
+                    m.stored_len, m.vlen
+                )));
+            }
             end = (m.vbase.checked_add(u64::from(m.vlen)))
                 .ok_or_else(|| bad("a block ends past 2^64"))?;
             blocks.push(r.take(m.stored_len as usize)?);
