@@ -66,7 +66,7 @@ test-worker: build
 test-api: build
 	hack/api-fuzz.sh
 
-# The engine's decoders fuzzed with cargo-fuzz on stable Rust, FUZZ_SECONDS (default 20) per
+# The engine's decoders fuzzed with cargo-fuzz on stable Rust, FUZZ_SECONDS (default 15) per
 # target; `make fuzz` is the long run (docs/fuzzing.md).
 test-fuzz: tools
 	hack/fuzz.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the engine's decoders with cargo-fuzz (libFuzzer) on stable Rust (docs/fuzzing.md).
 #
-#   hack/fuzz.sh                 every target for FUZZ_SECONDS (default 20) each: `make test-fuzz`
+#   hack/fuzz.sh                 every target for FUZZ_SECONDS (default 15) each: `make test-fuzz`
 #   hack/fuzz.sh catalog recipe  only these targets
 #   FUZZ_SECONDS=600 hack/fuzz.sh   the long run: `make fuzz`
 #
@@ -14,7 +14,7 @@
 set -euo pipefail
 
 CARGO_FUZZ_VERSION=0.13.2
-FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SECONDS=${FUZZ_SECONDS:-15}
 FUZZ_RSS_MB=${FUZZ_RSS_MB:-2048}
 FUZZ_TIMEOUT=${FUZZ_TIMEOUT:-10}       # seconds one input may take
 FUZZ_MAX_LEN=${FUZZ_MAX_LEN:-131072}   # bytes; the largest seed is well under this
