@@ -109,7 +109,9 @@ for t in "${targets[@]}"; do
   [ -d "$FUZZ_CACHE/seeds/$t" ] && seeds=("$FUZZ_CACHE/seeds/$t")
   log "$t: ${FUZZ_SECONDS}s (log: $logf)"
   rc=0
-  "$BIN_DIR/$t" "$corpus" "${seeds[@]}" \
+  # The container target writes its files under TMPDIR; an input that crashes leaves them.
+  rm -rf "$FUZZ_CACHE/tmp" && mkdir -p "$FUZZ_CACHE/tmp"
+  TMPDIR=$FUZZ_CACHE/tmp "$BIN_DIR/$t" "$corpus" "${seeds[@]}" \
     -max_total_time="$FUZZ_SECONDS" -rss_limit_mb="$FUZZ_RSS_MB" -timeout="$FUZZ_TIMEOUT" \
     -max_len="$FUZZ_MAX_LEN" -artifact_prefix="$artifacts/" -print_final_stats=1 \
     >"$logf" 2>&1 || rc=$?
