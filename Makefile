@@ -25,7 +25,7 @@ GO_OPERATOR := cd operator && go
 # Which dataset `make demo` uses: synthetic (default) or kube.
 DATA ?= synthetic
 
-.PHONY: help tools build demo test test-worker test-api lint fmt bench
+.PHONY: help tools build demo test test-worker test-api test-fuzz fuzz lint fmt bench
 .PHONY: k8s-tools manifests generate build-operator lint-operator test-operator
 .PHONY: images e2e test-e2e lint-e2e
 
@@ -35,6 +35,7 @@ help:
 	@echo "make build       release build of the revault binary"
 	@echo "make lint        rustfmt check and clippy (warnings are errors)"
 	@echo "make bench       benchmarks; figures go to docs/performance.md"
+	@echo "make fuzz        fuzz the engine's decoders, 600 s per target (FUZZ_SECONDS=...; docs/fuzzing.md)"
 	@echo "make test-operator  the operator's envtest suite, chart lint and dry-run, generated-file check"
 	@echo "make manifests generate  regenerate CRDs/RBAC (config/, charts/revault) and deepcopy code"
 	@echo "make build-operator      build the operator binary (operator/bin/manager)"
@@ -65,7 +66,15 @@ test-worker: build
 test-api: build
 	hack/api-fuzz.sh
 
-test: lint test-worker test-api test-operator test-velero test-e2e
+# The engine's decoders fuzzed with cargo-fuzz on stable Rust, FUZZ_SECONDS (default 15) per
+# target; `make fuzz` is the long run (docs/fuzzing.md).
+test-fuzz: tools
+	hack/fuzz.sh
+
+fuzz: tools
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} hack/fuzz.sh
+
+test: lint test-worker test-fuzz test-api test-operator test-velero test-e2e
 
 # ---- operator (Go) ----------------------------------------------------------------------
 k8s-tools:

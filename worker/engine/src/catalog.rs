@@ -391,11 +391,14 @@ pub fn decode(what: &str, parts: &[Vec<u8>]) -> Result<Vec<Entry>> {
                 e.data_len = r.uvarint().ok_or_else(t)?;
                 let ne = r.uvarint().ok_or_else(t)? as usize;
                 let mut last = 0u64;
+                let past_end = || bad("an extent ends past the largest file offset");
                 for _ in 0..ne {
-                    let off = last + r.uvarint().ok_or_else(t)?;
+                    let off = last
+                        .checked_add(r.uvarint().ok_or_else(t)?)
+                        .ok_or_else(past_end)?;
                     let len = r.uvarint().ok_or_else(t)?;
                     e.extents.push((off, len));
-                    last = off + len;
+                    last = off.checked_add(len).ok_or_else(past_end)?;
                 }
             }
             Kind::Symlink | Kind::Hardlink => e.link = r.bytes().ok_or_else(t)?.to_vec(),
@@ -436,6 +439,33 @@ mod tests {
         let es = sample();
         let parts = encode(&es);
         assert_eq!(decode("v", &parts).unwrap(), es);
+    }
+
+    /// Compresses and seals a raw entry encoding as `encode` does.
+    fn parts_of(raw: &[u8]) -> Vec<Vec<u8>> {
+        let mut p = zstd::bulk::compress(raw, 1).unwrap();
+        seal_crc(&mut p);
+        vec![p]
+    }
+
+    #[test]
+    fn extents_past_the_largest_offset_are_refused() {
+        // One sparse file whose only extent starts at u64::MAX and is 2 bytes long.
+        let mut raw = vec![1u8];
+        put_uvarint(&mut raw, 1);
+        put_uvarint(&mut raw, 0);
+        put_bytes(&mut raw, b"f");
+        raw.push(Kind::File.code());
+        for field in [0o644, 0, 0, 0, 0, 10, 2, 1, u64::MAX, 2] {
+            put_uvarint(&mut raw, field);
+        }
+        let e = decode("default/x version 1", &parts_of(&raw))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("catalog of default/x version 1") && e.contains("extent"),
+            "{e}"
+        );
     }
 
     #[test]

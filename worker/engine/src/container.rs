@@ -227,6 +227,19 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// zstd holds at most 128 KiB of content per block of at least 4 bytes (an RLE block).
+const ZSTD_MAX_RATIO: u64 = 32 * 1024;
+
+/// Whether `vlen` bytes can come out of `stored_len` stored bytes: callers size a block's
+/// buffer by `vlen` before decoding it, so a footer or a transfer stream claiming more than
+/// its bytes can hold is refused before anything that large is allocated.
+pub(crate) fn plausible_block(flags: u8, stored_len: u32, vlen: u32) -> bool {
+    match flags {
+        BLOCK_RAW => stored_len == vlen,
+        _ => u64::from(vlen) <= u64::from(stored_len) * ZSTD_MAX_RATIO,
+    }
+}
+
 /// Verifies a block's checksum and decodes it into `out` (exactly `vlen` bytes).
 pub fn decode_block(id: ContainerId, b: &BlockInfo, stored: &[u8], out: &mut [u8]) -> Result<()> {
     if stored.len() != b.stored_len as usize || out.len() != b.vlen as usize {
@@ -402,7 +415,7 @@ impl ContainerWriter {
     }
 }
 
-fn encode_footer(f: &Footer) -> Vec<u8> {
+pub(crate) fn encode_footer(f: &Footer) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + f.blocks.len() * 12 + f.units.len() * 64);
     out.push(1u8);
     put_uvarint(&mut out, f.blocks.len() as u64);
@@ -424,7 +437,7 @@ fn encode_footer(f: &Footer) -> Vec<u8> {
     out
 }
 
-fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer> {
+pub(crate) fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer> {
     let bad = || corrupt(id, "malformed footer");
     let mut r = Reader::new(buf);
     if r.u8().ok_or_else(bad)? != 1 {
@@ -441,6 +454,12 @@ fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Result<Footer
         let stored_len = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
         let vlen = u32::try_from(r.uvarint().ok_or_else(bad)?).map_err(|_| bad())?;
         let crc = r.u32_le().ok_or_else(bad)?;
+        if !plausible_block(flags, stored_len, vlen) {
+            return Err(corrupt(
+                id,
+                format!("a block of {stored_len} stored bytes claims {vlen} bytes of data"),
+            ));
+        }
         f.blocks.push(BlockInfo {
             flags,
             offset,
@@ -534,7 +553,7 @@ impl ContainerFile {
         let foff = u64::from_le_bytes(trailer[0..8].try_into().unwrap());
         let flen = u64::from(u32::from_le_bytes(trailer[8..12].try_into().unwrap()));
         let fcrc = u32::from_le_bytes(trailer[12..16].try_into().unwrap());
-        if foff < HEADER_LEN || foff + flen + TRAILER_LEN != file_len {
+        if foff < HEADER_LEN || foff.checked_add(flen + TRAILER_LEN) != Some(file_len) {
             return Err(corrupt(
                 id,
                 "footer position is inconsistent with the file size",
@@ -749,6 +768,30 @@ mod tests {
         }
         let mut none = [];
         c.read_range(n, &mut none).unwrap();
+    }
+
+    #[test]
+    fn a_footer_claiming_more_data_than_its_blocks_hold_is_refused() {
+        // A zstd block of 1007 bytes claiming 2 GB (the transfer fuzzer's out-of-memory
+        // input), and a raw block claiming more than it stores.
+        for (flags, stored_len, vlen) in [(BLOCK_ZSTD, 1007, 2_113_966_999), (BLOCK_RAW, 10, 20)] {
+            let f = Footer {
+                blocks: vec![BlockInfo {
+                    flags,
+                    offset: HEADER_LEN,
+                    stored_len,
+                    vbase: 0,
+                    vlen,
+                    crc: 0,
+                }],
+                units: vec![],
+                vbytes: u64::from(vlen),
+            };
+            let e = decode_footer(ContainerId(7), &encode_footer(&f), true)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("claims {vlen} bytes")), "{e}");
+        }
     }
 
     #[test]

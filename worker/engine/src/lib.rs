@@ -22,6 +22,8 @@ mod dasm;
 pub mod error;
 pub mod expire;
 pub mod fp;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gc;
 pub mod gen;
 pub mod lock;

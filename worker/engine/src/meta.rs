@@ -762,7 +762,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(24);
         put_uvarint(&mut v, self.next_session);
         put_uvarint(&mut v, self.next_unit);
@@ -771,7 +771,7 @@ impl Counters {
         v
     }
 
-    fn decode(b: &[u8]) -> Result<Self> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self> {
         let bad = || corrupt_meta("id counters", "checksum or format mismatch");
         let body = open_crc(b).ok_or_else(bad)?;
         let mut r = Reader::new(body);
@@ -1085,7 +1085,7 @@ impl RefsBlock {
 
     /// Each unit with a count: its slot (u8) and live, archival and link
     /// counts (uvarints), slots ascending; CRC32C-sealed.
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for (i, r) in self.slots.iter().enumerate().filter(|(_, r)| !r.is_zero()) {
             out.push(i as u8);
@@ -1098,10 +1098,17 @@ impl RefsBlock {
     }
 
     pub fn decode(block: u64, b: &[u8]) -> Result<Self> {
+        // Unit ids are u64: the last block is the one holding u64::MAX.
+        if block > u64::MAX / REFS_BLOCK {
+            return Err(corrupt_meta(
+                "reference counts",
+                format!("block {block} is past the largest unit id"),
+            ));
+        }
         let bad = |why: &str| {
             let lo = block * REFS_BLOCK;
             corrupt_meta(
-                format!("reference counts of units {lo}..={}", lo + REFS_BLOCK - 1),
+                format!("reference counts of units {lo}..={}", lo + (REFS_BLOCK - 1)),
                 why.to_string(),
             )
         };

@@ -41,6 +41,20 @@ pub enum Entry {
     },
 }
 
+impl Entry {
+    /// Chunk positions the entry covers at least (a unit holds one chunk or more).
+    pub fn min_positions(&self) -> u64 {
+        match *self {
+            Entry::Units { count, .. } | Entry::Zero { count, .. } => count,
+            Entry::Direct { count, .. } => u64::from(count),
+            Entry::Indirect { count, .. } => count,
+        }
+    }
+}
+
+/// The largest unit id a recipe holds: ids are encoded as i64 deltas.
+const MAX_UNIT: u64 = i64::MAX as u64;
+
 const TAG_UNITS: u8 = 1;
 const TAG_ZERO: u8 = 2;
 const TAG_DIRECT: u8 = 3;
@@ -153,7 +167,10 @@ fn merge(p: &mut Entry, e: &Entry) -> bool {
             *count += c2;
             true
         }
-        (Entry::Zero { len, count }, Entry::Zero { len: l2, count: c2 }) if len == l2 => {
+        // Zero runs are not contiguous ranges: their sum may not fit in a count.
+        (Entry::Zero { len, count }, Entry::Zero { len: l2, count: c2 })
+            if len == l2 && count.checked_add(*c2).is_some() =>
+        {
             *count += c2;
             true
         }
@@ -205,7 +222,12 @@ pub fn decode_part(what: &str, part: &[u8]) -> Result<Vec<Entry>> {
                 if count == 0 {
                     return Err(bad("empty run"));
                 }
-                last_unit = first + count - 1;
+                // Unit ids are below 2^63: ids are deltas of i64 (and counted from 0).
+                let end = first
+                    .checked_add(count)
+                    .filter(|&end| end <= MAX_UNIT + 1)
+                    .ok_or_else(|| bad("a run of units out of range"))?;
+                last_unit = end - 1;
                 Entry::Units { first, count }
             }
             TAG_ZERO => {
@@ -222,6 +244,13 @@ pub fn decode_part(what: &str, part: &[u8]) -> Result<Vec<Entry>> {
                     .map_err(|_| bad("chunk index"))?;
                 let count = u32::try_from(r.uvarint().ok_or_else(trunc)?)
                     .map_err(|_| bad("chunk count"))?;
+                if unit > MAX_UNIT {
+                    return Err(bad("unit id out of range"));
+                }
+                // Chunk indices are u32: the run ends at the largest one at most.
+                first
+                    .checked_add(count)
+                    .ok_or_else(|| bad("a run of chunks out of range"))?;
                 last_unit = unit;
                 Entry::Direct { unit, first, count }
             }
@@ -230,6 +259,9 @@ pub fn decode_part(what: &str, part: &[u8]) -> Result<Vec<Entry>> {
                     u32::try_from(r.uvarint().ok_or_else(trunc)?).map_err(|_| bad("version"))?;
                 let first = r.uvarint().ok_or_else(trunc)?;
                 let count = r.uvarint().ok_or_else(trunc)?;
+                first
+                    .checked_add(count)
+                    .ok_or_else(|| bad("a run of positions out of range"))?;
                 Entry::Indirect {
                     version,
                     first,
@@ -346,6 +378,61 @@ mod tests {
             .map(|p| decode_part("t", p).unwrap().len())
             .sum();
         assert_eq!(total as u64, n);
+    }
+
+    #[test]
+    fn zero_runs_too_long_for_one_count_stay_apart() {
+        let half = (1u64 << 63) + 1;
+        let mut b = RecipeBuilder::new();
+        b.push(Entry::Zero {
+            len: 4096,
+            count: half,
+        });
+        b.push(Entry::Zero {
+            len: 4096,
+            count: half,
+        });
+        let back = decode_part("t", &b.finish()[0]).unwrap();
+        let total: u128 = back
+            .iter()
+            .map(|e| match e {
+                Entry::Zero { count, .. } => u128::from(*count),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(total, 2 * u128::from(half), "{back:?}");
+    }
+
+    #[test]
+    fn runs_past_the_largest_id_are_refused() {
+        let sealed = |body: &[u8]| {
+            let mut p = body.to_vec();
+            seal_crc(&mut p);
+            p
+        };
+        // Units i64::MAX.. (count 2^63 + 5): the run's last id is past u64::MAX.
+        let mut units = vec![TAG_UNITS];
+        put_ivarint(&mut units, i64::MAX);
+        put_uvarint(&mut units, (1 << 63) + 5);
+        // Chunks u32::MAX - 1.. (count 3) of unit 1: past the largest chunk index.
+        let mut direct = vec![TAG_DIRECT];
+        put_ivarint(&mut direct, 1);
+        put_uvarint(&mut direct, u64::from(u32::MAX - 1));
+        put_uvarint(&mut direct, 3);
+        // Positions u64::MAX.. of version 2.
+        let mut indirect = vec![TAG_INDIRECT];
+        put_uvarint(&mut indirect, 2);
+        put_uvarint(&mut indirect, u64::MAX);
+        put_uvarint(&mut indirect, 2);
+        for body in [units, direct, indirect] {
+            let e = decode_part("default/db version 3", &sealed(&body))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("default/db version 3") && e.contains("range"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

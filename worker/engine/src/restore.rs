@@ -172,10 +172,23 @@ pub(crate) fn recipe_entries(
     v: &VersionRecord,
 ) -> Result<Vec<Vec<Entry>>> {
     let what = format!("{} version {}", series.name, v.number);
-    version_parts(r, CF_RECIPES, "recipe", series, v, v.recipe_parts)?
+    let parts = version_parts(r, CF_RECIPES, "recipe", series, v, v.recipe_parts)?
         .iter()
         .map(|part| decode_part(&what, part))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    // The readers expand entries per unit and per position: a recipe claiming more positions
+    // than its version holds is refused before it is expanded into unbounded memory.
+    let claimed = (parts.iter().flatten()).try_fold(0u64, |n, e| n.checked_add(e.min_positions()));
+    if claimed.is_none_or(|n| n > v.chunks) {
+        return Err(corrupt_meta(
+            format!("recipe of {what}"),
+            format!(
+                "it covers more than the version's {} chunk positions",
+                v.chunks
+            ),
+        ));
+    }
+    Ok(parts)
 }
 
 /// The stored parts of a version's recipe or catalog, in order.

@@ -562,7 +562,20 @@ fn decode_window(
             });
         }
         let mut blocks = Vec::with_capacity(metas.len());
+        // Blocks come in data-space order and apart, as in their container.
+        let mut end = 0u64;
         for m in &metas {
+            if m.vbase < end {
+                return Err(bad("a container's blocks overlap or are out of order"));
+            }
+            if !crate::container::plausible_block(m.flags, m.stored_len, m.vlen) {
+                return Err(bad(format!(
+                    "a block of {} stored bytes claims {} bytes of data",
+                    m.stored_len, m.vlen
+                )));
+            }
+            end = (m.vbase.checked_add(u64::from(m.vlen)))
+                .ok_or_else(|| bad("a block ends past 2^64"))?;
             blocks.push(r.take(m.stored_len as usize)?);
         }
         groups.push((id, metas, blocks));
@@ -581,18 +594,24 @@ fn decode_window(
                         groups.len()
                     )));
                 }
-                (Some(g), r.u64()?, r.u64()?)
+                let (vaddr, len) = (r.u64()?, r.u64()?);
+                if vaddr.checked_add(len).is_none() {
+                    return Err(bad("an extent ends past 2^64"));
+                }
+                (Some(g), vaddr, len)
             }
             k => return Err(bad(format!("extent kind {k}"))),
         };
-        total += e.2;
+        total = total
+            .checked_add(e.2)
+            .ok_or_else(|| bad("a window's extents add up past 2^64 bytes"))?;
         extents.push(e);
     }
     if !r.0.is_empty() {
         return Err(bad("trailing bytes in a window"));
     }
     let done = written.load(Ordering::Relaxed);
-    if done + total > logical {
+    if total > logical - done {
         return Err(bad(format!(
             "windows hold more than the version's {logical} bytes"
         )));
