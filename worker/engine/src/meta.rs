@@ -83,6 +83,9 @@ pub fn prefixed_id(k: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(k.get(1..9)?.try_into().ok()?))
 }
 
+/// The key [`Meta::probe_write`] deletes, in the default family; never stored.
+const PROBE_KEY: &[u8] = b"probe";
+
 const ALL_CFS: &[&str] = &[
     CF_SERIES,
     CF_VERSIONS,
@@ -328,6 +331,17 @@ impl Meta {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         self.db.write_opt(batch.inner, &wo)?;
+        Ok(())
+    }
+
+    /// Whether the metadata takes a write now: a synced delete of a key
+    /// nothing stores (it leaves no record behind, only a tombstone that
+    /// compaction drops). After a write fails on a full disk RocksDB stops
+    /// taking writes until it is reopened; this is how a caller finds out.
+    pub fn probe_write(&self) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.delete_opt(PROBE_KEY, &wo)?;
         Ok(())
     }
 

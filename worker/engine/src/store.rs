@@ -210,6 +210,20 @@ impl Store {
         &self.data_dir
     }
 
+    /// The metadata's directory (RocksDB), under the root.
+    pub fn meta_dir(&self) -> PathBuf {
+        self.root.join("meta")
+    }
+
+    /// Whether the metadata takes writes now (see [`Meta::probe_write`]).
+    /// A read-only store never writes: always fine.
+    pub fn probe_metadata(&self) -> Result<()> {
+        if self.mode != OpenMode::ReadWrite {
+            return Ok(());
+        }
+        self.meta.probe_write()
+    }
+
     pub fn config(&self) -> &StoreConfig {
         &self.config
     }

@@ -206,6 +206,10 @@ where
         err = ApiError::unavailable(format!(
             "the server shut down before the {what} completed; {lost}"
         ));
+    } else if err.code == "cancelled" && app.health.refusal().is_some() {
+        err = ApiError::unavailable(format!(
+            "the server reopened its store (recovering from a full disk) before the {what} completed; {lost}"
+        ));
     }
     Err(err)
 }
@@ -238,7 +242,8 @@ pub(crate) fn restore_body(
         + 'static,
     done: impl FnOnce(&App, revault_engine::Result<RestoreReport>) + Send + 'static,
 ) -> Body {
-    let (mut writer, body) = ChannelWriter::new(app.metrics.clone(), opts.cache_bytes);
+    let (mut writer, body) =
+        ChannelWriter::new(app.metrics.clone(), opts.cache_bytes, app.abort.subscribe());
     let cancel = Arc::new(AtomicBool::new(false));
     opts.cancel = Some(cancel.clone());
     let guard = app.begin(Some(cancel));
@@ -372,31 +377,43 @@ fn series_json(s: &SeriesRecord, vs: &[VersionRecord]) -> SeriesJson {
 
 // ---- health, readiness, metrics ---------------------------------------------
 
-pub async fn healthz() -> impl IntoResponse {
+/// Alive unless only a restart can help (a store that could not be
+/// reopened, see `health`): a full disk alone keeps it alive, not ready.
+pub async fn healthz(State(app): AppState) -> Response {
+    if let Some(why) = app.health.wedged() {
+        return ApiError::unavailable(why).into_response();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         "ok\n",
     )
+        .into_response()
 }
 
 pub async fn readyz(State(app): AppState) -> Response {
-    if app.ready.load(Ordering::SeqCst) && !app.draining.load(Ordering::SeqCst) {
-        (
+    let refusal = if app.draining.load(Ordering::SeqCst) {
+        Some("the server is shutting down".to_string())
+    } else if let Some(why) = app.health.refusal() {
+        Some(super::health::degraded_message(&why))
+    } else if !app.ready.load(Ordering::SeqCst) || app.open_store().is_none() {
+        Some("the store is still opening".to_string())
+    } else {
+        None
+    };
+    match refusal {
+        Some(why) => ApiError::unavailable(why).into_response(),
+        None => (
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             "ready\n",
         )
-            .into_response()
-    } else if app.draining.load(Ordering::SeqCst) || app.store.get().is_some() {
-        ApiError::unavailable("the server is shutting down").into_response()
-    } else {
-        ApiError::unavailable("the store is still opening").into_response()
+            .into_response(),
     }
 }
 
 /// Store-wide figures for anyone; per-series gauges for a token, for the
 /// namespaces it may see (without --token-file: everyone sees all).
 pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
-    if let Some(store) = app.store.get().cloned() {
+    if let Some(store) = app.open_store() {
         let a = app.clone();
         let _ = tokio::task::spawn_blocking(move || a.refresh_totals(&store)).await;
     }
@@ -422,7 +439,7 @@ struct StatsJson {
 
 pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     p.check_all("store totals")?;
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let t = blocking(move || Ok(store.totals()?)).await?;
     let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
     Ok(Json(StatsJson {
@@ -488,7 +505,7 @@ pub async fn list_series(
         check_namespace(ns)?;
         p.check_ns(ns)?;
     }
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let rows = blocking(move || {
         let mut rows = Vec::new();
         for s in store.list_series()? {
@@ -519,7 +536,7 @@ pub async fn get_series(
     path: SeriesPath,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let detail = blocking(move || {
         let s = store.series(&name)?;
         let vs = store.versions(&s)?;
@@ -538,7 +555,7 @@ pub async fn list_versions(
     path: SeriesPath,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let vs = blocking(move || {
         let s = store.series(&name)?;
         Ok(store
@@ -920,7 +937,7 @@ pub async fn get_version(
         ));
     }
     let cache_mib = cache_mib.min(app.max_cache_mib);
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let (st, n2) = (store.clone(), name.clone());
     let v = blocking(move || {
         let s = st.series(&n2)?;

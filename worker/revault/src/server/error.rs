@@ -68,6 +68,7 @@ fn engine_status(e: &revault_engine::Error) -> StatusCode {
             StatusCode::BAD_REQUEST
         }
         "series_busy" | "locked" => StatusCode::CONFLICT,
+        "no_space" => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -75,8 +76,24 @@ fn engine_status(e: &revault_engine::Error) -> StatusCode {
 impl ApiError {
     /// An engine error as it is: its status, code and message.
     pub fn from_engine(e: &revault_engine::Error) -> Self {
-        ApiError::new(engine_status(e), e.code(), e.to_string())
+        let message = if e.is_no_space() {
+            no_space_message(e)
+        } else {
+            e.to_string()
+        };
+        ApiError::new(engine_status(e), e.code(), message)
     }
+}
+
+/// A full disk: which one, and that the request may simply be retried.
+/// Engine writes commit atomically (a backup, one slide, one gc step), so
+/// the step that failed left nothing half-done behind.
+fn no_space_message(e: &revault_engine::Error) -> String {
+    let disk = match e {
+        revault_engine::Error::Db(_) => "the metadata's disk",
+        _ => "the data directory's disk",
+    };
+    format!("{disk} is full ({e}); nothing was committed by the step that failed and nothing committed before is lost: retry once space is freed")
 }
 
 /// Backups: a cancelled run says why the body is gone.

@@ -102,6 +102,9 @@ pub struct Metrics {
     pub open_connections: Gauge,
     pub rejected_connections: Family<ReasonLabel, Counter>,
     pub timeouts: Family<KindLabel, Counter>,
+    /// 1 while the metadata takes no writes (see `health`).
+    pub store_degraded: Gauge,
+    pub store_reopens: Counter,
 }
 
 impl Metrics {
@@ -139,6 +142,8 @@ impl Metrics {
             open_connections: Gauge::default(),
             rejected_connections: Family::default(),
             timeouts: Family::default(),
+            store_degraded: Gauge::default(),
+            store_reopens: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -247,6 +252,16 @@ impl Metrics {
             m.dedup_ratio.clone(),
         );
         r.register("tokens", "Bearer tokens loaded", m.tokens.clone());
+        r.register(
+            "store_degraded",
+            "1 while the store's metadata takes no writes (a full disk): new work is refused, reads are served",
+            m.store_degraded.clone(),
+        );
+        r.register(
+            "store_reopens",
+            "Times the server closed and reopened its store to recover from a degraded state",
+            m.store_reopens.clone(),
+        );
         r.register(
             "open_connections",
             "Open client connections",

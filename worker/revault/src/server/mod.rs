@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod conn;
 pub mod error;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod objects;
@@ -21,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -91,6 +92,10 @@ pub struct ServeArgs {
     /// failing; readiness stays false meanwhile.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub lock_wait: Duration,
+    /// When the store is reopened to recover from a full metadata disk,
+    /// in-flight work may run this long before it is cut (docs/service.md).
+    #[arg(long, env = "REVAULT_REOPEN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub reopen_grace: Duration,
     #[command(flatten)]
     pub limits: limits::LimitArgs,
 }
@@ -184,7 +189,10 @@ pub struct InflightBackup {
 }
 
 pub struct App {
-    store: OnceLock<Arc<Store>>,
+    /// The open store; `None` until it is open, and while it is reopened.
+    store: RwLock<Option<Arc<Store>>>,
+    /// Whether the store takes writes (see [`health`]).
+    pub health: health::Health,
     pub auth: Auth,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
@@ -197,14 +205,17 @@ pub struct App {
     pub objects: revault_engine::objects::Objects,
     pub inflight: Inflight,
     pub max_cache_mib: u64,
-    /// Turns true when shutdown gives up on in-flight requests.
-    pub abort: watch::Sender<bool>,
+    /// Bumped whenever the server gives up on in-flight work (shutdown's
+    /// grace is over, or the store is reopened): bodies being received or
+    /// sent when it changes break off (see [`stream`]).
+    pub abort: watch::Sender<u64>,
 }
 
 impl App {
     pub fn new(auth: Auth, max_cache_mib: u64) -> Arc<App> {
         Arc::new(App {
-            store: OnceLock::new(),
+            store: RwLock::new(None),
+            health: health::Health::default(),
             auth,
             metrics: Arc::new(Metrics::new()),
             ready: AtomicBool::new(false),
@@ -214,19 +225,49 @@ impl App {
             objects: revault_engine::objects::Objects::new(),
             inflight: Inflight::default(),
             max_cache_mib,
-            abort: watch::Sender::new(false),
+            abort: watch::Sender::new(0),
         })
     }
 
-    /// The store, once open and while not draining.
+    /// The store for work that writes: refused (503) while the store is
+    /// degraded, as well as whenever [`App::store_to_read`] refuses.
     pub fn store(&self) -> Result<Arc<Store>, error::ApiError> {
+        let store = self.store_to_read()?;
+        if let Some(why) = self.health.refusal() {
+            return Err(error::ApiError::unavailable(health::degraded_message(&why)));
+        }
+        Ok(store)
+    }
+
+    /// The store for reads: while it is open and the server not draining.
+    pub fn store_to_read(&self) -> Result<Arc<Store>, error::ApiError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(error::ApiError::unavailable("the server is shutting down"));
         }
-        self.store
-            .get()
-            .cloned()
-            .ok_or_else(|| error::ApiError::unavailable("the store is still opening"))
+        self.open_store().ok_or_else(|| {
+            error::ApiError::unavailable(match self.health.refusal() {
+                Some(why) => format!("the store is being reopened: {why}"),
+                None => "the store is still opening".to_string(),
+            })
+        })
+    }
+
+    /// The store if it is open, whatever else holds.
+    pub fn open_store(&self) -> Option<Arc<Store>> {
+        self.store.read().unwrap().clone()
+    }
+
+    fn take_store(&self) -> Option<Arc<Store>> {
+        self.store.write().unwrap().take()
+    }
+
+    fn put_store(&self, store: Arc<Store>) {
+        *self.store.write().unwrap() = Some(store);
+    }
+
+    /// Breaks off every request body being received or sent now.
+    fn cut_inflight(&self) {
+        self.abort.send_modify(|g| *g += 1);
     }
 
     /// Registers engine work; `cancel` is set if shutdown's grace runs out.
@@ -419,12 +460,13 @@ async fn serve(a: ServeArgs) -> Result<()> {
         })
         .await?;
     }
-    let _ = app.store.set(store);
+    app.put_store(store);
     app.ready.store(true, Ordering::SeqCst);
     tracing::info!("store open; ready");
 
     auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
     let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
+    let watcher = health::spawn(app.clone(), a.store.clone(), a.reopen_grace);
     spawn_memory_release(app.clone());
 
     // Run until a signal (or the server fails).
@@ -448,6 +490,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     // Stop accepting; let in-flight requests finish within the grace period.
     app.draining.store(true, Ordering::SeqCst);
     sched.abort();
+    watcher.abort();
     tracing::info!(grace = ?a.grace_period, "draining in-flight requests");
     handle.graceful();
     let grace = tokio::time::sleep(a.grace_period);
@@ -459,7 +502,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
             // discarded (their bodies count as cut short, their engine runs
             // are cancelled) before the connections are closed.
             let n = app.cancel_all();
-            app.abort.send_replace(true);
+            app.cut_inflight();
             tracing::warn!(requests = handle.connection_count(), backups = n, "grace period over: closing connections, discarding unfinished backups");
             tokio::time::sleep(Duration::from_millis(200)).await;
             handle.close();
@@ -467,7 +510,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         }
     }
     app.cancel_all();
-    app.abort.send_replace(true);
+    app.cut_inflight();
     // Engine work still running (a backup committing, a restore ending)
     // finishes or is cancelled before the store closes.
     if !app.wait_idle(Duration::from_secs(30)).await {

@@ -113,7 +113,7 @@ pub async fn get_bucket(
     path: BucketPath,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let s = blocking(move || Ok(objects::summary(&store, &bucket)?)).await?;
     Ok(Json(BucketJson {
         bucket: s.bucket,
@@ -172,7 +172,7 @@ pub async fn list_objects(
             ));
         }
     }
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let l = blocking(move || {
         Ok(objects::list(
             &store,
@@ -276,7 +276,7 @@ pub async fn put_object(
 }
 
 async fn lookup(app: &Arc<App>, bucket: String, key: String) -> ApiResult<ObjectInfo> {
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     blocking(move || Ok(objects::head(&store, &bucket, &key)?)).await
 }
 
@@ -308,7 +308,7 @@ pub async fn get_object(
 
 /// Streams an object's body (restored on the blocking pool).
 fn serve(app: &Arc<App>, info: ObjectInfo, decoded: bool) -> ApiResult<Response> {
-    let store = app.store()?;
+    let store = app.store_to_read()?;
     let gzip = info.record.encoding == Encoding::Gzip && !decoded;
     let mut resp = Response::new(Body::empty());
     let h = resp.headers_mut();

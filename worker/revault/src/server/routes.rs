@@ -154,6 +154,10 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     let resp = next.run(req).await;
     let secs = started.elapsed().as_secs_f64();
     let status = resp.status().as_u16();
+    if matches!(status, 500 | 507) {
+        // A storage failure may have left the metadata taking no writes.
+        app.health.kick();
+    }
     let m = &app.metrics;
     if let Some(ErrorCode(code)) = resp.extensions().get::<ErrorCode>() {
         m.error(code);

@@ -44,7 +44,11 @@ pub fn spawn(app: Arc<App>, every: Duration, gc_every: Duration) -> tokio::task:
             if !maint && !gc {
                 continue;
             }
-            let Ok(store) = app.store() else { return };
+            if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            // Degraded or reopening: skip this round (see `health`).
+            let Ok(store) = app.store() else { continue };
             let a = app.clone();
             let guard = app.begin(None);
             let _ = tokio::task::spawn_blocking(move || {
@@ -67,6 +71,7 @@ pub fn spawn(app: Arc<App>, every: Duration, gc_every: Duration) -> tokio::task:
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, secs = started.elapsed().as_secs_f64(), "scheduled gc failed");
+                            a.health.kick();
                             Metrics::result(&a.metrics.maintenance_runs, false);
                         }
                     }
@@ -110,6 +115,7 @@ pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
             Err(revault_engine::Error::SeriesBusy { .. }) => {}
             Err(e) => {
                 tracing::warn!(series = %s.name, error = %e, "scheduled retention failed");
+                app.health.kick();
                 Metrics::result(&app.metrics.maintenance_runs, false);
             }
         }

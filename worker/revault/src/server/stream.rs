@@ -4,6 +4,7 @@
 //! restores. Memory per stream is a few MiB whatever the stream's size.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -29,6 +30,13 @@ const RESPONSE_CHUNK: usize = 1 << 20;
 const DRAIN_BYTES: u64 = 16 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
+/// Why a body broke off when the server gave up on in-flight work.
+const GAVE_UP: &str =
+    "the server gave up on in-flight work (shutting down, or reopening its store)";
+
+/// Why a restore's body broke off when the server gave up on it.
+const CUT: &str = "the server gave up on this restore (shutting down, or reopening its store)";
+
 enum Frame {
     Data(Bytes),
     /// The whole body arrived.
@@ -47,14 +55,15 @@ pub struct BodyPump {
 
 impl BodyPump {
     /// Starts reading `body`; returns the pump and a reader for the engine.
-    /// `expected` is the Content-Length, if any; `abort` turns true when the
+    /// `expected` is the Content-Length, if any; `abort` changes when the
     /// server gives up on in-flight requests (the body then counts as cut).
     pub fn start(
         body: Body,
         expected: Option<u64>,
-        mut abort: watch::Receiver<bool>,
+        mut abort: watch::Receiver<u64>,
         metrics: Arc<Metrics>,
     ) -> (BodyPump, BodyReader) {
+        let started = *abort.borrow_and_update();
         let (tx, rx) = mpsc::channel::<Frame>(BODY_QUEUE);
         let timed_out = Arc::new(OnceLock::new());
         let cut = timed_out.clone();
@@ -67,8 +76,8 @@ impl BodyPump {
             loop {
                 let item = tokio::select! {
                     item = s.next() => item,
-                    _ = async { abort.wait_for(|a| *a).await.map(|_| ()) } => {
-                        let _ = tx.send(Frame::Failed("the server is shutting down".into())).await;
+                    _ = async { abort.wait_for(|g| *g != started).await.map(|_| ()) } => {
+                        let _ = tx.send(Frame::Failed(GAVE_UP.into())).await;
                         return;
                     }
                 };
@@ -102,9 +111,9 @@ impl BodyPump {
             }
             // A dropped connection can look like the end of the body: only a
             // body that is complete by every measure ends the stream.
-            let aborted = *abort.borrow();
+            let aborted = *abort.borrow() != started;
             let frame = if aborted {
-                Frame::Failed("the server is shutting down".into())
+                Frame::Failed(GAVE_UP.into())
             } else if expected.is_some_and(|e| e != got) {
                 Frame::Failed(format!(
                     "the body ended after {got} of {} bytes",
@@ -196,6 +205,12 @@ pub struct ChannelWriter {
     tx: mpsc::Sender<Result<Bytes, io::Error>>,
     buf: BytesMut,
     metrics: Arc<Metrics>,
+    /// The server's give-up generation when the restore began (see `App::abort`).
+    abort: watch::Receiver<u64>,
+    started: u64,
+    /// Set when the restore was cut: the body then ends in an error.
+    cut: Arc<AtomicBool>,
+    rt: tokio::runtime::Handle,
 }
 
 impl ChannelWriter {
@@ -205,18 +220,42 @@ impl ChannelWriter {
     /// the last one is sent, instead of waiting for the client (on the
     /// engine's one thread, decoding and sending were taking turns). The
     /// price: a restore holds up to twice its budget (docs/service.md).
-    pub fn new(metrics: Arc<Metrics>, window_bytes: u64) -> (ChannelWriter, Body) {
+    ///
+    /// Made on the async side; written from the blocking pool. When `abort`
+    /// changes (the server gives up on in-flight work) a write waiting for
+    /// a client that does not read fails, so the restore lets go of the
+    /// store, and the body ends in an error rather than looking complete.
+    pub fn new(
+        metrics: Arc<Metrics>,
+        window_bytes: u64,
+        mut abort: watch::Receiver<u64>,
+    ) -> (ChannelWriter, Body) {
         let queue = ((window_bytes / RESPONSE_CHUNK as u64) as usize)
             .clamp(RESPONSE_QUEUE_MIN, RESPONSE_QUEUE_MAX);
         let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(queue);
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        let cut = Arc::new(AtomicBool::new(false));
+        let cut_seen = cut.clone();
+        let stream = futures_util::stream::unfold(Some(rx), move |rx| {
+            let cut = cut_seen.clone();
+            async move {
+                let mut rx = rx?;
+                match rx.recv().await {
+                    Some(item) => Some((item, Some(rx))),
+                    None if cut.load(Ordering::SeqCst) => Some((Err(io::Error::other(CUT)), None)),
+                    None => None,
+                }
+            }
         });
+        let started = *abort.borrow_and_update();
         (
             ChannelWriter {
                 tx,
                 buf: BytesMut::with_capacity(RESPONSE_CHUNK),
                 metrics,
+                abort,
+                started,
+                cut,
+                rt: tokio::runtime::Handle::current(),
             },
             Body::from_stream(stream),
         )
@@ -228,9 +267,19 @@ impl ChannelWriter {
         }
         let chunk = self.buf.split().freeze();
         let n = chunk.len() as u64;
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))?;
+        let (tx, abort, started) = (&self.tx, &mut self.abort, self.started);
+        let sent = self.rt.block_on(async move {
+            tokio::select! {
+                r = tx.send(Ok(chunk)) => r.map_err(|_| {
+                    io::Error::new(io::ErrorKind::BrokenPipe, "the client went away")
+                }),
+                _ = abort.wait_for(|g| *g != started) => Err(io::Error::other(CUT)),
+            }
+        });
+        if sent.is_err() {
+            self.cut.store(true, Ordering::SeqCst);
+        }
+        sent?;
         self.metrics.bytes_out.inc_by(n);
         self.buf.reserve(RESPONSE_CHUNK);
         Ok(())
@@ -238,8 +287,18 @@ impl ChannelWriter {
 
     /// Ends the body with an error: the client sees a broken response rather
     /// than a short one that looks complete.
-    pub fn fail(self, why: String) {
-        let _ = self.tx.blocking_send(Err(io::Error::other(why)));
+    pub fn fail(mut self, why: String) {
+        if self.cut.load(Ordering::SeqCst) {
+            return; // the body ends in an error already
+        }
+        let (tx, abort, started) = (&self.tx, &mut self.abort, self.started);
+        let cut = self.rt.block_on(async move {
+            tokio::select! {
+                _ = tx.send(Err(io::Error::other(why))) => false,
+                _ = abort.wait_for(|g| *g != started) => true,
+            }
+        });
+        self.cut.store(cut, Ordering::SeqCst);
     }
 }
 

@@ -1,0 +1,260 @@
+//! The store's health, and recovery from a full metadata disk without a
+//! restart.
+//!
+//! After a write or flush fails for want of space, RocksDB stops taking
+//! writes and stays stopped until it is reopened, even once space is back.
+//! A server that went on as if nothing happened would answer every backup
+//! with an error while `/readyz` said all was well. Instead:
+//!
+//! - A watcher probes the metadata with a tiny synced write: every
+//!   [`PROBE_EVERY`], and at once after an engine failure (5xx).
+//! - A failed probe makes the store *degraded*: `/readyz` answers 503 saying
+//!   why, new work that writes is refused with 503, reads (listings,
+//!   restores) are still served, `revault_store_degraded` is 1. `/healthz`
+//!   stays 200: restarting would not free any space.
+//! - Once the metadata's filesystem has room again ([`room_again`]), the
+//!   server closes the store and opens it again: in-flight work gets
+//!   `--reopen-grace` to finish, then it is cut (a backup then commits
+//!   nothing; a restore's body breaks off, never looks complete). The
+//!   reopened store is probed; if it takes writes the server is ready again.
+//! - If work still holds the store after it was cut, the store cannot be
+//!   closed: the server reports itself *wedged* and `/healthz` fails, so
+//!   Kubernetes restarts it.
+//!
+//! Nothing committed is at risk in any of this: the server only stops,
+//! cuts uncommitted work and reopens (see docs/service.md, "What is
+//! guaranteed").
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use revault_engine::store::{OpenMode, Store};
+use tokio::sync::Notify;
+
+use super::App;
+
+/// How often a healthy store's metadata is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(10);
+/// How often a degraded store looks for space again.
+const SPACE_POLL: Duration = Duration::from_secs(1);
+/// A reopen that fails (or is followed by the same failure) waits this long
+/// before the next, doubling up to [`MAX_BACKOFF`]: a disk that fills again
+/// at once does not cut restores over and over.
+const MIN_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// After in-flight work was cut, how long it may take to let go of the store.
+const CUT_WAIT: Duration = Duration::from_secs(30);
+/// Room the metadata's filesystem needs before a reopen is tried: this much
+/// or 1% of it, whichever is more (RocksDB flushes its log to tables first).
+const MIN_ROOM: u64 = 16 << 20;
+
+#[derive(Clone, Debug)]
+enum State {
+    Healthy,
+    /// The metadata takes no writes.
+    Degraded {
+        reason: String,
+    },
+    /// The store could not be closed for a reopen: only a restart helps.
+    Wedged {
+        reason: String,
+    },
+}
+
+pub struct Health {
+    state: Mutex<State>,
+    /// Wakes the watcher to probe now (an engine failure was seen).
+    kick: Notify,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            state: Mutex::new(State::Healthy),
+            kick: Notify::new(),
+        }
+    }
+}
+
+impl Health {
+    /// Why new work that writes is refused, if it is.
+    pub fn refusal(&self) -> Option<String> {
+        match &*self.state.lock().unwrap() {
+            State::Healthy => None,
+            State::Degraded { reason } | State::Wedged { reason } => Some(reason.clone()),
+        }
+    }
+
+    /// Why `/healthz` fails: only when a restart is the way out.
+    pub fn wedged(&self) -> Option<String> {
+        match &*self.state.lock().unwrap() {
+            State::Wedged { reason } => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
+    /// Asks the watcher to probe the metadata now.
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    fn set(&self, s: State) {
+        *self.state.lock().unwrap() = s;
+    }
+}
+
+/// What a refused request or `/readyz` says while the store is degraded.
+pub fn degraded_message(reason: &str) -> String {
+    format!("the store is degraded and takes no new work until space is freed: {reason}")
+}
+
+/// Starts the watcher. `root` is the store's directory (to reopen it);
+/// `grace` is how long in-flight work may run before a reopen cuts it.
+pub fn spawn(app: Arc<App>, root: PathBuf, grace: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let meta_dir = root.join("meta");
+        let mut backoff = MIN_BACKOFF;
+        let mut next_reopen = Instant::now();
+        let mut last_reopen: Option<Instant> = None;
+        loop {
+            let degraded = app.health.refusal().is_some();
+            let wait = if degraded { SPACE_POLL } else { PROBE_EVERY };
+            tokio::select! {
+                _ = app.health.kick.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if app.draining.load(Ordering::SeqCst) {
+                return;
+            }
+            if app.health.wedged().is_some() {
+                continue;
+            }
+            match probe(&app).await {
+                Probe::Fine if degraded => recovered(&app, "the metadata takes writes again"),
+                // Healthy for long after a reopen: the next failure is a new one.
+                Probe::Fine if last_reopen.is_some_and(|t| t.elapsed() > MAX_BACKOFF * 2) => {
+                    backoff = MIN_BACKOFF
+                }
+                Probe::Fine => {}
+                Probe::Failed(reason) if !degraded => degrade(&app, reason),
+                Probe::Failed(_) | Probe::Closed => {
+                    if Instant::now() < next_reopen || !room_again(&meta_dir) {
+                        continue;
+                    }
+                    last_reopen = Some(Instant::now());
+                    match reopen(&app, &root, grace).await {
+                        Ok(()) => recovered(&app, "the store was reopened"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, retry_in = ?backoff, "reopening the store failed");
+                            app.health.set(State::Degraded { reason: e });
+                        }
+                    }
+                    // A store that degrades again soon after waits longer.
+                    next_reopen = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    })
+}
+
+enum Probe {
+    Fine,
+    Failed(String),
+    /// No store is open (a reopen failed half-way).
+    Closed,
+}
+
+async fn probe(app: &Arc<App>) -> Probe {
+    let Some(store) = app.open_store() else {
+        return Probe::Closed;
+    };
+    let r = tokio::task::spawn_blocking(move || store.probe_metadata()).await;
+    match r {
+        Ok(Ok(())) => Probe::Fine,
+        Ok(Err(e)) => Probe::Failed(format!("the metadata takes no writes ({e})")),
+        Err(e) => Probe::Failed(format!("probing the metadata failed: {e}")),
+    }
+}
+
+fn degrade(app: &App, reason: String) {
+    tracing::error!(%reason, "store degraded: refusing new work, serving reads; it reopens by itself once space is freed");
+    app.metrics.store_degraded.set(1);
+    app.health.set(State::Degraded { reason });
+}
+
+fn recovered(app: &App, how: &str) {
+    tracing::info!("{how}; the store takes new work again");
+    app.metrics.store_degraded.set(0);
+    app.health.set(State::Healthy);
+}
+
+/// True when the filesystem holding `dir` has room again (see [`MIN_ROOM`]).
+fn room_again(dir: &Path) -> bool {
+    match rustix::fs::statvfs(dir) {
+        Ok(s) => {
+            let available = s.f_bavail.saturating_mul(s.f_frsize);
+            let size = s.f_blocks.saturating_mul(s.f_frsize);
+            available >= MIN_ROOM.max(size / 100)
+        }
+        // Cannot tell: try, the reopen says what is wrong.
+        Err(_) => true,
+    }
+}
+
+/// Closes the store once in-flight work has let go of it (cutting that work
+/// after `grace`), and opens it again. On `Err` the server is left without a
+/// store (or wedged, with the old one), and the message says why.
+async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), String> {
+    if let Some(old) = app.take_store() {
+        tracing::info!(grace = ?grace, "space is back: closing the store to reopen it");
+        if !released(&old, grace).await {
+            let n = app.cancel_all();
+            app.cut_inflight();
+            tracing::warn!(
+                cancelled = n,
+                "reopen: in-flight work still running after the grace; cut it"
+            );
+            if !released(&old, CUT_WAIT).await {
+                let reason = format!(
+                    "the store could not be closed to reopen it: work still held it {CUT_WAIT:?} after it was cut; restart the server"
+                );
+                tracing::error!(%reason, "store wedged");
+                app.put_store(old);
+                app.health.set(State::Wedged {
+                    reason: reason.clone(),
+                });
+                return Err(reason);
+            }
+        }
+        // The last reference: dropping it closes RocksDB and the store lock.
+        let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+    }
+    let root = root.to_path_buf();
+    let opened = tokio::task::spawn_blocking(move || -> Result<Store, String> {
+        let st = Store::open(&root, OpenMode::ReadWrite, "revault serve")
+            .map_err(|e| format!("reopening the store failed: {e}"))?;
+        st.probe_metadata()
+            .map_err(|e| format!("the reopened metadata takes no writes ({e})"))?;
+        Ok(st)
+    })
+    .await
+    .map_err(|e| format!("reopening the store failed: {e}"))??;
+    app.put_store(Arc::new(opened));
+    app.metrics.store_reopens.inc();
+    Ok(())
+}
+
+/// Waits up to `limit` for every other holder of `store` to drop it.
+async fn released(store: &Arc<Store>, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Arc::strong_count(store) > 1 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
