@@ -458,7 +458,15 @@ impl Store {
         if let Some(s) = txn.session {
             b.delete(CF_SESSIONS, &s.to_be_bytes());
         }
-        meta.write(b, true)?;
+        if let Err(e) = meta.write(b, true) {
+            // A failed sync may still leave the batch in the log, to replay
+            // at the next open: the session's files must not go before that
+            // open sees whether the session record went with the commit.
+            if let Some(s) = txn.session {
+                self.commit_write_failed(s);
+            }
+            return Err(e);
+        }
         // Held from the pin check to here: a backup that pinned a unit after
         // the check must, when it then reads the unit, see it gone. Released
         // before the write, a backup could pin and read a unit this batch was

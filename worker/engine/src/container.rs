@@ -47,6 +47,8 @@ pub struct ContainerId(pub u64);
 
 impl ContainerId {
     pub const SEQ_BITS: u32 = 24;
+    /// Session ids are below this: the rest of the id's 64 bits.
+    pub const SESSION_LIMIT: u64 = 1 << (64 - Self::SEQ_BITS);
 
     pub fn new(session: u64, seq: u64) -> Self {
         debug_assert!(seq < 1 << Self::SEQ_BITS);

@@ -4,6 +4,8 @@
 //! | column family | key                              | value                                  |
 //! |---------------|----------------------------------|----------------------------------------|
 //! | default       | "config", "counters", "totals"   | store config (JSON), id counters, sums |
+//! |               | "marks-kept"                     | present once `F` and `Z` keys are kept |
+//! |               |                                  | (see `orphans::adopt_untracked`)       |
 //! | series        | "ns/name"                        | [`SeriesRecord`] (JSON)                |
 //! | versions      | series id, version (BE)          | [`VersionRecord`] (JSON)               |
 //! | recipes       | series id, version, part (BE)    | recipe bytes + CRC32C                  |
@@ -82,6 +84,11 @@ fn prefixed(p: u8, id: u64) -> [u8; 9] {
 pub fn prefixed_id(k: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(k.get(1..9)?.try_into().ok()?))
 }
+
+/// In the default family: this store records freed containers (`F`) and
+/// zombie units (`Z`); a store from before them gets it at its first
+/// read-write open (`orphans::adopt_untracked`).
+pub const MARKS_KEPT_KEY: &[u8] = b"marks-kept";
 
 /// The key [`Meta::probe_write`] deletes, in the default family; never stored.
 const PROBE_KEY: &[u8] = b"probe";

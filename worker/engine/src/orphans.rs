@@ -28,7 +28,10 @@ use serde::Serialize;
 
 use crate::container::{session_dir_name, ContainerId};
 use crate::error::{IoContext, Result};
-use crate::meta::{freed_key, Meta, CF_CONTAINERS, CF_MARKS, CF_SESSIONS};
+use crate::meta::{
+    freed_key, scan_refs, zombie_key, Meta, MetaRead, CF_CONTAINERS, CF_MARKS, CF_SESSIONS,
+    CF_UNITS, MARKS_KEPT_KEY,
+};
 use crate::store::{sync_dir, Store};
 
 /// Where gc puts files nothing explains (inside the data directory, so a
@@ -141,8 +144,13 @@ pub(crate) struct Survey {
     pub quarantined_bytes: u64,
 }
 
+/// The session a directory name stands for: only names exactly as
+/// [`session_dir_name`] writes them, of ids a container id can hold (a
+/// stray `+1` or `10000000000` is not a session, and must not move the
+/// next session id to where container ids wrap around).
 fn session_of(name: &str) -> Option<u64> {
-    u64::from_str_radix(name, 16).ok()
+    let id = u64::from_str_radix(name, 16).ok()?;
+    (id < ContainerId::SESSION_LIMIT && session_dir_name(id) == name).then_some(id)
 }
 
 fn container_of(session: u64, name: &str) -> Option<ContainerId> {
@@ -196,14 +204,23 @@ pub(crate) fn survey(data: &Path, view: &DataDirView) -> Result<Survey> {
     Ok(s)
 }
 
-/// The files directly in `dir`, with their sizes.
+/// The files directly in `dir`, with their sizes. A file or directory that
+/// goes while it is read (a restore's deferred unlink, gc removing an empty
+/// session directory while `check` looks) is simply not there.
 fn files_in(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     let mut out = Vec::new();
-    for f in std::fs::read_dir(dir).ctx(|| format!("reading {}", dir.display()))? {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).ctx(|| format!("reading {}", dir.display())),
+    };
+    for f in entries {
         let f = f.ctx(|| format!("reading {}", dir.display()))?;
-        let m = f
-            .metadata()
-            .ctx(|| format!("reading {}", f.path().display()))?;
+        let m = match f.metadata() {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).ctx(|| format!("reading {}", f.path().display())),
+        };
         if m.is_file() {
             out.push((f.path(), m.len()));
         }
@@ -235,6 +252,58 @@ pub(crate) fn highest_session_on_disk(data: &Path) -> Result<Option<u64>> {
     Ok(max)
 }
 
+/// A store last written by a release that kept no freed (`F`) or zombie
+/// (`Z`) keys: the containers its commits freed but a crash (or a restore
+/// still reading them when it stopped) kept on disk, and the units its
+/// commits left unreferenced while a backup had them pinned, are recorded
+/// nowhere. Without this they would look like files the metadata lost
+/// (quarantined, `check` errors) and units only a full gc frees. At the
+/// first read-write open, after crashed sessions were recovered and before
+/// anything runs, they are recorded once as what they are.
+pub(crate) fn adopt_untracked(store: &Store) -> Result<()> {
+    if store.meta.get_raw("default", MARKS_KEPT_KEY)?.is_some() {
+        return Ok(());
+    }
+    let view = store.data_dir_view()?;
+    let mut b = store.meta.batch();
+    let mut files = 0;
+    for f in survey(store.data_dir(), &view)?.files {
+        let name = f.path.file_name().unwrap_or_default().to_string_lossy();
+        match container_of(f.session, &name) {
+            Some(c) if f.state == FileState::Unknown => {
+                b.put(CF_MARKS, &freed_key(c), b"");
+                files += 1;
+            }
+            _ => {}
+        }
+    }
+    let counted: FxHashSet<u64> = scan_refs(&store.meta, |_| {})?
+        .into_iter()
+        .filter(|(_, r)| !r.is_zero())
+        .map(|(id, _)| id)
+        .collect();
+    let mut units = 0;
+    store.meta.for_each_prefix(CF_UNITS, b"", |k, _| {
+        if let Ok(id) = <[u8; 8]>::try_from(k).map(u64::from_be_bytes) {
+            if !counted.contains(&id) {
+                b.put(CF_MARKS, &zombie_key(id), b"");
+                units += 1;
+            }
+        }
+        Ok(true)
+    })?;
+    b.put("default", MARKS_KEPT_KEY, b"");
+    store.meta.write(b, true)?;
+    if files > 0 || units > 0 {
+        tracing::info!(
+            files,
+            units,
+            "recorded the freed containers and unreferenced units a previous release left, for gc"
+        );
+    }
+    Ok(())
+}
+
 /// gc's pass over the data directory: deletes what a commit freed and a
 /// crash left behind, quarantines what nothing explains, removes empty
 /// session directories, and forgets the freed keys of files that are gone.
@@ -249,7 +318,11 @@ pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
     for f in &survey.files {
         match f.state {
             FileState::Freed => {
-                std::fs::remove_file(&f.path).ctx(|| format!("removing {}", f.path.display()))?;
+                match std::fs::remove_file(&f.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).ctx(|| format!("removing {}", f.path.display())),
+                }
                 tracing::info!(file = %f.path.display(), bytes = f.bytes, "removed a freed container file");
                 rep.orphan_files += 1;
                 rep.orphan_bytes += f.bytes;

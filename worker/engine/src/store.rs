@@ -90,6 +90,10 @@ pub struct Store {
     /// Set when a failpoint fired: sessions then leave their files behind, as
     /// a killed process would.
     crashed: Arc<std::sync::atomic::AtomicBool>,
+    /// Sessions whose commit write failed: it may still have reached the
+    /// log (a failed sync), so their files stay for the next read-write open
+    /// to decide on, by whether the session record is still there.
+    unsettled: Arc<Mutex<HashSet<u64>>>,
     _lock: Option<StoreLock>,
 }
 
@@ -118,6 +122,7 @@ impl Store {
             next_series: 1,
         });
         b.put_totals(&Totals::default());
+        b.put("default", crate::meta::MARKS_KEPT_KEY, b"");
         meta.write(b, true)?;
         drop(meta);
         // The marker is written last: a store is initialised only once complete.
@@ -194,10 +199,12 @@ impl Store {
             failpoint: Mutex::new(None),
             pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            unsettled: Arc::default(),
             _lock: Some(lock),
         };
         if mode == OpenMode::ReadWrite {
             store.recover_sessions()?;
+            crate::orphans::adopt_untracked(&store)?;
         }
         Ok(store)
     }
@@ -305,6 +312,11 @@ impl Store {
         let (id, counters) = {
             let mut c = self.ids.lock();
             let id = c.next_session;
+            if id >= ContainerId::SESSION_LIMIT {
+                return Err(Error::Internal(format!(
+                    "session ids are exhausted (next {id:#x}); the store takes no more writes"
+                )));
+            }
             c.next_session += 1;
             (id, *c)
         };
@@ -323,7 +335,13 @@ impl Store {
             next_seq: Arc::new(Mutex::new(0)),
             committed: false,
             crashed: self.crashed.clone(),
+            unsettled: self.unsettled.clone(),
         })
+    }
+
+    /// A commit of `session` failed to write: keep its files (see `unsettled`).
+    pub(crate) fn commit_write_failed(&self, session: u64) {
+        self.unsettled.lock().insert(session);
     }
 
     // ---- series writers and pins -------------------------------------------
@@ -826,6 +844,7 @@ pub(crate) struct Session {
     next_seq: Arc<Mutex<u64>>,
     committed: bool,
     crashed: Arc<std::sync::atomic::AtomicBool>,
+    unsettled: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl Session {
@@ -857,11 +876,17 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if !self.committed && !self.crashed.load(std::sync::atomic::Ordering::SeqCst) {
-            // The session record stays until the next read-write open clears it;
-            // removing the files now returns the space at once.
-            let _ = std::fs::remove_dir_all(self.dir());
+        if self.committed || self.crashed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
         }
+        if self.unsettled.lock().contains(&self.id) {
+            tracing::warn!(session = self.id, dir = %self.dir().display(),
+                "a commit write failed: its files stay until the next read-write open sees whether it landed");
+            return;
+        }
+        // The session record stays until the next read-write open clears it;
+        // removing the files now returns the space at once.
+        let _ = std::fs::remove_dir_all(self.dir());
     }
 }
 
@@ -908,7 +933,11 @@ fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
         }
     }
     if let Ok(entries) = std::fs::read_dir(data_dir) {
-        let n = entries.count();
+        // A fresh filesystem's lost+found is not store content.
+        let n = entries
+            .flatten()
+            .filter(|e| e.file_name() != "lost+found")
+            .count();
         if n > 0 {
             found.push(format!(
                 "{n} entries in the data directory {}",
@@ -932,11 +961,20 @@ fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
 fn explain_meta_open(root: &Path, e: Error) -> Error {
     let Error::Db(db) = &e else { return e };
     let m = db.to_string();
-    if m.contains("WAL") {
+    // The failures of RocksDB's WAL verification (db/wal_edit.cc,
+    // db/db_impl/db_impl_open.cc).
+    let missing = m.contains("Missing WAL") || m.contains("with no WAL files");
+    let short = m.contains("Size mismatch: WAL");
+    if missing || short {
+        let what = if missing {
+            "log files are missing"
+        } else {
+            "a log file is shorter than it was when synced"
+        };
         return corrupt_meta(
             format!("the metadata log of {}", root.join("meta").display()),
             format!(
-                "{m}: log files are missing, so the latest commits are not in the metadata. \
+                "{m}: {what}, so the latest commits are not in the metadata. \
                  Nothing was changed and no container was touched; put the log files back, or \
                  see docs/retention.md (\"Orphans and quarantine\")"
             ),
