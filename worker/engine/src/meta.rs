@@ -111,12 +111,12 @@ pub struct Meta {
     db: Arc<DB>,
     /// Writes what the open recovered from the log to tables (see
     /// [`Meta::open`]); the store does not close before it is done.
-    flusher: Option<std::thread::JoinHandle<()>>,
+    flusher: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Meta {
     fn drop(&mut self) {
-        if let Some(t) = self.flusher.take() {
+        if let Some(t) = self.flusher.get_mut().take() {
             let _ = t.join();
         }
     }
@@ -244,7 +244,7 @@ impl Meta {
                 context: "starting the metadata flush thread".into(),
                 source,
             })?;
-        meta.flusher = Some(flusher);
+        *meta.flusher.get_mut() = Some(flusher);
         Ok(meta)
     }
 
@@ -261,7 +261,7 @@ impl Meta {
         };
         Ok(Meta {
             db: Arc::new(db),
-            flusher: None,
+            flusher: parking_lot::Mutex::new(None),
         })
     }
 
@@ -339,6 +339,15 @@ impl Meta {
         wo.set_sync(sync);
         self.db.write_opt(batch.inner, &wo)?;
         Ok(())
+    }
+
+    /// Waits until what the open recovered from the log is in tables (see
+    /// [`Meta::open`]). A long-running process does this once after opening,
+    /// so the flush's own writes are behind it before its work begins.
+    pub fn wait_flushed(&self) {
+        if let Some(t) = self.flusher.lock().take() {
+            let _ = t.join();
+        }
     }
 
     /// Whether the metadata takes a write now: a synced delete of a key

@@ -264,8 +264,21 @@ pub(crate) fn adopt_untracked(store: &Store) -> Result<()> {
     if store.meta.get_raw("default", MARKS_KEPT_KEY)?.is_some() {
         return Ok(());
     }
-    let view = store.data_dir_view()?;
     let mut b = store.meta.batch();
+    // A store that has F or Z keys already keeps them (made by a build
+    // from before this key): nothing to adopt.
+    let mut keeps = false;
+    for p in [b"F", b"Z"] {
+        store.meta.for_each_prefix(CF_MARKS, p, |_, _| {
+            keeps = true;
+            Ok(false)
+        })?;
+    }
+    if keeps {
+        b.put("default", MARKS_KEPT_KEY, b"");
+        return store.meta.write(b, true);
+    }
+    let view = store.data_dir_view()?;
     let mut files = 0;
     for f in survey(store.data_dir(), &view)?.files {
         let name = f.path.file_name().unwrap_or_default().to_string_lossy();

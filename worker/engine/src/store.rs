@@ -222,13 +222,27 @@ impl Store {
         self.root.join("meta")
     }
 
-    /// Whether the metadata takes writes now (see [`Meta::probe_write`]).
-    /// A read-only store never writes: always fine.
+    /// Waits for the open's background work (the metadata flush): a server
+    /// does this before it takes requests, so that work's disk use (RocksDB
+    /// preallocates its tables) is not racing the first backup's.
+    pub fn settle(&self) {
+        self.meta.wait_flushed();
+    }
+
+    /// Whether this store takes writes now and nothing awaits a reopen: it
+    /// is open read-write, the metadata takes a write (see
+    /// [`Meta::probe_write`]), and no commit's write failed (its session's
+    /// files wait for the next read-write open to settle them).
     pub fn probe_metadata(&self) -> Result<()> {
-        if self.mode != OpenMode::ReadWrite {
-            return Ok(());
+        self.require_writable()?;
+        self.meta.probe_write()?;
+        let unsettled = self.unsettled.lock().len();
+        if unsettled > 0 {
+            return Err(Error::Invalid(format!(
+                "{unsettled} commit(s) failed to write their metadata; a reopen settles them"
+            )));
         }
-        self.meta.probe_write()
+        Ok(())
     }
 
     pub fn config(&self) -> &StoreConfig {

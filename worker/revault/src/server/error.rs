@@ -85,15 +85,20 @@ impl ApiError {
     }
 }
 
-/// A full disk: which one, and that the request may simply be retried.
-/// Engine writes commit atomically (a backup, one slide, one gc step), so
-/// the step that failed left nothing half-done behind.
+/// A full disk: which one, and what became of the request. Engine writes
+/// commit atomically (a backup, one slide, one gc step): a full data
+/// directory stops the step before its commit, so nothing was committed. A
+/// full metadata disk may fail the commit's own write, which a failed sync
+/// can still leave in the log, to land when the store is reopened.
 fn no_space_message(e: &revault_engine::Error) -> String {
-    let disk = match e {
-        revault_engine::Error::Db(_) => "the metadata's disk",
-        _ => "the data directory's disk",
-    };
-    format!("{disk} is full ({e}); nothing was committed by the step that failed and nothing committed before is lost: retry once space is freed")
+    match e {
+        revault_engine::Error::Db(_) => format!(
+            "the metadata's disk is full ({e}); the step that failed did not complete, though if it was a commit it may still land when the store recovers (list the versions before retrying); nothing committed before is lost"
+        ),
+        _ => format!(
+            "the data directory's disk is full ({e}); nothing was committed by the step that failed and nothing committed before is lost: retry once space is freed"
+        ),
+    }
 }
 
 /// Backups: a cancelled run says why the body is gone.

@@ -19,7 +19,12 @@
 //!   reopened store is probed; if it takes writes the server is ready again.
 //! - If work still holds the store after it was cut, the store cannot be
 //!   closed: the server reports itself *wedged* and `/healthz` fails, so
-//!   Kubernetes restarts it.
+//!   Kubernetes restarts it (without Kubernetes it tries again later).
+//! - A reopen that fails leaves the store open read-only, if it opens, so
+//!   reads go on; the next try reopens it read-write.
+//! - A commit whose metadata write failed (RocksDB may also recover by
+//!   itself once space is back) fails the probe too: the reopen is what
+//!   settles its session's files.
 //!
 //! Nothing committed is at risk in any of this: the server only stops,
 //! cuts uncommitted work and reopens (see docs/service.md, "What is
@@ -44,8 +49,9 @@ const SPACE_POLL: Duration = Duration::from_secs(1);
 /// at once does not cut restores over and over.
 const MIN_BACKOFF: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// After in-flight work was cut, how long it may take to let go of the store.
-const CUT_WAIT: Duration = Duration::from_secs(30);
+/// After in-flight work was cut, how long it may take to let go of the
+/// store: gc and slides are not cut, they finish their step.
+const CUT_WAIT: Duration = Duration::from_secs(120);
 /// Room the metadata's filesystem needs before a reopen is tried: this much
 /// or 1% of it, whichever is more (RocksDB flushes its log to tables first).
 const MIN_ROOM: u64 = 16 << 20;
@@ -128,9 +134,8 @@ pub fn spawn(app: Arc<App>, root: PathBuf, grace: Duration) -> tokio::task::Join
             if app.draining.load(Ordering::SeqCst) {
                 return;
             }
-            if app.health.wedged().is_some() {
-                continue;
-            }
+            // Wedged too: the holder may have let go since; the next reopen
+            // (after the backoff) finds out.
             match probe(&app).await {
                 Probe::Fine if degraded => recovered(&app, "the metadata takes writes again"),
                 // Healthy for long after a reopen: the next failure is a new one.
@@ -174,7 +179,7 @@ async fn probe(app: &Arc<App>) -> Probe {
     let r = tokio::task::spawn_blocking(move || store.probe_metadata()).await;
     match r {
         Ok(Ok(())) => Probe::Fine,
-        Ok(Err(e)) => Probe::Failed(format!("the metadata takes no writes ({e})")),
+        Ok(Err(e)) => Probe::Failed(format!("the store takes no writes ({e})")),
         Err(e) => Probe::Failed(format!("probing the metadata failed: {e}")),
     }
 }
@@ -205,19 +210,28 @@ fn room_again(dir: &Path) -> bool {
 }
 
 /// Closes the store once in-flight work has let go of it (cutting that work
-/// after `grace`), and opens it again. On `Err` the server is left without a
-/// store (or wedged, with the old one), and the message says why.
+/// after `grace`), and opens it again. On `Err` the message says why, and
+/// the server keeps a store to read from if it can: the old one (wedged, or
+/// shutting down meanwhile), or the store opened read-only.
 async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), String> {
     if let Some(old) = app.take_store() {
-        tracing::info!(grace = ?grace, "space is back: closing the store to reopen it");
-        if !released(&old, grace).await {
+        tracing::info!(grace = ?grace, "closing the store to reopen it");
+        if !released(app, &old, grace).await {
+            if app.draining.load(Ordering::SeqCst) {
+                app.put_store(old);
+                return Err("the server is shutting down".into());
+            }
             let n = app.cancel_all();
             app.cut_inflight();
             tracing::warn!(
                 cancelled = n,
                 "reopen: in-flight work still running after the grace; cut it"
             );
-            if !released(&old, CUT_WAIT).await {
+            if !released(app, &old, CUT_WAIT).await {
+                if app.draining.load(Ordering::SeqCst) {
+                    app.put_store(old);
+                    return Err("the server is shutting down".into());
+                }
                 let reason = format!(
                     "the store could not be closed to reopen it: work still held it {CUT_WAIT:?} after it was cut; restart the server"
                 );
@@ -233,25 +247,46 @@ async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), Stri
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
     }
     let root = root.to_path_buf();
-    let opened = tokio::task::spawn_blocking(move || -> Result<Store, String> {
-        let st = Store::open(&root, OpenMode::ReadWrite, "revault serve")
-            .map_err(|e| format!("reopening the store failed: {e}"))?;
-        st.probe_metadata()
-            .map_err(|e| format!("the reopened metadata takes no writes ({e})"))?;
-        Ok(st)
-    })
-    .await
-    .map_err(|e| format!("reopening the store failed: {e}"))??;
-    app.put_store(Arc::new(opened));
-    app.metrics.store_reopens.inc();
-    Ok(())
+    let (store, result) = tokio::task::spawn_blocking(move || open_again(&root))
+        .await
+        .map_err(|e| format!("reopening the store failed: {e}"))?;
+    if let Some(st) = store {
+        app.put_store(Arc::new(st));
+        app.metrics.store_reopens.inc();
+        let a = app.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(st) = a.open_store() {
+                a.refresh_all_series(&st);
+            }
+        })
+        .await;
+    }
+    result
 }
 
-/// Waits up to `limit` for every other holder of `store` to drop it.
-async fn released(store: &Arc<Store>, limit: Duration) -> bool {
+/// Opens the store read-write and probes it. If that fails, the store
+/// opened read-only (if it opens) still serves reads until the next try.
+fn open_again(root: &Path) -> (Option<Store>, Result<(), String>) {
+    let err = match Store::open(root, OpenMode::ReadWrite, "revault serve") {
+        Ok(st) => {
+            st.settle();
+            match st.probe_metadata() {
+                Ok(()) => return (Some(st), Ok(())),
+                Err(e) => format!("the reopened store takes no writes ({e})"),
+            }
+        }
+        Err(e) => format!("reopening the store failed: {e}"),
+    };
+    let ro = Store::open(root, OpenMode::ReadOnly, "revault serve").ok();
+    (ro, Err(err))
+}
+
+/// Waits up to `limit` for every other holder of `store` to drop it (not
+/// past the start of a shutdown).
+async fn released(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Arc::strong_count(store) > 1 {
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline || app.draining.load(Ordering::SeqCst) {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

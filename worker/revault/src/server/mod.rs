@@ -323,6 +323,15 @@ impl App {
         }
     }
 
+    /// Refreshes every series' gauges (at start, after a reopen).
+    pub fn refresh_all_series(&self, store: &Store) {
+        if let Ok(all) = store.list_series() {
+            for s in all {
+                self.refresh_series(store, &s.name);
+            }
+        }
+    }
+
     /// Refreshes one series' gauges from its versions.
     pub fn refresh_series(&self, store: &Store, name: &str) {
         match store.series(name).and_then(|s| store.versions(&s)) {
@@ -441,7 +450,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
                     }
                     std::thread::sleep(Duration::from_millis(250));
                 }
-                r => return Ok(r?),
+                r => {
+                    let st = r?;
+                    st.settle();
+                    return Ok(st);
+                }
             }
         }
     })
@@ -451,14 +464,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     {
         let st = store.clone();
         let app2 = app.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Ok(all) = st.list_series() {
-                for s in all {
-                    app2.refresh_series(&st, &s.name);
-                }
-            }
-        })
-        .await?;
+        tokio::task::spawn_blocking(move || app2.refresh_all_series(&st)).await?;
     }
     app.put_store(store);
     app.ready.store(true, Ordering::SeqCst);
@@ -490,7 +496,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     // Stop accepting; let in-flight requests finish within the grace period.
     app.draining.store(true, Ordering::SeqCst);
     sched.abort();
-    watcher.abort();
+    // The watcher is not aborted: it stops by itself when draining, and a
+    // reopen under way hands the store back instead of dropping it here.
+    drop(watcher);
     tracing::info!(grace = ?a.grace_period, "draining in-flight requests");
     handle.graceful();
     let grace = tokio::time::sleep(a.grace_period);
