@@ -8,8 +8,13 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 
+/// The `revault` binary under test: this build's, or `REVAULT_TEST_BIN`
+/// (to run a test against another build, e.g. one from before a fix).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_revault")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("REVAULT_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_revault").into())
+    })
 }
 
 pub fn revault(args: &[&str]) -> Output {
