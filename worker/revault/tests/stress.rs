@@ -750,15 +750,16 @@ fn pull(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step
     let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
     let code = client_error(&out);
     ctx.note(c, format!("{kind} {name} v{n}: {err}"));
-    // Expired before the restore began: 404; after the server resolved it
-    // but before the restore read its snapshot: the body breaks off (the
-    // server log must then say why: checked at the end).
-    let vanished = code == "unknown_version" || err.contains("broke off");
+    // Expired before the server resolved it: 404. Expired after that but
+    // before the restore read its snapshot: the server has sent its answer's
+    // head (or was about to) and breaks the connection off, and says why in
+    // its log (every restore failure there is checked at the end).
+    let why = ctx.server_reason(name, n);
+    let vanished = code == "unknown_version" || why.contains("has no version");
     if at_risk && vanished {
         ctx.count(&format!("{kind} (version expired meanwhile)"));
         return Ok(());
     }
-    let why = ctx.server_reason(name, n);
     Err(format!(
         "{kind} {name} v{n} (must exist: {must}): {err}{why}"
     ))
@@ -806,12 +807,17 @@ fn expire_explicit(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step 
         } else {
             Explicit::Before(sm.versions[&n].time + 1)
         };
+        // Per version: its risk once this expiry counts, whether nothing
+        // else could remove it (other expiries in flight included), and
+        // whether it was expired already.
         let mut risks = BTreeMap::new();
-        for (k, v) in sm.versions.iter_mut() {
-            if sel.covers(*k, v.time) {
+        for k in sm.versions.keys().copied().collect::<Vec<_>>() {
+            let sure = sm.must_exist(k);
+            let v = sm.versions.get_mut(&k).unwrap();
+            if sel.covers(k, v.time) {
                 v.risk += 1;
             }
-            risks.insert(*k, (v.risk, !v.gone && !v.retention_may, v.gone));
+            risks.insert(k, (v.risk, sure, v.gone));
         }
         sm.explicit.insert(id, sel);
         (sel, risks)
@@ -882,9 +888,8 @@ fn expire_explicit(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step 
         (409, _) => ctx.count("expire (409 busy)"),
         (404, Explicit::Version(n)) if r.json()["code"] == "unknown_version" => {
             // Only if something else may have expired it meanwhile.
-            let v = &sm.versions[n];
             let (risk, sure, _) = risks[n];
-            if sure && v.risk == risk && !v.gone && !v.retention_may {
+            if sure && sm.versions[n].risk == risk && sm.must_exist(*n) {
                 return Err(format!(
                     "{kind}: 404 for a version nothing expired: {}",
                     r.text()
