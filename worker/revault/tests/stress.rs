@@ -21,7 +21,8 @@
 //! - `REVAULT_STRESS_SEED=N`: run only the schedule with seed N (the same
 //!   operations per client; their interleaving is up to the machine).
 //! - `REVAULT_STRESS_SECONDS=S`: keep starting schedules for S seconds
-//!   (default 60; each schedule loads the server for 10 s, then verifies).
+//!   (default 90: two or three schedules; each loads the server for 10 s,
+//!   then verifies for 10 to 20 s).
 //! - `REVAULT_TEST_BIN=PATH`: test another `revault` binary (an older build).
 
 mod common;
@@ -44,7 +45,7 @@ use sha2::{Digest, Sha256};
 const CLIENTS: usize = 6;
 /// Load per schedule; then the schedule is verified.
 const LOAD: Duration = Duration::from_secs(10);
-const DEFAULT_SECONDS: u64 = 60;
+const DEFAULT_SECONDS: u64 = 90;
 /// A client process that takes longer has hung: the test fails.
 const CLIENT_LIMIT: Duration = Duration::from_secs(120);
 const KIB: usize = 1 << 10;
@@ -312,15 +313,33 @@ impl Ctx<'_> {
         self.stop.store(true, Ordering::SeqCst);
     }
 
-    /// Why the server says a restore of `series` version `n` failed.
-    fn server_reason(&self, series: &str, n: u32) -> String {
+    /// The server log's lines saying a restore of `series` version `n` failed.
+    fn restore_failures(&self, series: &str, n: u32) -> Vec<String> {
         let log = std::fs::read_to_string(&self.server_log).unwrap_or_default();
         let key = format!("restore failed series={series} version={n} ");
         log.lines()
-            .rfind(|l| l.contains(&key))
-            .and_then(|l| l.split(" error=").nth(1))
-            .map(|e| format!(" (server: {e})"))
-            .unwrap_or_default()
+            .filter(|l| l.contains(&key))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Why the server says a restore of `series` version `n` failed, from
+    /// the first such line after the `before` there were when the pull
+    /// began. The server logs the failure just after it cuts the body off,
+    /// so the client may exit first: wait for the line (bounded).
+    fn server_reason(&self, series: &str, n: u32, before: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let lines = self.restore_failures(series, n);
+            if lines.len() > before || Instant::now() > deadline {
+                return lines
+                    .get(before)
+                    .and_then(|l| l.split(" error=").nth(1))
+                    .map(|e| format!(" (server: {e})"))
+                    .unwrap_or_default();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn id(&self) -> u64 {
@@ -682,6 +701,7 @@ fn pull(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step
     let kind = format!("pull {transfer}{}", if slow { " slow" } else { "" });
     ctx.note(c, format!("{kind} {name} v{n} cache {cache_mib} MiB"));
     let nv = n.to_string();
+    let failures_before = ctx.restore_failures(name, n).len();
     let mut child = ctx.spawn(
         &[
             "pull",
@@ -754,7 +774,12 @@ fn pull(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step
     // before the restore read its snapshot: the server has sent its answer's
     // head (or was about to) and breaks the connection off, and says why in
     // its log (every restore failure there is checked at the end).
-    let why = ctx.server_reason(name, n);
+    // (A 404 comes before the restore starts: nothing is logged then.)
+    let why = if code == "unknown_version" {
+        String::new()
+    } else {
+        ctx.server_reason(name, n, failures_before)
+    };
     let vanished = code == "unknown_version" || why.contains("has no version");
     if at_risk && vanished {
         ctx.count(&format!("{kind} (version expired meanwhile)"));
