@@ -326,6 +326,7 @@ pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
     store.pause_point("gc.orphans.scanned");
     let data = store.data_dir();
     let survey = survey(data, &view)?;
+    store.pause_point("gc.orphans.surveyed");
     let mut rep = OrphanReport::default();
     let mut touched: BTreeSet<PathBuf> = BTreeSet::new();
     for f in &survey.files {

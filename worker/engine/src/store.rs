@@ -551,6 +551,9 @@ impl Store {
             }
             r.take_deletable()
         };
+        if !doomed.is_empty() {
+            self.pause_point("read.end.unlink");
+        }
         for id in doomed {
             self.remove_container_file(id);
         }

@@ -190,6 +190,91 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
     }
 }
 
+/// A restore that ends hands the files whose unlink waited for it to its
+/// own thread, which unlinks them without the commit lock. A gc may look at
+/// the data directory in between: the files are then freed, held by no
+/// reader, and still there, and they vanish before gc removes them. Gone is
+/// what gc wanted; it must not fail (it answered 500 under load in
+/// worker/revault/tests/stress.rs).
+#[test]
+fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
+    let (_d, st) = new_store(small_config());
+    let st = Arc::new(st);
+    let v1 = random(8 << 20, 31);
+    let mut v2 = v1.clone();
+    for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
+        r.copy_from_slice(&random(r.len(), 300 + i as u64));
+    }
+    backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
+    backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
+
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let client = SlowClient {
+        out: out.clone(),
+        started: Some(started_tx),
+        go: Some(go_rx),
+    };
+    let st2 = st.clone();
+    let restoring = std::thread::spawn(move || {
+        let mut w = client;
+        restore(
+            &st2,
+            "team/a",
+            VersionSel::Number(2),
+            &small_restore(),
+            RestoreTarget::Writer(&mut w),
+        )
+    });
+    started.recv().unwrap();
+    // Files freed while the restore reads: their unlink waits for it.
+    expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
+    let g = gc(&st, &compact_all()).unwrap();
+    assert!(g.containers_compacted > 0, "{g:?}");
+
+    // When the restore ends and has let go of those files, a gc surveys the
+    // data directory; it removes what it found only once the restore's
+    // thread has unlinked them.
+    let (surveyed_tx, surveyed) = mpsc::channel::<()>();
+    let (gc_go, gc_go_rx) = mpsc::channel::<()>();
+    let gc_go_rx = Mutex::new(gc_go_rx);
+    let surveying = at(&st, "gc.orphans.surveyed", move |_| {
+        surveyed_tx.send(()).unwrap();
+        gc_go_rx.lock().unwrap().recv().unwrap();
+    });
+    let collecting: Arc<Mutex<Option<std::thread::JoinHandle<_>>>> = Arc::default();
+    let (st3, c2) = (st.clone(), collecting.clone());
+    let surveyed = Mutex::new(surveyed);
+    let unlinking = at(&st, "read.end.unlink", move |_| {
+        *c2.lock().unwrap() = Some(std::thread::spawn(move || gc(&st3, &GcOptions::default())));
+        surveyed.lock().unwrap().recv().unwrap();
+    });
+    go.send(()).unwrap();
+    let r = restoring.join().unwrap();
+    assert!(r.is_ok(), "the restore was cut off: {r:?}");
+    assert!(*out.lock().unwrap() == v2, "restored bytes differ");
+    reached(&unlinking, "read.end.unlink");
+    gc_go.send(()).unwrap();
+    let h = collecting.lock().unwrap().take().unwrap();
+    let g = h.join().unwrap();
+    reached(&surveying, "gc.orphans.surveyed");
+    assert!(
+        g.is_ok(),
+        "gc failed on files a restore unlinked meanwhile: {g:?}"
+    );
+
+    gc(&st, &compact_all()).unwrap();
+    assert_clean(&st, "after the gcs");
+    assert_eq!(restore_bytes(&st, "team/a", 2).0, v2);
+    let t = st.totals().unwrap();
+    assert_eq!(
+        files_in(st.data_dir()),
+        t.containers,
+        "container files on disk vs. records"
+    );
+}
+
 fn files_in(dir: &std::path::Path) -> u64 {
     let mut n = 0;
     for d in std::fs::read_dir(dir).unwrap().flatten() {
