@@ -19,6 +19,12 @@
 //! taken under the commit lock): records from one snapshot, the next session
 //! id, and the freed files readers hold. Two separate reads would let a
 //! commit land between them and make its containers look orphaned.
+//!
+//! A reader that ends unlinks the freed files that waited for it (and their
+//! session directory, once empty) on its own thread, without that lock: such
+//! a file may be freed and held by no reader in the view, and vanish while
+//! gc looks at it. Gone is what gc wanted, so a file or session directory
+//! that is no longer there is not an error.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -334,6 +340,7 @@ pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
             FileState::Freed => {
                 match std::fs::remove_file(&f.path) {
                     Ok(()) => {}
+                    // Its reader's thread unlinked it meanwhile (module docs).
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e).ctx(|| format!("removing {}", f.path.display())),
                 }
@@ -359,7 +366,7 @@ pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
         }
     }
     for d in &touched {
-        sync_dir(d)?;
+        sync_session_dir(d)?;
     }
     if rep.quarantined_files > 0 {
         sync_dir(&data.join(QUARANTINE))?;
@@ -369,6 +376,20 @@ pub(crate) fn collect(store: &Store) -> Result<OrphanReport> {
     }
     forget_freed(store, &view)?;
     Ok(rep)
+}
+
+/// Makes the removals in a session directory durable, unless a reader's
+/// thread removed the directory itself meanwhile (module docs): the caller
+/// syncs the data directory, which makes that removal durable.
+fn sync_session_dir(dir: &Path) -> Result<()> {
+    match sync_dir(dir) {
+        Err(crate::error::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// Moves a file nothing explains into `data/quarantine/SESSION-NAME`.
@@ -407,7 +428,7 @@ fn forget_freed(store: &Store, view: &DataDirView) -> Result<()> {
         .filter(|d| d.exists())
         .collect();
     for d in &dirs {
-        sync_dir(d)?;
+        sync_session_dir(d)?;
     }
     sync_dir(data)?;
     let mut b = store.meta.batch();
