@@ -148,10 +148,7 @@ fn backup_survives_gc_compacting_the_previous_versions_containers() {
             // v2 replaces every other 64 KiB of v1: once v1 expires, the
             // containers v2 shares with it are half dead.
             let v1 = random(8 << 20, 21);
-            let mut v2 = v1.clone();
-            for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
-                r.copy_from_slice(&random(r.len(), 100 + i as u64));
-            }
+            let v2 = every_other_block_changed(&v1, 100);
             backup_bytes(&st, "team/a", &v1, unit);
             backup_bytes(&st, "team/a", &v2, unit);
             expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use common::*;
@@ -32,29 +31,6 @@ fn compact_all() -> GcOptions {
         compact_below: 1.0,
         full: true,
     }
-}
-
-/// Runs `hook` when the engine reaches pause point `name`; returns a flag
-/// that says whether it ran (a test whose pause point is never reached
-/// proves nothing).
-fn at(st: &Store, name: &str, hook: impl FnOnce(&Store) + Send + 'static) -> Arc<AtomicBool> {
-    let ran = Arc::new(AtomicBool::new(false));
-    let r = ran.clone();
-    st.on_pause_point(
-        name,
-        Box::new(move |st: &Store| {
-            hook(st);
-            r.store(true, Ordering::SeqCst);
-        }),
-    );
-    ran
-}
-
-fn reached(flag: &AtomicBool, name: &str) {
-    assert!(
-        flag.load(Ordering::SeqCst),
-        "pause point {name} not reached"
-    );
 }
 
 /// Two series back up the same base, then change it in the same places
@@ -111,15 +87,22 @@ fn gc_never_trims_a_unit_a_backup_committed_during_the_gc_references() {
     }
 }
 
-/// A writer that blocks at its first write until released: a restore that
-/// has planned its reads from a snapshot and is stuck sending.
-struct SlowClient {
+/// A restore of a version whose client stops at its first write until
+/// released: the restore has planned its reads from its snapshot and is
+/// stuck sending, holding every container file it will read.
+struct StalledRestore {
+    go: mpsc::Sender<()>,
+    out: Arc<Mutex<Vec<u8>>>,
+    thread: std::thread::JoinHandle<revault_engine::Result<revault_engine::restore::RestoreReport>>,
+}
+
+struct StallingWriter {
     out: Arc<Mutex<Vec<u8>>>,
     started: Option<mpsc::Sender<()>>,
     go: Option<mpsc::Receiver<()>>,
 }
 
-impl std::io::Write for SlowClient {
+impl std::io::Write for StallingWriter {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         if let Some(s) = self.started.take() {
             s.send(()).unwrap();
@@ -133,6 +116,45 @@ impl std::io::Write for SlowClient {
     }
 }
 
+impl StalledRestore {
+    /// Starts restoring `series` version `v`; returns once it is stuck.
+    fn start(st: &Arc<Store>, series: &str, v: u32) -> StalledRestore {
+        let (started_tx, started) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let mut w = StallingWriter {
+            out: out.clone(),
+            started: Some(started_tx),
+            go: Some(go_rx),
+        };
+        let (st, series) = (st.clone(), series.to_string());
+        let thread = std::thread::spawn(move || {
+            restore(
+                &st,
+                &series,
+                VersionSel::Number(v),
+                &small_restore(),
+                RestoreTarget::Writer(&mut w),
+            )
+        });
+        started.recv().unwrap();
+        StalledRestore { go, out, thread }
+    }
+
+    /// Lets the client read on; returns how the restore ended and its bytes.
+    fn finish(
+        self,
+    ) -> (
+        revault_engine::Result<revault_engine::restore::RestoreReport>,
+        Vec<u8>,
+    ) {
+        self.go.send(()).unwrap();
+        let r = self.thread.join().unwrap();
+        let out = std::mem::take(&mut *self.out.lock().unwrap());
+        (r, out)
+    }
+}
+
 /// Defect 2 of issue 18: a slow client restores version 2 while version 1
 /// expires and gc runs twice. The first gc compacts the containers version 2
 /// shares with version 1 (their files' unlink waits for the restore); the
@@ -143,41 +165,18 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
         let (_d, st) = new_store(small_config());
         let st = Arc::new(st);
         let v1 = random(8 << 20, 21);
-        let mut v2 = v1.clone();
-        for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
-            r.copy_from_slice(&random(r.len(), 100 + i as u64));
-        }
+        let v2 = every_other_block_changed(&v1, 100);
         backup_bytes(&st, "team/a", &v1, unit);
         backup_bytes(&st, "team/a", &v2, unit);
 
-        let (started_tx, started) = mpsc::channel();
-        let (go, go_rx) = mpsc::channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let client = SlowClient {
-            out: out.clone(),
-            started: Some(started_tx),
-            go: Some(go_rx),
-        };
-        let st2 = st.clone();
-        let restoring = std::thread::spawn(move || {
-            let mut w = client;
-            restore(
-                &st2,
-                "team/a",
-                VersionSel::Number(2),
-                &small_restore(),
-                RestoreTarget::Writer(&mut w),
-            )
-        });
-        started.recv().unwrap();
+        let restoring = StalledRestore::start(&st, "team/a", 2);
         expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
         let g1 = gc(&st, &compact_all()).unwrap();
         assert!(g1.containers_compacted > 0, "{unit}: {g1:?}");
         gc(&st, &compact_all()).unwrap();
-        go.send(()).unwrap();
-        let r = restoring.join().unwrap();
+        let (r, out) = restoring.finish();
         assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
-        assert!(*out.lock().unwrap() == v2, "{unit}: restored bytes differ");
+        assert!(out == v2, "{unit}: restored bytes differ");
         // Once the restore is over, nothing it held is left behind.
         gc(&st, &compact_all()).unwrap();
         assert_clean(&st, &format!("{unit}"));
@@ -201,33 +200,11 @@ fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
     let (_d, st) = new_store(small_config());
     let st = Arc::new(st);
     let v1 = random(8 << 20, 31);
-    let mut v2 = v1.clone();
-    for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
-        r.copy_from_slice(&random(r.len(), 300 + i as u64));
-    }
+    let v2 = every_other_block_changed(&v1, 300);
     backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
     backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
 
-    let (started_tx, started) = mpsc::channel();
-    let (go, go_rx) = mpsc::channel();
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let client = SlowClient {
-        out: out.clone(),
-        started: Some(started_tx),
-        go: Some(go_rx),
-    };
-    let st2 = st.clone();
-    let restoring = std::thread::spawn(move || {
-        let mut w = client;
-        restore(
-            &st2,
-            "team/a",
-            VersionSel::Number(2),
-            &small_restore(),
-            RestoreTarget::Writer(&mut w),
-        )
-    });
-    started.recv().unwrap();
+    let restoring = StalledRestore::start(&st, "team/a", 2);
     // Files freed while the restore reads: their unlink waits for it.
     expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
     let g = gc(&st, &compact_all()).unwrap();
@@ -250,10 +227,9 @@ fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
         *c2.lock().unwrap() = Some(std::thread::spawn(move || gc(&st3, &GcOptions::default())));
         surveyed.lock().unwrap().recv().unwrap();
     });
-    go.send(()).unwrap();
-    let r = restoring.join().unwrap();
+    let (r, out) = restoring.finish();
     assert!(r.is_ok(), "the restore was cut off: {r:?}");
-    assert!(*out.lock().unwrap() == v2, "restored bytes differ");
+    assert!(out == v2, "restored bytes differ");
     reached(&unlinking, "read.end.unlink");
     gc_go.send(()).unwrap();
     let h = collecting.lock().unwrap().take().unwrap();
@@ -273,18 +249,6 @@ fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
         t.containers,
         "container files on disk vs. records"
     );
-}
-
-fn files_in(dir: &std::path::Path) -> u64 {
-    let mut n = 0;
-    for d in std::fs::read_dir(dir).unwrap().flatten() {
-        if d.path().is_dir() {
-            n += files_in(&d.path());
-        } else {
-            n += 1;
-        }
-    }
-    n
 }
 
 /// gc's orphan removal against a backup that commits while gc looks at the

@@ -8,8 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use common::*;
 use revault_engine::check::check;
@@ -105,17 +103,11 @@ fn a_stray_hex_directory_does_not_move_new_containers_elsewhere() {
     std::fs::create_dir(data.join("10000000000")).unwrap();
     let st = open(dir.path());
     let v3 = random(1 << 20, 3);
-    let ran = Arc::new(AtomicBool::new(false));
-    let r = ran.clone();
-    st.on_pause_point(
-        "backup.before_commit",
-        Box::new(move |st: &Store| {
-            gc(st, &GcOptions::default()).unwrap();
-            r.store(true, Ordering::SeqCst);
-        }),
-    );
+    let ran = at(&st, "backup.before_commit", |st| {
+        gc(st, &GcOptions::default()).unwrap();
+    });
     backup_bytes(&st, "team/a", &v3, DedupUnit::Chunk);
-    assert!(ran.load(Ordering::SeqCst), "pause point not reached");
+    reached(&ran, "backup.before_commit");
     let c = check(&st).unwrap();
     assert!(c.ok, "{:?}", c.errors);
     assert_eq!(restore_bytes(&st, "team/a", 3).0, v3);

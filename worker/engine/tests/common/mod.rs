@@ -2,6 +2,9 @@
 #![allow(dead_code)]
 
 use std::io::Cursor;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -128,4 +131,51 @@ pub fn transfer_bytes(store: &Store, series: &str, v: u32) -> Vec<u8> {
     rx.finish().unwrap();
     let mut bytes = out.0.lock().unwrap();
     std::mem::take(&mut *bytes)
+}
+
+/// `base` with every other 64 KiB block (from the second) replaced by
+/// random bytes: once `base` expires, the containers the two share are
+/// half dead, which is what gc compacts.
+pub fn every_other_block_changed(base: &[u8], seed: u64) -> Vec<u8> {
+    let mut v = base.to_vec();
+    for (i, r) in v.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
+        r.copy_from_slice(&random(r.len(), seed + i as u64));
+    }
+    v
+}
+
+/// Runs `hook` when the engine reaches pause point `name`; returns a flag
+/// that says whether it ran (a test whose pause point is never reached
+/// proves nothing: see [`reached`]).
+pub fn at(st: &Store, name: &str, hook: impl FnOnce(&Store) + Send + 'static) -> Arc<AtomicBool> {
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    st.on_pause_point(
+        name,
+        Box::new(move |st: &Store| {
+            hook(st);
+            r.store(true, Ordering::SeqCst);
+        }),
+    );
+    ran
+}
+
+pub fn reached(flag: &AtomicBool, name: &str) {
+    assert!(
+        flag.load(Ordering::SeqCst),
+        "pause point {name} not reached"
+    );
+}
+
+/// Files under `dir`, at any depth.
+pub fn files_in(dir: &Path) -> u64 {
+    let mut n = 0;
+    for d in std::fs::read_dir(dir).unwrap().flatten() {
+        if d.path().is_dir() {
+            n += files_in(&d.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
 }
