@@ -113,8 +113,9 @@ impl Error {
     }
 
     /// True when a disk (or quota) was full: the data directory's for a
-    /// container, the metadata's for RocksDB. Nothing was committed; the
-    /// same request succeeds once space is freed.
+    /// container, the metadata's for RocksDB. The step that failed did not
+    /// complete (a commit whose own metadata write failed may still land when
+    /// the store is reopened).
     pub fn is_no_space(&self) -> bool {
         match self {
             Error::Io { source, .. } => {

@@ -47,10 +47,7 @@ use crate::store::Store;
 pub use crate::orphans::OrphanReport;
 
 pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = b'S';
-    k[1..].copy_from_slice(&c.0.to_be_bytes());
-    k
+    crate::meta::prefixed(b'S', c.0)
 }
 
 fn mark_key(unit: u64, group: u32) -> [u8; 13] {

@@ -73,7 +73,8 @@ pub fn zombie_key(unit: u64) -> [u8; 9] {
     prefixed(b'Z', unit)
 }
 
-fn prefixed(p: u8, id: u64) -> [u8; 9] {
+/// A `marks` key: a kind byte, then an id (big-endian).
+pub(crate) fn prefixed(p: u8, id: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = p;
     k[1..].copy_from_slice(&id.to_be_bytes());
@@ -352,7 +353,7 @@ impl Meta {
 
     /// Whether the metadata takes a write now: a synced delete of a key
     /// nothing stores (it leaves no record behind, only a tombstone that
-    /// compaction drops). After a write fails on a full disk RocksDB stops
+    /// compaction drops). After a write fails on a full disk RocksDB may stop
     /// taking writes until it is reopened; this is how a caller finds out.
     pub fn probe_write(&self) -> Result<()> {
         let mut wo = WriteOptions::default();

@@ -135,6 +135,8 @@ pub(crate) enum FileState {
 pub(crate) struct DataFile {
     pub path: PathBuf,
     pub session: u64,
+    /// The container its name stands for, if it is named like one.
+    pub container: Option<ContainerId>,
     pub state: FileState,
     pub bytes: u64,
 }
@@ -197,11 +199,12 @@ pub(crate) fn survey(data: &Path, view: &DataDirView) -> Result<Survey> {
         }
         for (path, bytes) in files_in(&d.path())? {
             let file = path.file_name().unwrap_or_default().to_string_lossy();
-            let state = view.state(container_of(session, &file));
+            let container = container_of(session, &file);
             s.files.push(DataFile {
+                state: view.state(container),
                 path,
                 session,
-                state,
+                container,
                 bytes,
             });
         }
@@ -287,13 +290,9 @@ pub(crate) fn adopt_untracked(store: &Store) -> Result<()> {
     let view = store.data_dir_view()?;
     let mut files = 0;
     for f in survey(store.data_dir(), &view)?.files {
-        let name = f.path.file_name().unwrap_or_default().to_string_lossy();
-        match container_of(f.session, &name) {
-            Some(c) if f.state == FileState::Unknown => {
-                b.put(CF_MARKS, &freed_key(c), b"");
-                files += 1;
-            }
-            _ => {}
+        if let (Some(c), FileState::Unknown) = (f.container, f.state) {
+            b.put(CF_MARKS, &freed_key(c), b"");
+            files += 1;
         }
     }
     let counted: FxHashSet<u64> = scan_refs(&store.meta, |_| {})?

@@ -36,6 +36,8 @@ use crate::meta::{
 };
 
 const MARKER: &str = "revault.store";
+/// The metadata (RocksDB) directory, under the store root.
+pub const META_DIR: &str = "meta";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Marker {
@@ -113,7 +115,7 @@ impl Store {
         let data_dir = resolve(root, &data_rel);
         refuse_store_content(root, &data_dir)?;
         create_dir_durable(&data_dir)?;
-        let meta = Meta::create(&root.join("meta"))?;
+        let meta = Meta::create(&root.join(META_DIR))?;
         let mut b = meta.batch();
         b.put_json("default", b"config", &opts.config);
         b.put_counters(&Counters {
@@ -160,7 +162,7 @@ impl Store {
         let lock = StoreLock::acquire(root, mode == OpenMode::ReadWrite, what)?;
         // A read-write open brings the metadata up to the current format,
         // then says so in the marker.
-        let meta = Meta::open(&root.join("meta"), mode == OpenMode::ReadOnly)
+        let meta = Meta::open(&root.join(META_DIR), mode == OpenMode::ReadOnly)
             .map_err(|e| explain_meta_open(root, e))?;
         if mode == OpenMode::ReadWrite && marker.format < FORMAT {
             meta.migrate_refs()?;
@@ -217,11 +219,6 @@ impl Store {
         &self.data_dir
     }
 
-    /// The metadata's directory (RocksDB), under the root.
-    pub fn meta_dir(&self) -> PathBuf {
-        self.root.join("meta")
-    }
-
     /// Waits for the open's background work (the metadata flush): a server
     /// does this before it takes requests, so that work's disk use (RocksDB
     /// preallocates its tables) is not racing the first backup's.
@@ -238,7 +235,7 @@ impl Store {
         self.meta.probe_write()?;
         let unsettled = self.unsettled.lock().len();
         if unsettled > 0 {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Internal(format!(
                 "{unsettled} commit(s) failed to write their metadata; a reopen settles them"
             )));
         }
@@ -928,7 +925,7 @@ impl ContainerAlloc {
 /// empty metadata database, no containers) is completed instead.
 fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
     let mut found = Vec::new();
-    let meta_dir = root.join("meta");
+    let meta_dir = root.join(META_DIR);
     if meta_dir.exists() {
         match Meta::open(&meta_dir, true) {
             Ok(m) => {
@@ -989,7 +986,7 @@ fn explain_meta_open(root: &Path, e: Error) -> Error {
             "a log file is shorter than it was when synced"
         };
         return corrupt_meta(
-            format!("the metadata log of {}", root.join("meta").display()),
+            format!("the metadata log of {}", root.join(META_DIR).display()),
             format!(
                 "{m}: {what}, so the latest commits are not in the metadata. \
                  Nothing was changed and no container was touched; put the log files back, or \

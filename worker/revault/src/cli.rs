@@ -648,7 +648,7 @@ fn stats(a: StatsArgs, json: bool) -> Result<()> {
         } else {
             0.0
         },
-        metadata_bytes: dir_size(&store.root().join("meta")),
+        metadata_bytes: dir_size(&store.root().join(revault_engine::store::META_DIR)),
         repeats: if a.repeats {
             Some(revault_engine::repeats::repeats(&store)?)
         } else {
