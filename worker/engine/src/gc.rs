@@ -419,6 +419,15 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
 /// backup that deduplicated against it and committed after the sweep read
 /// its counts has unpinned it by then, and its live recipe needs the whole
 /// unit (issue 18: gc trimmed such units, and the backup's restore failed).
+///
+/// Nor may another unit link into it. The marks only cover links from
+/// chunks some version references, but a linking unit that stays whole
+/// (its container not compacted) still holds its other links, and a later
+/// backup that deduplicates against it references it whole: its restore
+/// would follow a link into a dropped chunk (issue 18, found by the stress
+/// test). Links are made only by the backup that stored their target, so
+/// no new ones appear; once the linking units are trimmed or freed, their
+/// links are released and a later gc trims this unit.
 fn trim_to(
     store: &Store,
     id: u64,
@@ -428,7 +437,8 @@ fn trim_to(
     if !store.try_doom(id) {
         return Ok(None);
     }
-    if store.meta.refs(id)?.live > 0 {
+    let refs = store.meta.refs(id)?;
+    if refs.live > 0 || refs.links > 0 {
         store.undoom([id]);
         return Ok(None);
     }

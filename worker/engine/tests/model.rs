@@ -2,8 +2,9 @@
 //!
 //! Three series share content (pastes across series, both dedup units) and
 //! have different live windows. Operations: backup, slide, expire (oldest,
-//! a middle version, any version, by time), gc (incremental and full), a crash
-//! at a failpoint followed by a reopen, and restores. After every step: every
+//! a middle version, any version, by time), gc (incremental and full, with
+//! compaction thresholds from 0.1 to 1), a crash at a failpoint followed by
+//! a reopen, and restores. After every step: every
 //! version the model holds restores byte-exact, the store lists exactly the
 //! model's versions in the right form, and `check` (checksums, reference
 //! counts, container counts, every recipe resolving) passes. At the end every
@@ -89,6 +90,7 @@ enum Op {
     },
     Gc {
         full: bool,
+        compact_below: f64,
     },
     /// The operation stops at the failpoint as if the process were killed there;
     /// the store is then reopened (recovery).
@@ -196,6 +198,20 @@ fn edit() -> impl Strategy<Value = Edit> {
 }
 
 /// Versions that would leave the live window, oldest first.
+/// gc, incremental or full, compacting containers below a live fraction
+/// from "almost never" to "always" (operators tune it; every value must be
+/// safe).
+fn gc_op() -> impl Strategy<Value = Op> {
+    (
+        any::<bool>(),
+        proptest::sample::select(&[0.1, 0.5, 0.9, 1.0][..]),
+    )
+        .prop_map(|(full, compact_below)| Op::Gc {
+            full,
+            compact_below,
+        })
+}
+
 fn leaving(s: &SeriesModel, live: u32) -> Vec<usize> {
     let lives: Vec<usize> = (0..s.versions.len())
         .filter(|&i| s.versions[i].live)
@@ -283,7 +299,7 @@ impl ReferenceStateMachine for StoreModel {
                     .prop_map(|(s, which)| Op::Expire { s, which })
                     .boxed(),
             ));
-            ops.push((2, any::<bool>().prop_map(|full| Op::Gc { full }).boxed()));
+            ops.push((2, gc_op().boxed()));
             ops.push((
                 2,
                 (0usize..3, 0usize..8)
@@ -317,14 +333,13 @@ impl ReferenceStateMachine for StoreModel {
                 )
                     .prop_map(|(s, which, p)| (Op::Expire { s, which }, p)),
                 (
-                    any::<bool>(),
+                    gc_op(),
                     sel(&[
                         "gc.before_mark_commit",
                         "gc.before_sweep_commit",
                         "commit.before_unlink"
                     ])
-                )
-                    .prop_map(|(full, p)| (Op::Gc { full }, p)),
+                ),
             ];
             ops.push((
                 2,
@@ -478,11 +493,14 @@ impl Sut {
                     }
                 }
             }
-            Op::Gc { full } => gc(
+            Op::Gc {
+                full,
+                compact_below,
+            } => gc(
                 st,
                 &GcOptions {
                     full: *full,
-                    ..Default::default()
+                    compact_below: *compact_below,
                 },
             )
             .map(|_| ()),

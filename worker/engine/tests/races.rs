@@ -87,6 +87,74 @@ fn gc_never_trims_a_unit_a_backup_committed_during_the_gc_references() {
     }
 }
 
+/// A piece of data at `at` and again `gap` bytes later in `base`: the later
+/// copy's segment links its chunks to the earlier copy's segment.
+fn with_near_repeat(base: &mut [u8], at: usize, gap: usize, seed: u64) {
+    let x = random(3000, seed);
+    base[at..at + x.len()].copy_from_slice(&x);
+    base[at + gap..at + gap + x.len()].copy_from_slice(&x);
+}
+
+/// Issue 18, found by the stress test: a segment L links chunks to an
+/// earlier segment T of the same backup. Versions that slid away need
+/// neither the linked chunks of T nor the linking ones of L, so gc's marks
+/// cover neither. A backup in flight has deduplicated against L (not T),
+/// which keeps L whole; gc must then keep T's linked chunks too, or the new
+/// version, referencing L whole, cannot be restored. A unit another links
+/// into is trimmed only once the links are gone.
+#[test]
+fn gc_keeps_the_chunks_a_unit_kept_whole_links_to() {
+    let (_d, st) = new_store(small_config());
+    let (t, gap) = (1_000_000, 40_000);
+    let mut base = random(2 << 20, 4);
+    with_near_repeat(&mut base, t, gap, 5);
+    // Both series change T and L next to the repeated piece, not inside it,
+    // and slide: T and L are then needed by two archival versions, each
+    // needing only their changed chunks.
+    for (i, series) in ["team-a/db", "team-c/db"].into_iter().enumerate() {
+        let mut v2 = base.clone();
+        for at in [t + 3500, t + gap + 3500] {
+            v2[at..at + 64].copy_from_slice(&random(64, 10 + i as u64 * 7 + at as u64));
+        }
+        backup_bytes(&st, series, &base, DedupUnit::Segment);
+        backup_bytes(&st, series, &v2, DedupUnit::Segment);
+    }
+    slide(&st, "team-a/db").unwrap();
+    slide(&st, "team-c/db").unwrap();
+    assert_clean(&st, "after the slides");
+
+    // A new series holds L's segment, not T's: the first copy is replaced.
+    let mut b = base.clone();
+    b[t - 2000..t + 5000].copy_from_slice(&random(7000, 6));
+    let ran = at(&st, "backup.before_commit", |st| {
+        let g = gc(st, &compact_all()).unwrap();
+        assert!(g.containers_compacted > 0, "{g:?}");
+    });
+    let rep = backup_bytes(&st, "team-b/db", &b, DedupUnit::Segment);
+    reached(&ran, "backup.before_commit");
+    assert!(
+        rep.new_vbytes < b.len() as u64 / 10,
+        "team-b did not dedup against the base: {rep:?}"
+    );
+    assert_eq!(restore_bytes(&st, "team-b/db", 1).0, b, "team-b's version");
+    assert_clean(&st, "after gc and the backup");
+
+    // Without team-b, the first gc trims L, which drops its links; only
+    // then can the second trim T. Everything still restores, checks clean.
+    expire(&st, "team-b/db", &ExpireSel::Version(1)).unwrap();
+    let trimmed: Vec<u64> = (0..2)
+        .map(|_| {
+            let g = gc(&st, &compact_all()).unwrap();
+            assert_clean(&st, "after team-b expired");
+            g.units_trimmed
+        })
+        .collect();
+    assert_eq!(trimmed, [1, 1], "units trimmed by each gc (L, then T)");
+    for series in ["team-a/db", "team-c/db"] {
+        assert_eq!(restore_bytes(&st, series, 1).0, base, "{series} v1");
+    }
+}
+
 /// A restore of a version whose client stops at its first write until
 /// released: the restore has planned its reads from its snapshot and is
 /// stuck sending, holding every container file it will read.
