@@ -482,17 +482,9 @@ pub fn backup(
     let mut rep = outcome?;
     // The series says so: slide what left the live window, expire what
     // retention no longer keeps. The backup is committed whatever happens here.
-    if store
-        .meta
-        .series(series_name)?
-        .is_some_and(|s| s.retention.auto)
-    {
-        rep.slide = Some(crate::slide::slide_claimed(store, series_name)?);
-        rep.expire = Some(crate::expire::expire_claimed(
-            store,
-            series_name,
-            &crate::expire::ExpireSel::Retention,
-        )?);
+    if let Some((slid, expired)) = crate::auto_retention::apply_auto_claimed(store, series_name)? {
+        rep.slide = Some(slid);
+        rep.expire = Some(expired);
     }
     Ok(rep)
 }

@@ -8,6 +8,7 @@
 //! area. See `docs/architecture.md` for the design as built.
 
 pub mod archive;
+pub mod auto_retention;
 pub mod backup;
 pub mod bufpool;
 pub mod caches;

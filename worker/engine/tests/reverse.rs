@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use revault_engine::auto_retention::apply_auto;
 use revault_engine::config::DedupUnit;
 use revault_engine::expire::{expire, ExpireSel};
 use revault_engine::gc::{gc, GcOptions};
@@ -235,6 +236,54 @@ fn retention_applies_automatically_after_each_backup() {
         ]
     );
     assert_all_restore(&st, "default/db", &[(4, &h[3]), (5, &h[4]), (6, &h[5])]);
+}
+
+/// The server's scheduler lists the series whose retention is automatic,
+/// then applies it to each. A client that turns automatic retention off in
+/// between keeps its versions (issue 18, found by the stress test: the
+/// scheduler expired two versions 107 ms after such a change was answered).
+#[test]
+fn automatic_retention_turned_off_after_a_listing_expires_nothing() {
+    let h = history(4, 7);
+    let (_d, st) = new_store(small_config());
+    let policy = |keep, auto| Retention {
+        keep: Some(keep),
+        live: 1,
+        auto,
+        ..Default::default()
+    };
+    set_retention(&st, "default/db", policy(3, true)).unwrap();
+    for v in &h {
+        backup_bytes(&st, "default/db", v, DedupUnit::Segment);
+    }
+    let numbers = |st: &Store| -> Vec<u32> {
+        let s = st.series("default/db").unwrap();
+        st.versions(&s).unwrap().iter().map(|v| v.number).collect()
+    };
+    assert_eq!(numbers(&st), [2, 3, 4]);
+
+    let listed: Vec<String> = st
+        .list_series()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.retention.auto)
+        .map(|s| s.name)
+        .collect();
+    set_retention(&st, "default/db", policy(1, false)).unwrap();
+    for name in &listed {
+        assert!(apply_auto(&st, name).unwrap().is_none(), "{name}");
+    }
+    assert_eq!(
+        numbers(&st),
+        [2, 3, 4],
+        "versions after auto was turned off"
+    );
+
+    // Turned on again, the same call applies the stored policy.
+    set_retention(&st, "default/db", policy(1, true)).unwrap();
+    let (_, ex) = apply_auto(&st, "default/db").unwrap().unwrap();
+    assert_eq!(ex.expired, [2, 3]);
+    assert_all_restore(&st, "default/db", &[(4, &h[3])]);
 }
 
 #[test]

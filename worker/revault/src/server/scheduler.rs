@@ -9,8 +9,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use revault_engine::expire::ExpireSel;
-
 use super::metrics::Metrics;
 use super::App;
 
@@ -98,14 +96,13 @@ pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
         if app.backups.lock().unwrap().contains_key(&s.name) {
             continue; // its backup will slide and expire when it commits
         }
-        let r = revault_engine::slide::slide(store, &s.name).and_then(|sl| {
-            app.metrics.maintenance("slide", sl.seconds);
-            let ex = revault_engine::expire::expire(store, &s.name, &ExpireSel::Retention)?;
-            app.metrics.maintenance("expire", ex.seconds);
-            Ok((sl, ex))
-        });
-        match r {
-            Ok((sl, ex)) => {
+        // The listing may be stale: `apply_auto` reads the retention again
+        // under the series claim and does nothing if it is no longer auto.
+        match revault_engine::auto_retention::apply_auto(store, &s.name) {
+            Ok(None) => {}
+            Ok(Some((sl, ex))) => {
+                app.metrics.maintenance("slide", sl.seconds);
+                app.metrics.maintenance("expire", ex.seconds);
                 if !sl.slid.is_empty() || !ex.expired.is_empty() {
                     tracing::info!(series = %s.name, slid = ?sl.slid, expired = ?ex.expired, secs = sl.seconds + ex.seconds, "scheduled retention");
                     app.refresh_series(store, &s.name);
