@@ -139,10 +139,33 @@ impl Entry {
 ///
 /// Parents that are not listed are implied directories, and a directory may
 /// be listed after its children.
-#[derive(Default)]
+///
+/// Limits, so that what an upload is accepted with can be restored to a
+/// directory and checking costs memory in proportion to the input: a
+/// component of at most [`NAME_MAX`] bytes, a path or symlink target of at
+/// most [`PATH_MAX`] bytes (Linux's limits: a longer name cannot be made,
+/// and the worker's own tree walk could not have read it).
 pub struct TreeCheck {
-    /// Every path seen so far, with what it is.
-    seen: HashMap<Box<[u8]>, Seen>,
+    /// The tree so far, one node per path: node 0 is the root, the others
+    /// are found by (parent node, component). Keyed by component, not by
+    /// whole path, so a deep path costs its length, not its length squared.
+    children: HashMap<(u32, Box<[u8]>), u32>,
+    /// What each node is (`None`: the root, until it is listed).
+    seen: Vec<Option<Seen>>,
+}
+
+/// The longest file name component a directory restore can make.
+pub const NAME_MAX: usize = 255;
+/// The longest path, and symlink target, a tree may hold.
+pub const PATH_MAX: usize = 4095;
+
+impl Default for TreeCheck {
+    fn default() -> Self {
+        TreeCheck {
+            children: HashMap::new(),
+            seen: vec![None],
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -189,6 +212,7 @@ impl TreeCheck {
                 "{name} is not a clean relative path (no leading '/', no empty, '.' or '..' components, no NUL)"
             ));
         }
+        check_lengths(e, &name)?;
         if path.is_empty() && e.kind != Kind::Dir {
             return Err(format!(
                 "{name} (the root) must be a directory, not {}",
@@ -199,55 +223,97 @@ impl TreeCheck {
         if e.kind == Kind::Hardlink {
             self.check_hardlink(e, &name)?;
         }
-        let implied = self.implied_parents(path, &name)?;
-        let checked = match self.seen.get(path) {
-            None => Checked::New,
-            Some(Seen::Implied) if e.kind == Kind::Dir => Checked::New,
-            Some(Seen::Entry(Kind::Dir)) if e.kind == Kind::Dir => Checked::RepeatedDir,
-            Some(Seen::Implied) => {
-                return Err(format!(
-                    "{name} is {}, but earlier entries lie below it",
-                    e.kind.describe()
-                ))
+        // The deepest node that exists, then the components below it.
+        let (at, rest) = self.walk(path, &name)?;
+        let checked = if rest.is_empty() {
+            self.relisted(at, e, &name)?
+        } else {
+            let mut parent = at;
+            for c in &rest[..rest.len() - 1] {
+                parent = self.insert(parent, c, Seen::Implied);
             }
-            Some(Seen::Entry(k)) => {
-                return Err(format!(
-                    "{name} is listed twice: {}, then {}",
-                    k.describe(),
-                    e.kind.describe()
-                ))
-            }
+            self.insert(parent, rest[rest.len() - 1], Seen::Entry(e.kind));
+            Checked::New
         };
-        for end in implied {
-            self.seen.insert(path[..end].into(), Seen::Implied);
-        }
-        if checked == Checked::New {
-            self.seen.insert(path.into(), Seen::Entry(e.kind));
-        }
         Ok(checked)
     }
 
-    /// The ends of the parents of `path` not seen yet (implied directories),
-    /// or an error if a parent is not a directory. A parent already seen had
-    /// its own parents checked, so the walk stops there.
-    fn implied_parents(&self, path: &[u8], name: &str) -> std::result::Result<Vec<usize>, String> {
-        let mut implied = Vec::new();
-        let mut end = path.len();
-        while let Some(slash) = path[..end].iter().rposition(|&b| b == b'/') {
-            match self.seen.get(&path[..slash]) {
-                None => implied.push(slash),
-                Some(Seen::Implied) | Some(Seen::Entry(Kind::Dir)) => break,
-                Some(Seen::Entry(k)) => {
+    /// Walks `path` down from the root while its nodes exist. Returns the
+    /// last node reached and the components left (none: the path itself
+    /// exists), or an error if a parent on the way is not a directory.
+    fn walk<'p>(
+        &self,
+        path: &'p [u8],
+        name: &str,
+    ) -> std::result::Result<(u32, Vec<&'p [u8]>), String> {
+        let comps: Vec<&[u8]> = if path.is_empty() {
+            Vec::new()
+        } else {
+            path.split(|&b| b == b'/').collect()
+        };
+        let mut at = 0u32;
+        let mut end = 0usize;
+        for (i, c) in comps.iter().enumerate() {
+            if let Some(Some(Seen::Entry(k))) = self.seen.get(at as usize) {
+                if *k != Kind::Dir {
                     return Err(format!(
                         "{name} lies below {}, which is {}",
-                        quoted(&path[..slash]),
+                        quoted(&path[..end]),
                         k.describe()
-                    ))
+                    ));
                 }
             }
-            end = slash;
+            match self.children.get(&(at, Box::<[u8]>::from(*c))) {
+                Some(&n) => at = n,
+                None => return Ok((at, comps[i..].to_vec())),
+            }
+            end += c.len() + usize::from(i > 0);
         }
-        Ok(implied)
+        Ok((at, Vec::new()))
+    }
+
+    /// An entry whose path exists already: a directory may be listed again
+    /// (or after what lies below it); anything else is refused.
+    fn relisted(&mut self, at: u32, e: &Entry, name: &str) -> std::result::Result<Checked, String> {
+        let slot = &mut self.seen[at as usize];
+        match *slot {
+            None => {
+                *slot = Some(Seen::Entry(e.kind));
+                Ok(Checked::New)
+            }
+            Some(Seen::Implied) if e.kind == Kind::Dir => {
+                *slot = Some(Seen::Entry(Kind::Dir));
+                Ok(Checked::New)
+            }
+            Some(Seen::Entry(Kind::Dir)) if e.kind == Kind::Dir => Ok(Checked::RepeatedDir),
+            Some(Seen::Implied) => Err(format!(
+                "{name} is {}, but earlier entries lie below it",
+                e.kind.describe()
+            )),
+            Some(Seen::Entry(k)) => Err(format!(
+                "{name} is listed twice: {}, then {}",
+                k.describe(),
+                e.kind.describe()
+            )),
+        }
+    }
+
+    fn insert(&mut self, parent: u32, c: &[u8], what: Seen) -> u32 {
+        let id = self.seen.len() as u32;
+        self.seen.push(Some(what));
+        self.children.insert((parent, c.into()), id);
+        id
+    }
+
+    /// What `path` is, if the tree holds it.
+    fn lookup(&self, path: &[u8]) -> Option<Seen> {
+        let mut at = 0u32;
+        if !path.is_empty() {
+            for c in path.split(|&b| b == b'/') {
+                at = *self.children.get(&(at, Box::<[u8]>::from(c)))?;
+            }
+        }
+        self.seen[at as usize]
     }
 
     fn check_hardlink(&self, e: &Entry, name: &str) -> std::result::Result<(), String> {
@@ -257,7 +323,7 @@ impl TreeCheck {
                 "{name} is a hard link to {target}, which is not a clean relative path inside the tree"
             ));
         }
-        match self.seen.get(&e.link[..]) {
+        match self.lookup(&e.link) {
             Some(Seen::Entry(Kind::File | Kind::Hardlink)) => Ok(()),
             Some(Seen::Entry(k)) => Err(format!(
                 "{name} is a hard link to {target}, which is {}; a hard link may only name a regular file",
@@ -271,6 +337,30 @@ impl TreeCheck {
             )),
         }
     }
+}
+
+/// Names a directory restore can make: see [`TreeCheck`].
+fn check_lengths(e: &Entry, name: &str) -> std::result::Result<(), String> {
+    if e.path.len() > PATH_MAX {
+        return Err(format!(
+            "{} is a path of {} bytes; at most {PATH_MAX} are allowed",
+            quoted(&e.path[..64]),
+            e.path.len()
+        ));
+    }
+    if let Some(c) = e.path.split(|&b| b == b'/').find(|c| c.len() > NAME_MAX) {
+        return Err(format!(
+            "{name} has a component of {} bytes; at most {NAME_MAX} are allowed",
+            c.len()
+        ));
+    }
+    if e.kind == Kind::Symlink && e.link.len() > PATH_MAX {
+        return Err(format!(
+            "{name} is a symlink to a target of {} bytes; at most {PATH_MAX} are allowed",
+            e.link.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Per-kind content: a symlink's target, a file's layout.

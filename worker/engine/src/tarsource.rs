@@ -9,7 +9,9 @@
 //! GNU sparse entries are refused with a clear error, and so is a stream that
 //! cannot be one directory tree ([`TreeCheck`]): an entry below a symlink or
 //! another non-directory, a path listed twice (a directory may repeat), a
-//! hard link to anything but an earlier regular file.
+//! hard link to anything but an earlier regular file, a name a directory
+//! restore could not make. Numbers (sizes, owners, times) that do not fit
+//! or do not parse are refused, never truncated or ignored.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -100,6 +102,37 @@ impl<R: Read + Send> TarSource<R> {
         Ok(v)
     }
 
+    /// `size` bytes of member data and their padding, refused if a size
+    /// from a header (up to 2^64 - 1 in base-256 or PAX) does not fit.
+    fn padded(&self, size: u64) -> Result<u64> {
+        size.checked_add(pad(size))
+            .ok_or_else(|| self.bad(format!("a member size of {size} bytes is too large")))
+    }
+
+    /// A numeric PAX record, if present; one that is not a number is refused.
+    fn pax_field<T: std::str::FromStr>(
+        &self,
+        pax: &HashMap<String, Vec<u8>>,
+        key: &str,
+    ) -> Result<Option<T>> {
+        match pax.get(key) {
+            None => Ok(None),
+            Some(v) => pax_num(v).map(Some).ok_or_else(|| {
+                self.bad(format!(
+                    "the PAX {key} {:?} is not a valid number",
+                    String::from_utf8_lossy(v)
+                ))
+            }),
+        }
+    }
+
+    /// A uid or gid: PAX's if present, else the header's.
+    fn owner(&self, pax: &HashMap<String, Vec<u8>>, key: &str, header: u64) -> Result<u32> {
+        let id = self.pax_field::<u64>(pax, key)?.unwrap_or(header);
+        u32::try_from(id)
+            .map_err(|_| self.bad(format!("a member's {key} {id} does not fit 32 bits")))
+    }
+
     /// Normalises a member path: no leading "./" or "/", no "..", no trailing '/'.
     fn clean_path(&self, p: &[u8]) -> Result<Vec<u8>> {
         let mut parts: Vec<&[u8]> = Vec::new();
@@ -161,13 +194,17 @@ fn parse_pax(data: &[u8]) -> Option<HashMap<String, Vec<u8>>> {
     Some(out)
 }
 
-fn num(v: &[u8]) -> Option<u64> {
-    std::str::from_utf8(v).ok()?.split('.').next()?.parse().ok()
+/// A PAX number: decimal, with an optional fraction (times) that is dropped.
+fn pax_num<T: std::str::FromStr>(v: &[u8]) -> Option<T> {
+    let s = std::str::from_utf8(v).ok()?;
+    let whole = s.split_once('.').map_or(s, |(w, _)| w);
+    whole.parse().ok()
 }
 
 impl<R: Read + Send> Source for TarSource<R> {
     fn next_piece(&mut self) -> Result<bool> {
-        // Whatever the consumer did not read of the last file, and its padding.
+        // Whatever the consumer did not read of the last file, and its padding
+        // (`padded` checked that the sum fits).
         let left = self.remaining + self.padding;
         self.remaining = 0;
         self.padding = 0;
@@ -240,7 +277,7 @@ impl<R: Read + Send> Source for TarSource<R> {
                     .map(|l| l.into_owned())
                     .unwrap_or_default(),
             };
-            if let Some(s) = pax.get("size").and_then(|v| num(v)) {
+            if let Some(s) = self.pax_field::<u64>(&pax, "size")? {
                 size = s;
             }
             let path = self.clean_path(&raw_path)?;
@@ -263,18 +300,19 @@ impl<R: Read + Send> Source for TarSource<R> {
             // The header checksum already matched: a missing numeric field
             // (some writers leave mode empty) takes the usual default.
             e.mode = h.mode().unwrap_or(0o644) & 0o7777;
-            e.uid = pax
-                .get("uid")
-                .and_then(|v| num(v))
-                .unwrap_or_else(|| h.uid().unwrap_or(0)) as u32;
-            e.gid = pax
-                .get("gid")
-                .and_then(|v| num(v))
-                .unwrap_or_else(|| h.gid().unwrap_or(0)) as u32;
-            e.mtime_sec = pax
-                .get("mtime")
-                .and_then(|v| num(v))
-                .unwrap_or_else(|| h.mtime().unwrap_or(0)) as i64;
+            // An owner that does not fit 32 bits is refused, not truncated
+            // (4294967296 would become 0: root).
+            e.uid = self.owner(&pax, "uid", h.uid().unwrap_or(0))?;
+            e.gid = self.owner(&pax, "gid", h.gid().unwrap_or(0))?;
+            e.mtime_sec = match self.pax_field::<i64>(&pax, "mtime")? {
+                Some(t) => t,
+                None => i64::try_from(h.mtime().unwrap_or(0)).map_err(|_| {
+                    self.bad(format!(
+                        "member {:?} has an mtime out of range",
+                        e.path_str()
+                    ))
+                })?,
+            };
             if matches!(kind, Kind::CharDev | Kind::BlockDev) {
                 let major = h.device_major().ok().flatten().unwrap_or(0);
                 let minor = h.device_minor().ok().flatten().unwrap_or(0);
@@ -294,21 +332,21 @@ impl<R: Read + Send> Source for TarSource<R> {
                 Ok(Checked::New) => {}
                 // Directories may repeat (e.g. "./" and "."); keep the first.
                 Ok(Checked::RepeatedDir) => {
-                    self.skip(size + pad(size))?;
+                    self.skip(self.padded(size)?)?;
                     continue;
                 }
                 Err(why) => return Err(self.bad(format!("member {why}"))),
             }
             self.entries.push(e);
             if data > 0 {
+                self.padding = self.padded(data)? - data;
                 self.remaining = data;
-                self.padding = pad(data);
                 return Ok(true);
             }
             // Members without data may still carry padding-less payload for
             // some writers (e.g. a size on a hard link); skip it.
             if kind != Kind::File && size > 0 {
-                self.skip(size + pad(size))?;
+                self.skip(self.padded(size)?)?;
             }
         }
         Ok(false)

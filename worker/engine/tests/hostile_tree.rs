@@ -778,6 +778,129 @@ fn gnu_long_names_and_pax_headers_are_accepted() {
     s.assert_untouched("long names");
 }
 
+/// A member preceded by PAX records (a `path` there may be longer than any
+/// header field).
+fn pax(records: &[(&str, &[u8])], kind: tar::EntryType) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_pax_extensions(records.iter().copied()).unwrap();
+    let mut out = b.into_inner().unwrap();
+    out.truncate(out.len() - 1024); // the end-of-archive marker
+    let data: &[u8] = if kind == T::Regular { PWNED } else { b"" };
+    out.extend(member("placeholder", kind, "", data));
+    out
+}
+
+fn pax_member(path: &str, kind: tar::EntryType, link: &str) -> Vec<u8> {
+    let mut records: Vec<(&str, &[u8])> = vec![("path", path.as_bytes())];
+    if !link.is_empty() {
+        records.push(("linkpath", link.as_bytes()));
+    }
+    pax(&records, kind)
+}
+
+/// Numbers in PAX records are checked, not truncated or ignored: a uid of
+/// 2^32 once became 0 (root), a size near 2^64 wrapped around.
+#[test]
+fn pax_numbers_out_of_range_or_malformed_are_refused() {
+    let cases: Vec<(&str, &[u8], &str)> = vec![
+        ("uid", b"4294967296", "uid 4294967296 does not fit 32 bits"),
+        (
+            "gid",
+            b"99999999999",
+            "gid 99999999999 does not fit 32 bits",
+        ),
+        ("uid", b"root", "the PAX uid \"root\" is not a valid number"),
+        (
+            "mtime",
+            b"yesterday",
+            "the PAX mtime \"yesterday\" is not a valid number",
+        ),
+        ("size", b"-1", "the PAX size \"-1\" is not a valid number"),
+        (
+            "size",
+            b"18446744073709551615",
+            "a member size of 18446744073709551615 bytes is too large",
+        ),
+    ];
+    for (key, value, why) in cases {
+        let t = tarball(&[pax(&[("path", b"f"), (key, value)], T::Regular)]);
+        let e = read_tar(&t).unwrap_err();
+        assert!(
+            e.contains(why),
+            "{key}={:?}: {e}",
+            String::from_utf8_lossy(value)
+        );
+    }
+    // Valid ones apply: fractional and negative times, 32-bit owners.
+    let t = tarball(&[pax(
+        &[("path", b"f"), ("uid", b"4294967295"), ("mtime", b"-5.25")],
+        T::Regular,
+    )]);
+    let (cat, data) = read_tar(&t).unwrap();
+    let f = cat.iter().find(|e| e.path == b"f").unwrap();
+    assert_eq!((f.uid, f.mtime_sec), (u32::MAX, -5));
+    assert_eq!(data, PWNED);
+}
+
+/// Names no directory restore could make are refused when they arrive (a
+/// 400 naming the member), not when someone restores them; and however
+/// deep the paths, checking them costs memory in proportion to their
+/// length (a 4 KiB path of one-byte components, once quadratic).
+#[test]
+fn names_too_long_to_restore_are_refused_at_backup_time() {
+    // ~4 KiB (the target directory's own path must fit in PATH_MAX too).
+    let deep = |top: usize| format!("t{top}/{}", ["a"; 2000].join("/"));
+    let cases: Vec<(&str, Vec<u8>, String)> = vec![
+        (
+            "a component longer than 255 bytes",
+            pax_member(&format!("dir/{}", "n".repeat(256)), T::Regular, ""),
+            "a component of 256 bytes".into(),
+        ),
+        (
+            "a path longer than 4095 bytes",
+            pax_member(&format!("{}/f", ["d"; 2048].join("/")), T::Regular, ""),
+            "a path of 4097 bytes".into(),
+        ),
+        (
+            "a symlink target longer than 4095 bytes",
+            pax_member("s", T::Symlink, &"x/".repeat(2100)),
+            "a target of 4200 bytes".into(),
+        ),
+    ];
+    for (case, m, why) in cases {
+        let e = read_tar(&tarball(&[m])).unwrap_err();
+        assert!(
+            e.contains("upload.tar is not a valid tar stream") && e.contains(&why),
+            "{case}: {e}"
+        );
+    }
+    // The longest allowed names still pass, and restore.
+    let ok = [
+        pax_member(&format!("dir/{}", "n".repeat(255)), T::Regular, ""),
+        pax_member(&deep(0), T::Regular, ""),
+        pax_member(&deep(1), T::Regular, ""),
+        pax_member("s", T::Symlink, &"x".repeat(4095)),
+    ];
+    let s = scene();
+    let entries = round_trip(&tarball(&ok), &s.out);
+    assert_eq!(entries.iter().filter(|e| e.kind == Kind::File).count(), 3);
+    assert_eq!(fs::read(s.out.join(deep(1))).unwrap(), PWNED);
+    assert_eq!(
+        fs::read_link(s.out.join("s")).unwrap().as_os_str().len(),
+        4095
+    );
+    s.assert_untouched("long names");
+
+    // A catalog from a store (written by any build) is held to the same.
+    let mut f = file("ok");
+    f.path = format!("{}/f", "n".repeat(300)).into_bytes();
+    refused(
+        "a stored catalog with a long component",
+        vec![dir(""), f],
+        &["300 bytes"],
+    );
+}
+
 /// A small tree with every kind of entry a tar tool writes.
 fn make_tree(root: &Path) {
     fs::create_dir_all(root.join("a/b")).unwrap();
