@@ -206,6 +206,7 @@ fn slide_one(
     store.undoom(shared);
     undoom.1.clone_from(&exclusive);
     let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
+    let keep = keep_sets(&v_units, &needed, &exclusive_set);
     // Units that outlive V must not link into V's exclusive units, which are
     // trimmed into containers V owns: the linked bytes are copied into the
     // linking unit when it moves (it usually does, its container being split).
@@ -254,7 +255,7 @@ fn slide_one(
         // Exclusive units of V in this container: keep what V needs.
         for u in exclusive.iter().filter(|u| v_units[u].container == *cid) {
             let old = &v_units[u];
-            let Some(keep) = needed.get(u) else {
+            let Some(keep) = keep.get(u) else {
                 rep.units_freed += 1;
                 continue;
             };
@@ -360,6 +361,35 @@ fn slide_one(
 
 fn read_container(store: &Store, cid: ContainerId) -> Result<Vec<u8>> {
     ContainerFile::open(store.data_dir(), cid, true)?.read_all()
+}
+
+/// The chunks each exclusive unit keeps: those V references directly, and
+/// those a kept chunk of another exclusive unit links to. V's recipe keeps
+/// the first copy of a repeated chunk in its own order, which may be a link
+/// in a segment that a later version deduplicated before the segment holding
+/// the bytes (files reordered in a tar): the target must stay. (Links from
+/// units that stay whole are resolved by `fills`; links never chain.)
+fn keep_sets(
+    v_units: &HashMap<u64, UnitRecord>,
+    needed: &HashMap<u64, BTreeSet<u32>>,
+    exclusive: &BTreeSet<u64>,
+) -> HashMap<u64, BTreeSet<u32>> {
+    let mut keep: HashMap<u64, BTreeSet<u32>> = exclusive
+        .iter()
+        .filter_map(|u| needed.get(u).map(|n| (*u, n.clone())))
+        .collect();
+    for u in exclusive {
+        for &i in needed.get(u).into_iter().flatten() {
+            let c = &v_units[u].chunks[i as usize];
+            if let Some((t, j)) = c
+                .link_target()
+                .filter(|(t, _)| t != u && exclusive.contains(t))
+            {
+                keep.entry(t).or_default().insert(j);
+            }
+        }
+    }
+    keep
 }
 
 /// The bytes of every chunk `fills` links to, read container by container.

@@ -1,14 +1,15 @@
 //! Model-based test of reverse dedup, retention and gc (proptest state machine).
 //!
-//! Three series share content (pastes across series, both dedup units) and
-//! have different live windows. Operations: backup, slide, expire (oldest,
-//! a middle version, any version, by time), gc (incremental and full, with
-//! compaction thresholds from 0.1 to 1), a crash at a failpoint followed by
-//! a reopen, and restores. After every step: every
-//! version the model holds restores byte-exact, the store lists exactly the
-//! model's versions in the right form, and `check` (checksums, reference
-//! counts, container counts, every recipe resolving) passes. At the end every
-//! version is deleted and gc leaves zero containers and zero bytes.
+//! Three series share content (pastes across series, both dedup units; edits
+//! insert, delete, overwrite, repeat and reorder) and have different live
+//! windows. Operations: backup, slide, expire (oldest, a middle version, any
+//! version, by time), gc (incremental and full, with compaction thresholds
+//! from 0.1 to 1), a crash at a failpoint followed by a reopen, and
+//! restores. After every step: every version the model holds restores
+//! byte-exact, the store lists exactly the model's versions in the right
+//! form, and `check` (checksums, reference counts, container counts, every
+//! recipe resolving) passes. At the end every version is deleted and gc
+//! leaves zero containers and zero bytes.
 
 mod common;
 
@@ -63,6 +64,11 @@ enum Edit {
         at: f64,
         len: usize,
         gap: usize,
+    },
+    /// Swap what lies before and after a point (files reordered in a tar):
+    /// later versions meet earlier segments in another order.
+    Rotate {
+        at: f64,
     },
 }
 
@@ -183,6 +189,10 @@ fn apply_edit(model: &Model, data: &mut Vec<u8>, e: &Edit) {
             let q = (p + piece.len() + gap).min(data.len());
             data.splice(q..q, piece);
         }
+        Edit::Rotate { at } => {
+            let p = pos(at, data);
+            data.rotate_left(p);
+        }
     }
 }
 
@@ -194,6 +204,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         1 => (0.0..1.0f64, 1usize..40_000).prop_map(|(at, len)| Edit::Zeros { at, len }),
         2 => (0usize..3, 0.0..1.0f64, 1usize..60_000).prop_map(|(from, at, len)| Edit::Paste { from, at, len }),
         2 => (0.0..1.0f64, 1usize..6_000, 0usize..3_000).prop_map(|(at, len, gap)| Edit::Echo { at, len, gap }),
+        1 => (0.0..1.0f64).prop_map(|at| Edit::Rotate { at }),
     ]
 }
 

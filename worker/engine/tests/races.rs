@@ -87,14 +87,6 @@ fn gc_never_trims_a_unit_a_backup_committed_during_the_gc_references() {
     }
 }
 
-/// A piece of data at `at` and again `gap` bytes later in `base`: the later
-/// copy's segment links its chunks to the earlier copy's segment.
-fn with_near_repeat(base: &mut [u8], at: usize, gap: usize, seed: u64) {
-    let x = random(3000, seed);
-    base[at..at + x.len()].copy_from_slice(&x);
-    base[at + gap..at + gap + x.len()].copy_from_slice(&x);
-}
-
 /// Issue 18, found by the stress test: a segment L links chunks to an
 /// earlier segment T of the same backup. Versions that slid away need
 /// neither the linked chunks of T nor the linking ones of L, so gc's marks

@@ -144,6 +144,15 @@ pub fn every_other_block_changed(base: &[u8], seed: u64) -> Vec<u8> {
     v
 }
 
+/// A piece of data at `at` and again `gap` bytes later in `base`: in
+/// segment mode, the later copy's segment links its chunks to the earlier
+/// copy's segment (when `gap` is under a container's worth of new data).
+pub fn with_near_repeat(base: &mut [u8], at: usize, gap: usize, seed: u64) {
+    let x = random(3000, seed);
+    base[at..at + x.len()].copy_from_slice(&x);
+    base[at + gap..at + gap + x.len()].copy_from_slice(&x);
+}
+
 /// Runs `hook` when the engine reaches pause point `name`; returns a flag
 /// that says whether it ran (a test whose pause point is never reached
 /// proves nothing: see [`reached`]).
