@@ -169,7 +169,7 @@ impl<T> IoContext<T> for io::Result<T> {
 
 /// The error for an engine thread that panicked, with the panic's message:
 /// an internal failure, reported as such (a 5xx for the server).
-pub(crate) fn panicked(thread: &str, payload: Box<dyn std::any::Any + Send>) -> Error {
+pub fn panicked(thread: &str, payload: Box<dyn std::any::Any + Send>) -> Error {
     let msg = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

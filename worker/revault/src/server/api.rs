@@ -250,13 +250,17 @@ pub(crate) fn restore_body(
     let a = app.clone();
     tokio::task::spawn_blocking(move || {
         let _g = guard;
-        let r = run(&opts, &mut writer).and_then(|rep| {
-            std::io::Write::flush(&mut writer).map_err(|e| revault_engine::Error::Io {
+        // A panic is an internal error like any other: the body ends in it
+        // and `done` still runs (it releases the restore's gauges).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let rep = run(&opts, &mut writer)?;
+            writer.complete().map_err(|e| revault_engine::Error::Io {
                 context: sending.into(),
                 source: e,
             })?;
             Ok(rep)
-        });
+        }))
+        .unwrap_or_else(|p| Err(revault_engine::error::panicked("restore", p)));
         match &r {
             Ok(rep) => {
                 a.metrics.container_reads.inc_by(rep.container_reads);

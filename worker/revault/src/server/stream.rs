@@ -210,6 +210,9 @@ pub struct ChannelWriter {
     started: u64,
     /// Set when the restore was cut: the body then ends in an error.
     cut: Arc<AtomicBool>,
+    /// Set by [`ChannelWriter::complete`]; a writer dropped without it (the
+    /// restore panicked) cuts the body, which must not look complete.
+    completed: bool,
     rt: tokio::runtime::Handle,
 }
 
@@ -255,6 +258,7 @@ impl ChannelWriter {
                 abort,
                 started,
                 cut,
+                completed: false,
                 rt: tokio::runtime::Handle::current(),
             },
             Body::from_stream(stream),
@@ -285,12 +289,20 @@ impl ChannelWriter {
         Ok(())
     }
 
+    /// Sends what is buffered; the body then ends as complete.
+    pub fn complete(&mut self) -> io::Result<()> {
+        self.ship()?;
+        self.completed = true;
+        Ok(())
+    }
+
     /// Ends the body with an error: the client sees a broken response rather
     /// than a short one that looks complete.
     pub fn fail(mut self, why: String) {
         if self.cut.load(Ordering::SeqCst) {
             return; // the body ends in an error already
         }
+        self.completed = true; // the error below ends it
         let (tx, abort, started) = (&self.tx, &mut self.abort, self.started);
         let cut = self.rt.block_on(async move {
             tokio::select! {
@@ -299,6 +311,15 @@ impl ChannelWriter {
             }
         });
         self.cut.store(cut, Ordering::SeqCst);
+    }
+}
+
+impl Drop for ChannelWriter {
+    fn drop(&mut self) {
+        if !self.completed {
+            // Before `tx` drops: the stream sees the flag once the queue ends.
+            self.cut.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -319,5 +340,45 @@ impl Write for ChannelWriter {
 
     fn flush(&mut self) -> io::Result<()> {
         self.ship()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body a restore's writer feeds: its bytes, or the error it ended in.
+    async fn body_of(feed: impl FnOnce(ChannelWriter) + Send + 'static) -> Result<Vec<u8>, String> {
+        let (_abort_tx, abort) = watch::channel(0u64);
+        let (w, body) = ChannelWriter::new(Arc::new(Metrics::new()), 1 << 20, abort);
+        tokio::task::spawn_blocking(move || feed(w));
+        axum::body::to_bytes(body, usize::MAX)
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restore_that_stops_without_completing_ends_its_body_in_an_error() {
+        let ok = body_of(|mut w| {
+            w.write_all(b"all of it").unwrap();
+            w.complete().unwrap();
+        })
+        .await;
+        assert_eq!(ok.unwrap(), b"all of it");
+        // A panic part-way drops the writer: the client must not get a short
+        // body that looks complete.
+        let cut = body_of(|mut w| {
+            w.write_all(&[7u8; 3 << 20]).unwrap();
+            drop(w);
+        })
+        .await;
+        assert!(cut.is_err(), "a dropped writer's body ended cleanly");
+        let failed = body_of(|mut w| {
+            w.write_all(b"part").unwrap();
+            w.fail("the disk said no".into());
+        })
+        .await;
+        assert!(failed.unwrap_err().contains("the disk said no"));
     }
 }
