@@ -108,6 +108,9 @@ pub struct BackupReport {
     pub slide: Option<crate::slide::SlideReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expire: Option<crate::expire::ExpireReport>,
+    /// Why automatic retention failed after the commit (the version exists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_error: Option<String>,
 }
 
 /// Source bytes at `data[head..end]` (see [`read_stage`]).
@@ -476,15 +479,25 @@ pub fn backup(
             predicted_bytes: d.predicted_bytes,
             slide: None,
             expire: None,
+            retention_error: None,
         })
     })();
     store.unpin(pinned);
     let mut rep = outcome?;
     // The series says so: slide what left the live window, expire what
-    // retention no longer keeps. The backup is committed whatever happens here.
-    if let Some((slid, expired)) = crate::auto_retention::apply_auto_claimed(store, series_name)? {
-        rep.slide = Some(slid);
-        rep.expire = Some(expired);
+    // retention no longer keeps. The backup is committed whatever happens
+    // here, so a failure is reported beside it, not as the backup's: a
+    // client told "no version was created" would retry and store it twice.
+    match crate::auto_retention::apply_auto_claimed(store, series_name) {
+        Ok(Some((slid, expired))) => {
+            rep.slide = Some(slid);
+            rep.expire = Some(expired);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(series = series_name, error = %e, "automatic retention after a backup failed; the scheduler retries");
+            rep.retention_error = Some(e.to_string());
+        }
     }
     Ok(rep)
 }

@@ -319,6 +319,43 @@ fn automatic_retention_turned_off_after_a_listing_expires_nothing() {
     assert_all_restore(&st, "default/db", &[(4, &h[3])]);
 }
 
+/// Automatic retention runs after the backup committed: if it fails, the
+/// backup still succeeds (reporting why retention did not run), or a client
+/// would be told no version was created and store it again.
+#[test]
+fn a_failing_automatic_retention_does_not_fail_the_committed_backup() {
+    let h = history(2, 8);
+    let dir = tempfile::tempdir().unwrap();
+    Store::init(
+        dir.path(),
+        &revault_engine::store::InitOptions {
+            config: small_config(),
+            data_dir: None,
+        },
+    )
+    .unwrap();
+    let open = || Store::open(dir.path(), revault_engine::store::OpenMode::ReadWrite, "t").unwrap();
+    let st = open();
+    let policy = Retention {
+        keep: Some(1),
+        live: 1,
+        auto: true,
+        ..Default::default()
+    };
+    set_retention(&st, "default/db", policy).unwrap();
+    backup_bytes(&st, "default/db", &h[0], DedupUnit::Segment);
+    st.arm_failpoint("slide.before_commit");
+    let rep = backup_bytes(&st, "default/db", &h[1], DedupUnit::Segment);
+    assert_eq!(rep.version, 2);
+    let why = rep
+        .retention_error
+        .expect("retention failed after the commit");
+    assert!(why.contains("slide.before_commit"), "{why}");
+    drop(st);
+    let st = open();
+    assert_all_restore(&st, "default/db", &[(1, &h[0]), (2, &h[1])]);
+}
+
 #[test]
 fn deleting_everything_and_gc_leaves_an_empty_store() {
     let (_d, st) = new_store(small_config());

@@ -885,6 +885,9 @@ pub async fn put_version(
                 if let Some(e) = &rep.expire {
                     a.metrics.maintenance("expire", e.seconds);
                 }
+                if rep.retention_error.is_some() {
+                    a.health.kick(); // a full disk, say: let the watcher look
+                }
                 a.refresh_series(&store, &name);
                 tracing::info!(series = %name, version = rep.version, bytes = rep.logical_bytes, new = rep.new_vbytes, secs = rep.seconds, "backup committed");
             }
