@@ -286,9 +286,12 @@ impl Store {
         let mut now: FxHashMap<u64, Refs> = FxHashMap::default();
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
+        // Units that other units linked into before this commit.
+        let mut linked_before: FxHashMap<u64, bool> = FxHashMap::default();
         for (&id, d) in ids {
             // New units' counts are in the table already (set above).
             let cur = l.refs.get(meta, id)?;
+            linked_before.insert(id, cur.links > 0);
             let v = [
                 i64::from(cur.live) + d[0],
                 i64::from(cur.arch) + d[1],
@@ -383,6 +386,7 @@ impl Store {
                     Some(r) => r,
                     None => {
                         let r = l.refs.get(meta, t)?;
+                        linked_before.insert(t, r.links > 0);
                         now.entry(t).or_insert(r)
                     }
                 };
@@ -398,6 +402,27 @@ impl Store {
             l.refs.set(meta, *id, *r)?;
         }
         l.refs.write(&mut b);
+        // gc keeps a unit that others link into whole (gc::trim_to); once the
+        // last link is gone, its container is flagged for the next sweep, so
+        // an incremental gc trims it, not only a full one.
+        let unlinked: Vec<u64> = now
+            .iter()
+            .filter(|(id, r)| r.links == 0 && !r.is_zero() && !freed.contains(*id))
+            .filter(|(id, _)| linked_before.get(*id).copied().unwrap_or(false))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &unlinked {
+            let container = match (updated.get(id), new_units.get(id)) {
+                (Some(u), _) => u.container,
+                (None, Some(u)) => u.container,
+                (None, None) => match meta.unit(*id)? {
+                    Some(u) => u.container,
+                    None => continue,
+                },
+            };
+            // Even a container this commit writes (gc moved the unit whole).
+            b.put(CF_MARKS, &crate::gc::sweep_key(container), b"");
+        }
 
         // New copies go first in their fingerprint's list.
         for ((kind, fp), v) in &txn.index_puts {

@@ -341,8 +341,10 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
                 Ok(true)
             })?;
             let refs = meta.refs(*id)?;
-            // A unit a backup in flight deduplicated against stays whole.
-            let m = if store.is_pinned(*id) {
+            // A unit a backup in flight deduplicated against stays whole, and
+            // so does one `trim_to` would not trim: counted whole, it does not
+            // make its container look worth compacting at every gc.
+            let m = if store.is_pinned(*id) || (m.is_some() && (refs.live > 0 || refs.links > 0)) {
                 Some(Mark::Whole)
             } else {
                 m
