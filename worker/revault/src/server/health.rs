@@ -201,12 +201,28 @@ fn room_again(dir: &Path) -> bool {
     match rustix::fs::statvfs(dir) {
         Ok(s) => {
             let available = s.f_bavail.saturating_mul(s.f_frsize);
-            let size = s.f_blocks.saturating_mul(s.f_frsize);
-            available >= MIN_ROOM.max(size / 100)
+            available >= room_needed(s.f_blocks.saturating_mul(s.f_frsize))
         }
         // Cannot tell: try, the reopen says what is wrong.
         Err(_) => true,
     }
+}
+
+/// Free bytes a filesystem of `size` bytes needs before a reopen: 1 % of
+/// it, at least [`MIN_ROOM`], at most 1 GiB (1 % of a huge volume would be
+/// tens of gigabytes, and a degraded server with that much free would never
+/// come back).
+fn room_needed(size: u64) -> u64 {
+    MIN_ROOM.max((size / 100).min(1 << 30))
+}
+
+#[cfg(test)]
+#[test]
+fn the_room_a_reopen_waits_for_is_one_percent_within_bounds() {
+    const GIB: u64 = 1 << 30;
+    assert_eq!(room_needed(100 << 20), MIN_ROOM);
+    assert_eq!(room_needed(50 * GIB), GIB / 2);
+    assert_eq!(room_needed(10 << 40), GIB);
 }
 
 /// Closes the store once in-flight work has let go of it (cutting that work
@@ -227,7 +243,7 @@ async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), Stri
                 cancelled = n,
                 "reopen: in-flight work still running after the grace; cut it"
             );
-            if !released(app, &old, CUT_WAIT).await {
+            if !released_cutting(app, &old, CUT_WAIT).await {
                 if app.draining.load(Ordering::SeqCst) {
                     app.put_store(old);
                     return Err("the server is shutting down".into());
@@ -283,6 +299,22 @@ fn open_again(root: &Path) -> (Option<Store>, Result<(), String>) {
 
 /// Waits up to `limit` for every other holder of `store` to drop it (not
 /// past the start of a shutdown).
+/// [`released`], cutting in-flight work every round: a request that took
+/// the store just before it was taken may register its work only after the
+/// first cut (no new request gets the store meanwhile).
+async fn released_cutting(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Arc::strong_count(store) > 1 {
+        if Instant::now() >= deadline || app.draining.load(Ordering::SeqCst) {
+            return false;
+        }
+        app.cancel_all();
+        app.cut_inflight();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 async fn released(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Arc::strong_count(store) > 1 {
