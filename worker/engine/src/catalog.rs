@@ -140,33 +140,29 @@ impl Entry {
 /// Parents that are not listed are implied directories, and a directory may
 /// be listed after its children.
 ///
-/// Limits, so that what an upload is accepted with can be restored to a
-/// directory and checking costs memory in proportion to the input: a
-/// component of at most [`NAME_MAX`] bytes, a path or symlink target of at
-/// most [`PATH_MAX`] bytes (Linux's limits: a longer name cannot be made,
-/// and the worker's own tree walk could not have read it).
+/// Uploads ([`TreeCheck::for_upload`]) are also held to what a directory
+/// restore can make: a component of at most [`NAME_MAX`] bytes, a symlink
+/// target of at most [`SYMLINK_MAX`] (Linux's limits; `mkdirat` and
+/// `symlinkat` refuse longer ones). Whole paths have no limit: restores make
+/// them one component at a time. Restores do not apply these limits, so a
+/// version stored before them restores everything it can, failing at the
+/// entry that cannot be made.
 pub struct TreeCheck {
     /// The tree so far, one node per path: node 0 is the root, the others
-    /// are found by (parent node, component). Keyed by component, not by
-    /// whole path, so a deep path costs its length, not its length squared.
+    /// found by (parent node, component). Keyed by
+    /// component, not by whole path, so a deep path costs its length, not
+    /// its length squared.
     children: HashMap<(u32, Box<[u8]>), u32>,
     /// What each node is (`None`: the root, until it is listed).
     seen: Vec<Option<Seen>>,
+    /// Refuse names a directory restore could not make.
+    upload: bool,
 }
 
 /// The longest file name component a directory restore can make.
 pub const NAME_MAX: usize = 255;
-/// The longest path, and symlink target, a tree may hold.
-pub const PATH_MAX: usize = 4095;
-
-impl Default for TreeCheck {
-    fn default() -> Self {
-        TreeCheck {
-            children: HashMap::new(),
-            seen: vec![None],
-        }
-    }
-}
+/// The longest symlink target a directory restore can make.
+pub const SYMLINK_MAX: usize = 4095;
 
 #[derive(Clone, Copy)]
 enum Seen {
@@ -197,9 +193,27 @@ pub fn is_clean_path(p: &[u8]) -> bool {
                 .all(|c| !c.is_empty() && c != b"." && c != b".."))
 }
 
+impl Default for TreeCheck {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl TreeCheck {
     pub fn new() -> Self {
-        Self::default()
+        TreeCheck {
+            children: HashMap::new(),
+            seen: vec![None],
+            upload: false,
+        }
+    }
+
+    /// The check for new uploads: also refuses names no restore could make.
+    pub fn for_upload() -> Self {
+        TreeCheck {
+            upload: true,
+            ..Self::new()
+        }
     }
 
     /// Checks the next entry. The error says what is wrong, naming the
@@ -212,7 +226,9 @@ impl TreeCheck {
                 "{name} is not a clean relative path (no leading '/', no empty, '.' or '..' components, no NUL)"
             ));
         }
-        check_lengths(e, &name)?;
+        if self.upload {
+            check_lengths(e, &name)?;
+        }
         if path.is_empty() && e.kind != Kind::Dir {
             return Err(format!(
                 "{name} (the root) must be a directory, not {}",
@@ -299,7 +315,8 @@ impl TreeCheck {
     }
 
     fn insert(&mut self, parent: u32, c: &[u8], what: Seen) -> u32 {
-        let id = self.seen.len() as u32;
+        // More than 2^32 paths would exhaust memory long before.
+        let id = u32::try_from(self.seen.len()).expect("fewer than 2^32 paths");
         self.seen.push(Some(what));
         self.children.insert((parent, c.into()), id);
         id
@@ -341,22 +358,15 @@ impl TreeCheck {
 
 /// Names a directory restore can make: see [`TreeCheck`].
 fn check_lengths(e: &Entry, name: &str) -> std::result::Result<(), String> {
-    if e.path.len() > PATH_MAX {
-        return Err(format!(
-            "{} is a path of {} bytes; at most {PATH_MAX} are allowed",
-            quoted(&e.path[..64]),
-            e.path.len()
-        ));
-    }
     if let Some(c) = e.path.split(|&b| b == b'/').find(|c| c.len() > NAME_MAX) {
         return Err(format!(
             "{name} has a component of {} bytes; at most {NAME_MAX} are allowed",
             c.len()
         ));
     }
-    if e.kind == Kind::Symlink && e.link.len() > PATH_MAX {
+    if e.kind == Kind::Symlink && e.link.len() > SYMLINK_MAX {
         return Err(format!(
-            "{name} is a symlink to a target of {} bytes; at most {PATH_MAX} are allowed",
+            "{name} is a symlink to a target of {} bytes; at most {SYMLINK_MAX} are allowed",
             e.link.len()
         ));
     }

@@ -411,17 +411,20 @@ impl Store {
             .filter(|(id, _)| linked_before.get(*id).copied().unwrap_or(false))
             .map(|(id, _)| *id)
             .collect();
+        // (Written after the transaction's own deletes: gc deletes the flags
+        // of the containers it swept, which may hold such a unit. Even a
+        // container this commit writes is flagged: gc may have moved the
+        // unit whole.)
+        let mut unlinked_containers = Vec::new();
         for id in &unlinked {
-            let container = match (updated.get(id), new_units.get(id)) {
+            unlinked_containers.push(match (updated.get(id), new_units.get(id)) {
                 (Some(u), _) => u.container,
                 (None, Some(u)) => u.container,
                 (None, None) => match meta.unit(*id)? {
                     Some(u) => u.container,
                     None => continue,
                 },
-            };
-            // Even a container this commit writes (gc moved the unit whole).
-            b.put(CF_MARKS, &crate::gc::sweep_key(container), b"");
+            });
         }
 
         // New copies go first in their fingerprint's list.
@@ -472,6 +475,12 @@ impl Store {
         }
         for (cf, k, v) in &txn.puts {
             b.put(cf, k, v);
+        }
+        for c in unlinked_containers
+            .iter()
+            .filter(|c| !dead_files.contains(*c))
+        {
+            b.put(CF_MARKS, &crate::gc::sweep_key(*c), b"");
         }
         let t = &mut l.totals;
         t.logical_bytes = apply(t.logical_bytes, txn.totals.logical_bytes);

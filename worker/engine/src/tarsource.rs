@@ -47,7 +47,7 @@ impl<R: Read + Send> TarSource<R> {
             pax: HashMap::new(),
             long_name: None,
             long_link: None,
-            check: TreeCheck::new(),
+            check: TreeCheck::for_upload(),
         }
     }
 

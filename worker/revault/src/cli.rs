@@ -417,6 +417,13 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
             mib(rep.new_container_bytes)
         );
     }
+    if let Some(why) = &rep.retention_error {
+        // Committed all the same; no scheduler runs offline, so say so.
+        eprintln!(
+            "warning: version {} is committed, but automatic retention failed: {why}; run `revault slide` and `revault expire --apply-retention` once the cause is fixed",
+            rep.version
+        );
+    }
     Ok(())
 }
 

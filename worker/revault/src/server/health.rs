@@ -297,8 +297,6 @@ fn open_again(root: &Path) -> (Option<Store>, Result<(), String>) {
     (ro, Err(err))
 }
 
-/// Waits up to `limit` for every other holder of `store` to drop it (not
-/// past the start of a shutdown).
 /// [`released`], cutting in-flight work every round: a request that took
 /// the store just before it was taken may register its work only after the
 /// first cut (no new request gets the store meanwhile).
@@ -315,6 +313,8 @@ async fn released_cutting(app: &App, store: &Arc<Store>, limit: Duration) -> boo
     true
 }
 
+/// Waits up to `limit` for every other holder of `store` to drop it (not
+/// past the start of a shutdown).
 async fn released(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Arc::strong_count(store) > 1 {
