@@ -50,7 +50,7 @@ use crate::store::{check_series_name, now_unix, Store, UnitCopy};
 
 const BUF_BYTES: usize = 1 << 20;
 
-pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
+use crate::progress::Progress;
 
 /// Extra metadata a backup commits atomically with its version: called with
 /// the new version's number and logical size just before the commit, it

@@ -442,7 +442,7 @@ impl Store {
         // that lost units may hold dead data: flag it for gc's sweep.
         let mut dead_files = Vec::new();
         for (id, rec) in &l.containers {
-            let sweep_key = crate::gc::sweep_key(*id);
+            let sweep_key = crate::meta::sweep_key(*id);
             if rec.live_units == 0 {
                 b.delete(CF_MARKS, &sweep_key);
                 b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
@@ -480,7 +480,7 @@ impl Store {
             .iter()
             .filter(|c| !dead_files.contains(*c))
         {
-            b.put(CF_MARKS, &crate::gc::sweep_key(*c), b"");
+            b.put(CF_MARKS, &crate::meta::sweep_key(*c), b"");
         }
         let t = &mut l.totals;
         t.logical_bytes = apply(t.logical_bytes, txn.totals.logical_bytes);

@@ -37,7 +37,7 @@ use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::commit::Txn;
 use crate::container::{ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Result};
-use crate::meta::MetaRead;
+use crate::meta::{sweep_key, MetaRead};
 use crate::meta::{RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_UNITS};
 use crate::pack::{repack, PackWriter};
 use crate::recipe::Entry;
@@ -45,10 +45,6 @@ use crate::restore::recipe_entries;
 use crate::store::Store;
 
 pub use crate::orphans::OrphanReport;
-
-pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
-    crate::meta::prefixed(b'S', c.0)
-}
 
 fn mark_key(unit: u64, group: u32) -> [u8; 13] {
     let mut k = [0u8; 13];
@@ -311,7 +307,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     let mut txn = Txn::default();
     // Units doomed to be freed or trimmed; released when gc ends, whether it
     // commits or fails half-way.
-    let mut doomed = crate::slide::Undoom(store, Vec::new());
+    let mut doomed = crate::store::Undoom(store, Vec::new());
     // Units whose references reached zero while a backup had them pinned.
     txn.free_units.extend(store.zombies()?);
     for cid in sweep {

@@ -33,6 +33,7 @@ pub mod objects;
 pub mod orphans;
 pub mod pack;
 mod predict;
+pub mod progress;
 pub mod recipe;
 pub mod repeats;
 pub mod restore;

@@ -66,6 +66,12 @@ pub fn freed_key(c: ContainerId) -> [u8; 9] {
     prefixed(b'F', c.0)
 }
 
+/// `S`+container in `marks`: the container may hold dead data (it lost
+/// units, or a unit in it lost its last link); gc's next sweep looks at it.
+pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
+    prefixed(b'S', c.0)
+}
+
 /// `Z`+unit in `marks`: the unit's references reached zero while a backup in
 /// flight had it pinned, so the commit could not free it; gc does, even after
 /// a restart.

@@ -43,12 +43,13 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::backup::{backup, BackupOptions, BackupReport, CommitHook, Progress};
+use crate::backup::{backup, BackupOptions, BackupReport, CommitHook};
 use crate::catalog;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::expire::{expire, ExpireReport, ExpireSel};
 use crate::meta::{MetaRead, SeriesRecord, VersionRecord};
+use crate::progress::Progress;
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use crate::source::{input_error, Source};
 use crate::store::{check_series_name, now_unix, Store, VersionSel};

@@ -46,7 +46,7 @@ pub struct RestoreOptions {
     /// Serve chunks the version repeats from memory (`reuse.rs`); off only
     /// to measure what it saves.
     pub reuse: bool,
-    pub progress: Option<crate::backup::Progress>,
+    pub progress: Option<crate::progress::Progress>,
     pub cancel: Option<Arc<AtomicBool>>,
 }
 
@@ -786,7 +786,7 @@ struct Progressed<'a> {
     out: &'a mut dyn Write,
     done: u64,
     next: u64,
-    progress: Option<crate::backup::Progress>,
+    progress: Option<crate::progress::Progress>,
 }
 
 impl Write for Progressed<'_> {

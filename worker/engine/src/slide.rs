@@ -39,7 +39,7 @@ use crate::meta::{
 };
 use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
-use crate::store::Store;
+use crate::store::{Store, Undoom};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SlideReport {
@@ -423,13 +423,4 @@ fn read_linked_chunks(
         }
     }
     Ok(out)
-}
-
-/// Releases doomed units when a slide or gc ends, committed or not.
-pub(crate) struct Undoom<'s>(pub &'s Store, pub Vec<u64>);
-
-impl Drop for Undoom<'_> {
-    fn drop(&mut self) {
-        self.0.undoom(self.1.drain(..));
-    }
 }

@@ -1085,6 +1085,15 @@ pub fn check_series_name(name: &str) -> Result<()> {
     }
 }
 
+/// Releases doomed units when a slide or gc ends, committed or not.
+pub(crate) struct Undoom<'s>(pub &'s Store, pub Vec<u64>);
+
+impl Drop for Undoom<'_> {
+    fn drop(&mut self) {
+        self.0.undoom(self.1.drain(..));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
