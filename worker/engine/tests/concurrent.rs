@@ -145,12 +145,7 @@ fn backup_survives_gc_compacting_the_previous_versions_containers() {
         for at in [256 << 10, 3 << 20, 7 << 20] {
             let (_d, st) = new_store(small_config());
             let st = Arc::new(st);
-            // v2 replaces every other 64 KiB of v1: once v1 expires, the
-            // containers v2 shares with it are half dead.
-            let v1 = random(8 << 20, 21);
-            let v2 = every_other_block_changed(&v1, 100);
-            backup_bytes(&st, "team/a", &v1, unit);
-            backup_bytes(&st, "team/a", &v2, unit);
+            let (_, v2) = half_shared_versions(&st, "team/a", unit, 21);
             expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
             let mut v3 = v2.clone();
             v3.extend(random(1 << 20, 13));

@@ -234,10 +234,7 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
     for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
         let (_d, st) = new_store(small_config());
         let st = Arc::new(st);
-        let v1 = random(8 << 20, 21);
-        let v2 = every_other_block_changed(&v1, 100);
-        backup_bytes(&st, "team/a", &v1, unit);
-        backup_bytes(&st, "team/a", &v2, unit);
+        let (_, v2) = half_shared_versions(&st, "team/a", unit, 21);
 
         let restoring = StalledRestore::start(&st, "team/a", 2);
         expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
@@ -269,10 +266,7 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
 fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
     let (_d, st) = new_store(small_config());
     let st = Arc::new(st);
-    let v1 = random(8 << 20, 31);
-    let v2 = every_other_block_changed(&v1, 300);
-    backup_bytes(&st, "team/a", &v1, DedupUnit::Chunk);
-    backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
+    let (_, v2) = half_shared_versions(&st, "team/a", DedupUnit::Chunk, 31);
 
     let restoring = StalledRestore::start(&st, "team/a", 2);
     // Files freed while the restore reads: their unlink waits for it.

@@ -135,12 +135,7 @@ fn sigkill_during_backup_never_loses_or_half_commits() {
     ok_json(&["gc", "--store", &s]);
     let c = ok_json(&["check", "--store", &s]);
     assert!(c["ok"].as_bool().unwrap());
-    let orphans: Vec<_> = c["warnings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w.as_str().unwrap().contains("orphan"))
-        .collect();
+    let orphans = orphan_warnings(&c);
     assert!(orphans.is_empty(), "{orphans:?}");
     let files = files_under(&store.join("data")).len();
     let st = ok_json(&["stats", "--store", &s]);

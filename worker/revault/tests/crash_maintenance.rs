@@ -222,12 +222,7 @@ fn sigkill_during_slide_expire_and_gc_loses_nothing() {
     ok_json(&["gc", "--store", &s]);
     let c = ok_json(&["check", "--store", &s]);
     assert!(c["ok"].as_bool().unwrap());
-    let orphans: Vec<_> = c["warnings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w.as_str().unwrap().contains("orphan"))
-        .collect();
+    let orphans = orphan_warnings(&c);
     assert!(orphans.is_empty(), "{orphans:?}");
     let st = ok_json(&["stats", "--store", &s]);
     assert_eq!(

@@ -256,20 +256,6 @@ fn place(cmds: &[Cmd], p: usize) -> (usize, bool) {
     (i, p == cmds[i].end)
 }
 
-/// Runs revault on a materialised store; Err carries what it printed.
-fn run(args: &[&str]) -> Result<Value, String> {
-    let mut a = args.to_vec();
-    a.push("--json");
-    let out = revault(&a);
-    if !out.status.success() {
-        return Err(format!(
-            "revault {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("revault {args:?}: bad JSON: {e}"))
-}
-
 fn restore_sha(store: &str, series: &str, version: u64) -> Result<String, String> {
     let v = version.to_string();
     let out = Command::new(bin())
@@ -290,7 +276,7 @@ fn restore_sha(store: &str, series: &str, version: u64) -> Result<String, String
 
 /// `check` passes; with `after_gc`, no orphan is left either.
 fn check_clean(store: &str, after_gc: bool) -> Result<(), String> {
-    let c = run(&["check", "--store", store])?;
+    let c = json_of(&["check", "--store", store])?;
     if !c["ok"].as_bool().unwrap_or(false) {
         return Err(format!("check: {}", c["errors"]));
     }
@@ -309,13 +295,13 @@ fn check_clean(store: &str, after_gc: bool) -> Result<(), String> {
 /// The versions each series lists, with their form (live or archival).
 fn listed(store: &str) -> Result<BTreeMap<String, BTreeMap<u64, String>>, String> {
     let mut out = BTreeMap::new();
-    for s in run(&["list", "--store", store])?
+    for s in json_of(&["list", "--store", store])?
         .as_array()
         .into_iter()
         .flatten()
     {
         let name = s["series"].as_str().unwrap_or_default().to_string();
-        let l = run(&["list", "--store", store, "--series", &name])?;
+        let l = json_of(&["list", "--store", store, "--series", &name])?;
         let versions = l["versions"].as_array().into_iter().flatten();
         let forms = versions
             .map(|v| {
@@ -369,7 +355,7 @@ fn verify(dir: &Path, p: usize, cmds: &[Cmd]) -> CutResult {
     }
     // The read-write open recovers unfinished sessions; gc then removes
     // whatever the cut left that no record names.
-    let gc = run(&["gc", "--store", store]);
+    let gc = json_of(&["gc", "--store", store]);
     if let Err(e) = gc.and_then(|_| check_clean(store, true)) {
         res.problems.push(format!("after gc: {e}"));
     }

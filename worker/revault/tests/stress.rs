@@ -1116,22 +1116,8 @@ fn client(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng) -> Step {
 
 // ---- after the load --------------------------------------------------------------
 
-/// Runs an offline command; its JSON output.
-fn offline(args: &[&str]) -> Result<serde_json::Value, String> {
-    let mut a = args.to_vec();
-    a.push("--json");
-    let out = revault(&a);
-    if !out.status.success() {
-        return Err(format!(
-            "revault {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("revault {args:?}: {e}"))
-}
-
 fn check_clean(store: &Path, when: &str) -> Result<serde_json::Value, String> {
-    let c = offline(&["check", "--store", store.to_str().unwrap()])?;
+    let c = json_of(&["check", "--store", store.to_str().unwrap()])?;
     if c["ok"] != true || !c["errors"].as_array().unwrap().is_empty() {
         return Err(format!("check {when}: {c}"));
     }
@@ -1170,7 +1156,7 @@ fn verify_offline(ctx: &Ctx, store: &Path, when: &str) -> Result<u64, String> {
     let m = ctx.model.lock().unwrap();
     let mut restored = 0;
     for (s, (name, _)) in SERIES.iter().enumerate() {
-        let l = offline(&["list", "--store", st, "--series", name])?;
+        let l = json_of(&["list", "--store", st, "--series", name])?;
         let listed: BTreeSet<u32> = l["versions"]
             .as_array()
             .unwrap()
@@ -1230,7 +1216,7 @@ fn run_schedule(seed: u64, dir: &Path, log: &Mutex<Vec<String>>, totals: &mut To
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     // Small containers and segments: little data makes many units and
     // containers, so gc and slides have plenty to move and free.
-    offline(&[
+    json_of(&[
         "init",
         "--store",
         &st,
@@ -1331,14 +1317,9 @@ fn run_schedule(seed: u64, dir: &Path, log: &Mutex<Vec<String>>, totals: &mut To
     let (gcs, passes) = scan_server_log(&server_log)?;
     check_clean(&store, "after the load")?;
     let mut restored = verify_offline(&ctx, &store, "after the load")?;
-    offline(&["gc", "--store", &st, "--full", "--compact-below", "1.0"])?;
+    json_of(&["gc", "--store", &st, "--full", "--compact-below", "1.0"])?;
     let c = check_clean(&store, "after a full gc")?;
-    let orphans: Vec<_> = c["warnings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w.as_str().unwrap().contains("orphan"))
-        .collect();
+    let orphans = orphan_warnings(&c);
     if !orphans.is_empty() {
         return Err(format!("orphans after a full gc: {orphans:?}"));
     }

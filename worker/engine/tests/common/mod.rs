@@ -133,15 +133,24 @@ pub fn transfer_bytes(store: &Store, series: &str, v: u32) -> Vec<u8> {
     std::mem::take(&mut *bytes)
 }
 
-/// `base` with every other 64 KiB block (from the second) replaced by
-/// random bytes: once `base` expires, the containers the two share are
-/// half dead, which is what gc compacts.
-pub fn every_other_block_changed(base: &[u8], seed: u64) -> Vec<u8> {
-    let mut v = base.to_vec();
-    for (i, r) in v.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
-        r.copy_from_slice(&random(r.len(), seed + i as u64));
+/// Backs up two versions of `series`: 8 MiB of random bytes (from `seed`),
+/// then the same with every other 64 KiB block (from the second) replaced.
+/// Once the first expires, the containers the two share are half dead,
+/// which is what gc compacts. Returns both.
+pub fn half_shared_versions(
+    store: &Store,
+    series: &str,
+    unit: DedupUnit,
+    seed: u64,
+) -> (Vec<u8>, Vec<u8>) {
+    let v1 = random(8 << 20, seed);
+    let mut v2 = v1.clone();
+    for (i, r) in v2.chunks_mut(64 << 10).enumerate().skip(1).step_by(2) {
+        r.copy_from_slice(&random(r.len(), seed * 1000 + i as u64));
     }
-    v
+    backup_bytes(store, series, &v1, unit);
+    backup_bytes(store, series, &v2, unit);
+    (v1, v2)
 }
 
 /// A piece of data at `at` and again `gap` bytes later in `base`: in

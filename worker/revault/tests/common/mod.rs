@@ -26,17 +26,35 @@ pub fn revault(args: &[&str]) -> Output {
         .expect("run revault")
 }
 
-/// Runs revault, asserts success, returns stdout parsed as JSON.
-pub fn ok_json(args: &[&str]) -> serde_json::Value {
+/// Runs revault with `--json`: its output parsed, or an error saying what
+/// it printed (for tests that report failures as values, not panics).
+pub fn json_of(args: &[&str]) -> Result<serde_json::Value, String> {
     let mut a = args.to_vec();
     a.push("--json");
     let out = revault(&a);
-    assert!(
-        out.status.success(),
-        "revault {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("json output")
+    if !out.status.success() {
+        return Err(format!(
+            "revault {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("revault {args:?}: bad JSON: {e}"))
+}
+
+/// Runs revault, asserts success, returns stdout parsed as JSON.
+pub fn ok_json(args: &[&str]) -> serde_json::Value {
+    json_of(args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The warnings of a `revault check` report that name orphan files.
+pub fn orphan_warnings(check: &serde_json::Value) -> Vec<serde_json::Value> {
+    check["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w.as_str().unwrap().contains("orphan"))
+        .cloned()
+        .collect()
 }
 
 /// Runs revault, asserts failure, returns stderr.
