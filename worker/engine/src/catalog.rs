@@ -152,7 +152,9 @@ pub struct TreeCheck {
     /// found by (parent node, component). Keyed by
     /// component, not by whole path, so a deep path costs its length, not
     /// its length squared.
-    children: HashMap<(u32, Box<[u8]>), u32>,
+    /// (A map per directory, so a lookup borrows the component instead of
+    /// allocating a key: this runs for every component of every entry.)
+    children: HashMap<u32, HashMap<Box<[u8]>, u32>>,
     /// What each node is (`None`: the root, until it is listed).
     seen: Vec<Option<Seen>>,
     /// Refuse names a directory restore could not make.
@@ -279,8 +281,8 @@ impl TreeCheck {
                     ));
                 }
             }
-            match self.children.get(&(at, Box::<[u8]>::from(*c))) {
-                Some(&n) => at = n,
+            match self.child(at, c) {
+                Some(n) => at = n,
                 None => return Ok((at, comps[i..].to_vec())),
             }
             end += c.len() + usize::from(i > 0);
@@ -318,8 +320,15 @@ impl TreeCheck {
         // More than 2^32 paths would exhaust memory long before.
         let id = u32::try_from(self.seen.len()).expect("fewer than 2^32 paths");
         self.seen.push(Some(what));
-        self.children.insert((parent, c.into()), id);
+        self.children
+            .entry(parent)
+            .or_default()
+            .insert(c.into(), id);
         id
+    }
+
+    fn child(&self, parent: u32, c: &[u8]) -> Option<u32> {
+        self.children.get(&parent)?.get(c).copied()
     }
 
     /// What `path` is, if the tree holds it.
@@ -327,7 +336,7 @@ impl TreeCheck {
         let mut at = 0u32;
         if !path.is_empty() {
             for c in path.split(|&b| b == b'/') {
-                at = *self.children.get(&(at, Box::<[u8]>::from(c)))?;
+                at = self.child(at, c)?;
             }
         }
         self.seen[at as usize]
