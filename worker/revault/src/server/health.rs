@@ -151,9 +151,12 @@ pub fn spawn(app: Arc<App>, root: PathBuf, grace: Duration) -> tokio::task::Join
                     last_reopen = Some(Instant::now());
                     match reopen(&app, &root, grace).await {
                         Ok(()) => recovered(&app, "the store was reopened"),
-                        Err(e) => {
-                            tracing::warn!(error = %e, retry_in = ?backoff, "reopening the store failed");
-                            app.health.set(State::Degraded { reason: e });
+                        // Degraded, or wedged: only the reopen knows which
+                        // (a wedged store once became "degraded" here, and
+                        // /healthz never asked for the restart it needs).
+                        Err(state) => {
+                            tracing::warn!(state = ?state, retry_in = ?backoff, "reopening the store failed");
+                            app.health.set(state);
                         }
                     }
                     // A store that degrades again soon after waits longer.
@@ -226,38 +229,36 @@ fn the_room_a_reopen_waits_for_is_one_percent_within_bounds() {
 }
 
 /// Closes the store once in-flight work has let go of it (cutting that work
-/// after `grace`), and opens it again. On `Err` the message says why, and
+/// after `grace`), and opens it again. On `Err` the state the server is in
+/// now (degraded, or wedged if the store could not be closed) says why, and
 /// the server keeps a store to read from if it can: the old one (wedged, or
 /// shutting down meanwhile), or the store opened read-only.
-async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), String> {
+async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), State> {
     if let Some(old) = app.take_store() {
         tracing::info!(grace = ?grace, "closing the store to reopen it");
-        if !released(app, &old, grace).await {
-            if app.draining.load(Ordering::SeqCst) {
-                app.put_store(old);
-                return Err("the server is shutting down".into());
-            }
-            let n = app.cancel_all();
-            app.cut_inflight();
-            tracing::warn!(
-                cancelled = n,
-                "reopen: in-flight work still running after the grace; cut it"
-            );
-            if !released_cutting(app, &old, CUT_WAIT).await {
-                if app.draining.load(Ordering::SeqCst) {
-                    app.put_store(old);
-                    return Err("the server is shutting down".into());
-                }
-                let reason = format!(
-                    "the store could not be closed to reopen it: work still held it {CUT_WAIT:?} after it was cut; restart the server"
+        let let_go = released(app, &old, grace, false).await || {
+            if !app.draining.load(Ordering::SeqCst) {
+                let n = app.cancel_all();
+                app.cut_inflight();
+                tracing::warn!(
+                    cancelled = n,
+                    "reopen: in-flight work still running after the grace; cut it"
                 );
-                tracing::error!(%reason, "store wedged");
-                app.put_store(old);
-                app.health.set(State::Wedged {
-                    reason: reason.clone(),
-                });
-                return Err(reason);
             }
+            released(app, &old, CUT_WAIT, true).await
+        };
+        if !let_go {
+            app.put_store(old);
+            if app.draining.load(Ordering::SeqCst) {
+                return Err(State::Degraded {
+                    reason: "the server is shutting down".into(),
+                });
+            }
+            let reason = format!(
+                "the store could not be closed to reopen it: work still held it {CUT_WAIT:?} after it was cut; restart the server"
+            );
+            tracing::error!(%reason, "store wedged");
+            return Err(State::Wedged { reason });
         }
         // The last reference: dropping it closes RocksDB and the store lock.
         let _ = tokio::task::spawn_blocking(move || drop(old)).await;
@@ -265,7 +266,9 @@ async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), Stri
     let root = root.to_path_buf();
     let (store, result) = tokio::task::spawn_blocking(move || open_again(&root))
         .await
-        .map_err(|e| format!("reopening the store failed: {e}"))?;
+        .map_err(|e| State::Degraded {
+            reason: format!("reopening the store failed: {e}"),
+        })?;
     if let Some(st) = store {
         app.put_store(Arc::new(st));
         app.metrics.store_reopens.inc();
@@ -277,7 +280,7 @@ async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), Stri
         })
         .await;
     }
-    result
+    result.map_err(|reason| State::Degraded { reason })
 }
 
 /// Opens the store read-write and probes it. If that fails, the store
@@ -297,29 +300,20 @@ fn open_again(root: &Path) -> (Option<Store>, Result<(), String>) {
     (ro, Err(err))
 }
 
-/// [`released`], cutting in-flight work every round: a request that took
-/// the store just before it was taken may register its work only after the
-/// first cut (no new request gets the store meanwhile).
-async fn released_cutting(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
+/// Waits up to `limit` for every other holder of `store` to drop it (not
+/// past the start of a shutdown). With `cut`, in-flight work is cut every
+/// round: a request that took the store just before it was taken may
+/// register its work only after the first cut (no new request gets the
+/// store meanwhile).
+async fn released(app: &App, store: &Arc<Store>, limit: Duration, cut: bool) -> bool {
     let deadline = Instant::now() + limit;
     while Arc::strong_count(store) > 1 {
         if Instant::now() >= deadline || app.draining.load(Ordering::SeqCst) {
             return false;
         }
-        app.cancel_all();
-        app.cut_inflight();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
-}
-
-/// Waits up to `limit` for every other holder of `store` to drop it (not
-/// past the start of a shutdown).
-async fn released(app: &App, store: &Arc<Store>, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Arc::strong_count(store) > 1 {
-        if Instant::now() >= deadline || app.draining.load(Ordering::SeqCst) {
-            return false;
+        if cut {
+            app.cancel_all();
+            app.cut_inflight();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
