@@ -208,7 +208,6 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-/// Versions that would leave the live window, oldest first.
 /// gc, incremental or full, compacting containers below a live fraction
 /// from "almost never" to "always" (operators tune it; every value must be
 /// safe).
@@ -223,6 +222,7 @@ fn gc_op() -> impl Strategy<Value = Op> {
         })
 }
 
+/// Versions that would leave the live window, oldest first.
 fn leaving(s: &SeriesModel, live: u32) -> Vec<usize> {
     let lives: Vec<usize> = (0..s.versions.len())
         .filter(|&i| s.versions[i].live)

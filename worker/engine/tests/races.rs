@@ -273,31 +273,37 @@ fn gc_orphan_removal_lets_a_finished_restore_unlink_its_files_meanwhile() {
     expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
     let g = gc(&st, &compact_all()).unwrap();
     assert!(g.containers_compacted > 0, "{g:?}");
+    assert!(
+        files_in(st.data_dir()) > st.totals().unwrap().containers,
+        "freed container files wait for the restore"
+    );
 
     // When the restore ends and has let go of those files, a gc surveys the
     // data directory; it removes what it found only once the restore's
-    // thread has unlinked them.
+    // thread has unlinked them. The gc waits on its own thread for the
+    // restore to reach that point.
+    let (start_tx, start) = mpsc::channel::<()>();
     let (surveyed_tx, surveyed) = mpsc::channel::<()>();
     let (gc_go, gc_go_rx) = mpsc::channel::<()>();
-    let gc_go_rx = Mutex::new(gc_go_rx);
     let surveying = at(&st, "gc.orphans.surveyed", move |_| {
         surveyed_tx.send(()).unwrap();
-        gc_go_rx.lock().unwrap().recv().unwrap();
+        gc_go_rx.recv().unwrap();
     });
-    let collecting: Arc<Mutex<Option<std::thread::JoinHandle<_>>>> = Arc::default();
-    let (st3, c2) = (st.clone(), collecting.clone());
-    let surveyed = Mutex::new(surveyed);
+    let st3 = st.clone();
+    let collecting = std::thread::spawn(move || {
+        start.recv().unwrap();
+        gc(&st3, &GcOptions::default())
+    });
     let unlinking = at(&st, "read.end.unlink", move |_| {
-        *c2.lock().unwrap() = Some(std::thread::spawn(move || gc(&st3, &GcOptions::default())));
-        surveyed.lock().unwrap().recv().unwrap();
+        start_tx.send(()).unwrap();
+        surveyed.recv().unwrap();
     });
     let (r, out) = restoring.finish();
     assert!(r.is_ok(), "the restore was cut off: {r:?}");
     assert!(out == v2, "restored bytes differ");
     reached(&unlinking, "read.end.unlink");
     gc_go.send(()).unwrap();
-    let h = collecting.lock().unwrap().take().unwrap();
-    let g = h.join().unwrap();
+    let g = collecting.join().unwrap();
     reached(&surveying, "gc.orphans.surveyed");
     assert!(
         g.is_ok(),

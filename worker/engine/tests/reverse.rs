@@ -302,6 +302,7 @@ fn automatic_retention_turned_off_after_a_listing_expires_nothing() {
         .filter(|s| s.retention.auto)
         .map(|s| s.name)
         .collect();
+    assert_eq!(listed, ["default/db"], "what the scheduler saw");
     set_retention(&st, "default/db", policy(1, false)).unwrap();
     for name in &listed {
         assert!(apply_auto(&st, name).unwrap().is_none(), "{name}");

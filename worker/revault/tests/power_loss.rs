@@ -280,12 +280,7 @@ fn check_clean(store: &str, after_gc: bool) -> Result<(), String> {
     if !c["ok"].as_bool().unwrap_or(false) {
         return Err(format!("check: {}", c["errors"]));
     }
-    let orphans: Vec<_> = c["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|w| w.as_str().is_some_and(|w| w.contains("orphan")))
-        .collect();
+    let orphans = orphan_warnings(&c);
     if after_gc && !orphans.is_empty() {
         return Err(format!("files no record names after gc: {orphans:?}"));
     }
