@@ -286,12 +286,11 @@ impl Store {
         let mut now: FxHashMap<u64, Refs> = FxHashMap::default();
         let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
-        // Units that other units linked into before this commit.
-        let mut linked_before: FxHashMap<u64, bool> = FxHashMap::default();
+        // Units whose last incoming link this commit drops.
+        let mut unlinked: Vec<u64> = Vec::new();
         for (&id, d) in ids {
             // New units' counts are in the table already (set above).
             let cur = l.refs.get(meta, id)?;
-            linked_before.insert(id, cur.links > 0);
             let v = [
                 i64::from(cur.live) + d[0],
                 i64::from(cur.arch) + d[1],
@@ -305,6 +304,9 @@ impl Store {
                         v[0], v[1], v[2]
                     ),
                 ));
+            }
+            if d[2] < 0 && v[2] == 0 {
+                unlinked.push(id);
             }
             now.insert(
                 id,
@@ -386,13 +388,15 @@ impl Store {
                     Some(r) => r,
                     None => {
                         let r = l.refs.get(meta, t)?;
-                        linked_before.insert(t, r.links > 0);
                         now.entry(t).or_insert(r)
                     }
                 };
                 r.links = r.links.checked_sub(1).ok_or_else(|| {
                     corrupt_meta(format!("unit {t}"), "a link was released twice")
                 })?;
+                if r.links == 0 {
+                    unlinked.push(t);
+                }
                 if r.is_zero() {
                     work.push(t);
                 }
@@ -405,12 +409,7 @@ impl Store {
         // gc keeps a unit that others link into whole (gc::trim_to); once the
         // last link is gone, its container is flagged for the next sweep, so
         // an incremental gc trims it, not only a full one.
-        let unlinked: Vec<u64> = now
-            .iter()
-            .filter(|(id, r)| r.links == 0 && !r.is_zero() && !freed.contains(*id))
-            .filter(|(id, _)| linked_before.get(*id).copied().unwrap_or(false))
-            .map(|(id, _)| *id)
-            .collect();
+        unlinked.retain(|id| !freed.contains(id) && !now[id].is_zero());
         // (Written after the transaction's own deletes: gc deletes the flags
         // of the containers it swept, which may hold such a unit. Even a
         // container this commit writes is flagged: gc may have moved the

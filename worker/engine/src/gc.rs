@@ -340,7 +340,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             // A unit a backup in flight deduplicated against stays whole, and
             // so does one `trim_to` would not trim: counted whole, it does not
             // make its container look worth compacting at every gc.
-            let m = if store.is_pinned(*id) || (m.is_some() && (refs.live > 0 || refs.links > 0)) {
+            let m = if store.is_pinned(*id) || (m.is_some() && !trimmable(refs)) {
                 Some(Mark::Whole)
             } else {
                 m
@@ -435,13 +435,18 @@ fn trim_to(
     if !store.try_doom(id) {
         return Ok(None);
     }
-    let refs = store.meta.refs(id)?;
-    if refs.live > 0 || refs.links > 0 {
+    if !trimmable(store.meta.refs(id)?) {
         store.undoom([id]);
         return Ok(None);
     }
     doomed.push(id);
     Ok(Some(chunks.clone()))
+}
+
+/// A unit gc may trim: no live version references it whole and no other
+/// unit links into it (see [`trim_to`]).
+fn trimmable(r: crate::meta::Refs) -> bool {
+    r.live == 0 && r.links == 0
 }
 
 fn load_units_opt(store: &Store, ids: &[u64]) -> Result<Vec<Option<UnitRecord>>> {
