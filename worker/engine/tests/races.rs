@@ -517,18 +517,6 @@ fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
     }
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 /// A thread of the backup pipeline that panics is an internal failure (a
 /// 5xx for the server), not the caller's mistake, and leaves no version.
 #[test]

@@ -80,6 +80,52 @@ fn a_freed_container_left_by_the_previous_release_is_no_alarm_after_upgrade() {
     assert_eq!(restore_bytes(&st, "team/a", 2).0, v2);
 }
 
+/// A store from a build that kept `F`/`Z` keys but not yet the key saying
+/// so: its unexplained container files are what they are on any store that
+/// keeps them, possibly the only copy of data whose metadata lost a commit.
+/// Its first open must adopt none of them as freed, so gc quarantines them
+/// instead of deleting them.
+#[test]
+fn a_store_that_keeps_freed_keys_adopts_no_unexplained_file() {
+    let dir = tempfile::tempdir().unwrap();
+    init(dir.path());
+    let v2 = random(1 << 20, 4);
+    {
+        let st = open(dir.path());
+        backup_bytes(&st, "team/a", &random(1 << 20, 3), DedupUnit::Chunk);
+        backup_bytes(&st, "team/a", &v2, DedupUnit::Chunk);
+        st.arm_failpoint("commit.before_unlink");
+        assert!(expire(&st, "team/a", &ExpireSel::Version(1)).is_err());
+    }
+    let (meta, saved) = (dir.path().join("meta"), dir.path().join("meta.saved"));
+    {
+        let st = open(dir.path());
+        assert!(!st.meta().scan_prefix(CF_MARKS, b"F").unwrap().is_empty());
+        let mut b = st.meta().batch();
+        b.delete("default", MARKS_KEPT_KEY);
+        st.meta().write(b, true).unwrap();
+    }
+    copy_dir(&meta, &saved);
+    // A backup whose commit the metadata then loses (an older meta/ put
+    // back): its container files are named by nothing.
+    backup_bytes(
+        &open(dir.path()),
+        "team/b",
+        &random(2 << 20, 5),
+        DedupUnit::Chunk,
+    );
+    std::fs::remove_dir_all(&meta).unwrap();
+    std::fs::rename(&saved, &meta).unwrap();
+
+    let st = open(dir.path());
+    let g = gc(&st, &GcOptions::default()).unwrap();
+    assert!(
+        g.orphans.quarantined_files > 0,
+        "the lost backup's files were adopted as freed and deleted: {g:?}"
+    );
+    assert_eq!(restore_bytes(&st, "team/a", 2).0, v2);
+}
+
 /// A read-write open takes any hex-named entry of the data directory for a
 /// session and never hands out a lower id (`highest_session_on_disk`). A
 /// stray directory whose name is 2^40 or more pushes the next session id

@@ -197,3 +197,16 @@ pub fn files_in(dir: &Path) -> u64 {
     }
     n
 }
+
+/// Copies a directory tree (a store's `meta/`, to put an older copy back).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
