@@ -1,0 +1,426 @@
+//! The engine's layout, checked: rooms depend only on rooms below them, no import circle is
+//! larger than `MAX_CIRCLE` files, and no source file in the worker is longer than
+//! `MAX_LINES`. docs/architecture.md ("Code map") draws the same order; when a change needs
+//! an edge upwards, move the shared item down instead of adding an exception.
+//!
+//! The import graph is read from the source text, not from the compiler: every `crate::…`,
+//! `super::…`, `self::…` path and every use of a child module declared with `mod`, in the
+//! production part of each file (up to its `#[cfg(test)]` module, line comments dropped).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The engine's top-level modules ("rooms"), lowest first: a room may use only rooms listed
+/// before it. Every top-level module must be listed, so a new one is placed on purpose.
+const ROOMS: &[&str] = &[
+    "error",
+    "codec",
+    "fp",
+    "bufpool",
+    "config",
+    "lock",
+    "progress",
+    "gen",
+    "rewrite",
+    "chunker",
+    "recipe",
+    "catalog",
+    "container",
+    "meta",
+    "source",
+    "tarsource",
+    "tree",
+    "store",
+    "orphans",
+    "commit",
+    "pack",
+    "archive",
+    "reuse",
+    "caches",
+    "dasm",
+    "restore",
+    "retention",
+    "expire",
+    "slide",
+    "gc",
+    "auto_retention",
+    "predict",
+    "backup",
+    "check",
+    "transfer",
+    "repeats",
+    "objects",
+    "fuzzing",
+];
+
+/// Edges that still point upwards (from, to), removed as the rooms move (issue 19).
+const UPWARD_EDGES: &[(&str, &str)] = &[
+    ("store", "orphans"),
+    ("store", "restore"),
+    ("pack", "archive"),
+    ("archive", "restore"),
+    ("caches", "dasm"),
+];
+
+/// The largest import circle allowed, in files: a room may be one circle (restore's caches
+/// share their reader), the engine may not.
+const MAX_CIRCLE: usize = 7;
+
+/// No source file longer than this; the exceptions are being split (issue 19).
+const MAX_LINES: usize = 900;
+const LONG_FILES: &[&str] = &[
+    "engine/src/meta.rs",
+    "engine/src/objects.rs",
+    "engine/src/store.rs",
+    "engine/src/backup.rs",
+    "revault/src/bench.rs",
+    "revault/src/server/api.rs",
+    "revault/src/cli.rs",
+];
+
+fn engine_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a source file: `src/restore/cache/mod.rs` → `restore::cache`.
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The production part of a file: up to its test module, without line comments.
+fn production_text(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.starts_with("#[cfg(test)]") && lines.peek().is_some_and(|l| l.starts_with("mod ")) {
+            break;
+        }
+        let code = match line.find("//") {
+            Some(at) if !line[..at].contains('"') => &line[..at],
+            _ => line,
+        };
+        out.push_str(code);
+        out.push('\n');
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every path that starts at `at` in `text` (`a::b::C`, or a brace group `a::{b, c::{D}}`),
+/// expanded to plain `::`-separated paths.
+fn paths_at(text: &str, at: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    expand(&text[at..], String::new(), &mut out);
+    out
+}
+
+fn expand(rest: &str, prefix: String, out: &mut Vec<String>) -> usize {
+    let mut path = prefix;
+    let mut i = 0;
+    let bytes = rest.as_bytes();
+    loop {
+        let start = i;
+        while i < bytes.len() && is_ident(bytes[i] as char) {
+            i += 1;
+        }
+        if i > start {
+            if !path.is_empty() {
+                path.push_str("::");
+            }
+            path.push_str(&rest[start..i]);
+        }
+        if rest[i..].starts_with("::{") {
+            i += 3;
+            loop {
+                while rest[i..].starts_with(|c: char| c.is_whitespace() || c == ',') {
+                    i += 1;
+                }
+                if rest[i..].starts_with('}') {
+                    return i + 1;
+                }
+                i += expand(&rest[i..], path.clone(), out);
+            }
+        } else if rest[i..].starts_with("::") {
+            i += 2;
+        } else {
+            out.push(path);
+            // Skip an `as` alias so the caller's scan resumes after it.
+            return i;
+        }
+    }
+}
+
+struct Graph {
+    /// module path → modules it uses.
+    edges: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Graph {
+    fn read(src: &Path) -> Graph {
+        let mut files = Vec::new();
+        rust_files(src, &mut files);
+        let modules: BTreeSet<String> = files.iter().map(|f| module_of(src, f)).collect();
+        let mut edges = BTreeMap::new();
+        for file in &files {
+            let module = module_of(src, file);
+            if module.is_empty() {
+                continue; // lib.rs: the crate surface, not a room
+            }
+            let text = production_text(&fs::read_to_string(file).unwrap());
+            let used = uses_of(&module, &text, &modules);
+            edges.insert(module, used);
+        }
+        Graph { edges }
+    }
+}
+
+/// The modules `module` uses, resolved to the longest module path each reference names.
+fn uses_of(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let parent: Vec<&str> = module.split("::").collect();
+    let children = child_modules(text);
+    let mut used = BTreeSet::new();
+    let mut i = 0;
+    while i < text.len() {
+        let c = text[i..].chars().next().unwrap();
+        let at_word = i == 0 || !is_ident(text[..i].chars().next_back().unwrap());
+        if !(at_word && is_ident(c)) {
+            i += c.len_utf8();
+            continue;
+        }
+        for path in paths_at(text, i) {
+            let segs: Vec<&str> = path.split("::").collect();
+            let absolute: Option<Vec<&str>> = match segs[0] {
+                "crate" => Some(segs[1..].to_vec()),
+                "super" => {
+                    let ups = segs.iter().take_while(|s| **s == "super").count();
+                    let base = &parent[..parent.len().saturating_sub(ups)];
+                    Some(base.iter().chain(&segs[ups..]).copied().collect())
+                }
+                "self" => Some(parent.iter().chain(&segs[1..]).copied().collect()),
+                first if segs.len() > 1 && children.contains(first) => {
+                    Some(parent.iter().chain(&segs).copied().collect())
+                }
+                _ => None,
+            };
+            if let Some(target) = absolute.and_then(|p| longest_module(&p, modules)) {
+                if target != module {
+                    used.insert(target);
+                }
+            }
+        }
+        while i < text.len()
+            && (is_ident(text[i..].chars().next().unwrap()) || text[i..].starts_with("::"))
+        {
+            i += if text[i..].starts_with("::") { 2 } else { 1 };
+        }
+    }
+    used
+}
+
+fn child_modules(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
+            let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
+            l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+fn longest_module(path: &[&str], modules: &BTreeSet<String>) -> Option<String> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].join("::"))
+        .find(|m| modules.contains(m))
+}
+
+fn room_of(module: &str) -> &str {
+    module.split("::").next().unwrap()
+}
+
+/// The strongly connected components of the graph with more than one module (Tarjan).
+fn circles(graph: &Graph) -> Vec<Vec<String>> {
+    struct Walk<'g> {
+        graph: &'g Graph,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        on_stack: BTreeSet<&'g str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g str) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            for w in self.graph.edges.get(v).into_iter().flatten() {
+                let w = w.as_str();
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.on_stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                loop {
+                    let w = self.stack.pop().unwrap();
+                    self.on_stack.remove(w);
+                    component.push(w.to_owned());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.edges.keys() {
+        if !walk.index.contains_key(v.as_str()) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+#[test]
+fn every_room_is_placed_and_uses_only_rooms_below_it() {
+    let graph = Graph::read(&engine_src());
+    let rank = |room: &str| ROOMS.iter().position(|r| *r == room);
+    let mut problems = Vec::new();
+    let rooms: BTreeSet<&str> = graph.edges.keys().map(|m| room_of(m)).collect();
+    for room in &rooms {
+        if rank(room).is_none() {
+            problems.push(format!("room `{room}` is not listed in ROOMS"));
+        }
+    }
+    let mut upward = BTreeSet::new();
+    for (from, tos) in &graph.edges {
+        for to in tos {
+            let (a, b) = (room_of(from), room_of(to));
+            if a == b {
+                continue;
+            }
+            if let (Some(ra), Some(rb)) = (rank(a), rank(b)) {
+                if rb > ra {
+                    upward.insert((a, b));
+                    if !UPWARD_EDGES.contains(&(a, b)) {
+                        problems.push(format!("`{from}` uses `{to}`, a room above it"));
+                    }
+                }
+            }
+        }
+    }
+    for edge in UPWARD_EDGES {
+        if !upward.contains(edge) {
+            problems.push(format!("{edge:?} is gone: delete it from UPWARD_EDGES"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn no_import_circle_is_larger_than_a_room() {
+    let graph = Graph::read(&engine_src());
+    let found = circles(&graph);
+    let too_large: Vec<_> = found.iter().filter(|c| c.len() > MAX_CIRCLE).collect();
+    assert!(
+        too_large.is_empty(),
+        "import circles over {MAX_CIRCLE} files: {too_large:#?}"
+    );
+    let largest = found.iter().map(Vec::len).max().unwrap_or(0);
+    assert!(
+        largest == MAX_CIRCLE || MAX_CIRCLE <= 5,
+        "the largest circle has {largest} files: lower MAX_CIRCLE to it ({found:#?})"
+    );
+}
+
+#[test]
+fn the_graph_reader_sees_every_kind_of_reference() {
+    let modules: BTreeSet<String> = ["a", "a::b", "c", "d", "e", "a::f", "g"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let text = "mod f;\nuse crate::{c::X, d::{Y, Z as W}};\nfn x() { super::e::go(); f::run(); }\n\
+                // crate::g in a comment\n#[cfg(test)]\nmod tests { use crate::g; }\n";
+    let used = uses_of("a::b", &production_text(text), &modules);
+    // `super::e` and the child `f` name no module of their own: they resolve to the longest
+    // module that exists (`a`, and `a::b` itself, which is no edge). `g` is only in a comment
+    // and a test.
+    let expected: BTreeSet<String> = ["a", "c", "d"].into_iter().map(String::from).collect();
+    assert_eq!(used, expected);
+}
+
+#[test]
+fn no_source_file_is_longer_than_max_lines() {
+    let worker = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut problems = Vec::new();
+    let mut still_long = BTreeSet::new();
+    for krate in fs::read_dir(worker).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for file in files {
+            let name = file
+                .strip_prefix(worker)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let lines = fs::read_to_string(&file).unwrap().lines().count();
+            if lines > MAX_LINES {
+                still_long.insert(name.clone());
+                if !LONG_FILES.contains(&name.as_str()) {
+                    problems.push(format!("{name} has {lines} lines (at most {MAX_LINES})"));
+                }
+            }
+        }
+    }
+    for name in LONG_FILES {
+        if !still_long.contains(*name) {
+            problems.push(format!("{name} is short now: delete it from LONG_FILES"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
