@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::container::{ContainerId, CHUNK_ZERO};
 use crate::error::{corrupt_meta, Result};
+use crate::format::container::{ContainerId, CHUNK_ZERO};
+use crate::format::recipe::Entry;
 use crate::meta::{MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionRecord};
-use crate::recipe::Entry;
 use crate::restore::{load_units, push_extent, recipe_entries, Extent};
 
 /// Where one chunk position's bytes are.
@@ -343,8 +343,8 @@ pub(crate) fn expand_refs(
 }
 
 /// Encodes per-position references as (merged) archival recipe entries.
-pub(crate) fn refs_to_recipe(refs: &[Ref]) -> crate::recipe::RecipeBuilder {
-    let mut b = crate::recipe::RecipeBuilder::new();
+pub(crate) fn refs_to_recipe(refs: &[Ref]) -> crate::format::recipe::RecipeBuilder {
+    let mut b = crate::format::recipe::RecipeBuilder::new();
     for r in refs {
         b.push(match *r {
             Ref::Direct { unit, idx } => Entry::Direct {

@@ -30,20 +30,20 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::bufpool::{BufPool, Lent};
-use crate::catalog;
 use crate::chunker::{Chunker, Segmenter};
 use crate::commit::Txn;
 use crate::config::DedupUnit;
-use crate::container::{ChunkEntry, ContainerId, CHUNK_LINK, CHUNK_ZERO};
 use crate::error::{Error, Result};
-use crate::fp::Fp;
+use crate::format::catalog;
+use crate::format::container::{ChunkEntry, ContainerId, CHUNK_LINK, CHUNK_ZERO};
+use crate::format::fp::Fp;
+use crate::format::recipe::RecipeBuilder;
 use crate::meta::{
     part_key, version_key, MetaRead, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind,
     VersionRecord, CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
 };
 use crate::pack::{PackChunk, PackWriter};
 use crate::predict::{fingerprint, Cuts, Cutter, Known, Loader, Window};
-use crate::recipe::RecipeBuilder;
 use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
 use crate::store::{check_series_name, now_unix, Store, UnitCopy};

@@ -26,8 +26,8 @@ use std::io::Write;
 use std::sync::Arc;
 
 use crate::archive::Loc;
-use crate::container::{ContainerFile, ContainerId};
 use crate::error::{Error, Result};
+use crate::format::container::{ContainerFile, ContainerId};
 use crate::store::Store;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

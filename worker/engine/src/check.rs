@@ -17,14 +17,14 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::archive::resolve_positions;
-use crate::container::{ContainerFile, ContainerId, CHUNK_ZERO};
 use crate::error::Result;
-use crate::fp::Fp;
+use crate::format::container::{ContainerFile, ContainerId, CHUNK_ZERO};
+use crate::format::fp::Fp;
+use crate::format::recipe::Entry;
 use crate::meta::MetaRead;
 use crate::meta::{
     scan_refs, ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_UNITS,
 };
-use crate::recipe::Entry;
 use crate::restore::{load_catalog, recipe_entries};
 use crate::store::Store;
 

@@ -17,7 +17,7 @@
 use fastcdc::v2020;
 
 use crate::config::SizeRange;
-use crate::fp::Fp;
+use crate::format::fp::Fp;
 
 #[derive(Clone, Debug)]
 pub struct Chunker {

@@ -11,9 +11,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::config::DedupUnit;
-use crate::container::ContainerId;
 use crate::error::{corrupt_meta, Result};
-use crate::fp::Fp;
+use crate::format::container::ContainerId;
+use crate::format::fp::Fp;
 use crate::meta::{
     freed_key, zombie_key, Batch, ContainerRecord, Meta, MetaRead, Refs, RefsBlock, SeriesRecord,
     Totals, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, REFS_BLOCK,
@@ -193,7 +193,7 @@ fn drops_chunks(old: &UnitRecord, new: &UnitRecord) -> bool {
     let absent = |u: &UnitRecord| {
         u.chunks
             .iter()
-            .filter(|c| c.flags & crate::container::CHUNK_ABSENT != 0)
+            .filter(|c| c.flags & crate::format::container::CHUNK_ABSENT != 0)
             .count()
     };
     absent(new) > absent(old) || (new.trimmed && !old.trimmed)

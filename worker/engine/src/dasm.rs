@@ -42,8 +42,8 @@ use std::io::Write;
 use crate::archive::Loc;
 use crate::caches::{out_err, write_zeros, CacheStats, Loader};
 use crate::config::MIB;
-use crate::container::ContainerId;
 use crate::error::{Error, Result};
+use crate::format::container::ContainerId;
 use crate::store::Store;
 
 /// Smallest assembly area a cache reserve may leave.

@@ -15,12 +15,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{self, Kind};
-use crate::codec::{open_crc, seal_crc};
-use crate::container::{self, ContainerFile, ContainerId};
 use crate::error::Result;
+use crate::format::catalog::{self, Kind};
+use crate::format::codec::{open_crc, seal_crc};
+use crate::format::container::{self, ContainerFile, ContainerId};
+use crate::format::recipe::{self, RecipeBuilder};
 use crate::meta::{self, MetaRead, RecipeForm, VersionKind, VersionRecord};
-use crate::recipe::{self, RecipeBuilder};
 use crate::source::Source;
 use crate::tarsource::TarSource;
 use crate::transfer::{Destination, Receiver};

@@ -33,14 +33,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::commit::Txn;
-use crate::container::{ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Result};
+use crate::format::codec::{open_crc, put_uvarint, seal_crc, Reader};
+use crate::format::container::{ContainerFile, ContainerId};
+use crate::format::recipe::Entry;
 use crate::meta::{sweep_key, MetaRead};
 use crate::meta::{RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_UNITS};
 use crate::pack::{repack, PackWriter};
-use crate::recipe::Entry;
 use crate::restore::recipe_entries;
 use crate::store::Store;
 

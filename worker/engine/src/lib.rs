@@ -12,17 +12,14 @@ pub mod auto_retention;
 pub mod backup;
 pub mod bufpool;
 pub mod caches;
-pub mod catalog;
 pub mod check;
 pub mod chunker;
-pub mod codec;
 pub mod commit;
 pub mod config;
-pub mod container;
 mod dasm;
 pub mod error;
 pub mod expire;
-pub mod fp;
+pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gc;
@@ -34,7 +31,6 @@ pub mod orphans;
 pub mod pack;
 mod predict;
 pub mod progress;
-pub mod recipe;
 pub mod repeats;
 pub mod restore;
 pub mod retention;
@@ -48,3 +44,7 @@ pub mod transfer;
 pub mod tree;
 
 pub use error::{Error, Result};
+
+// The modules' old paths, until the crate surface is curated (issue 19).
+#[doc(hidden)]
+pub use format::{catalog, codec, container, fp, recipe};

@@ -34,11 +34,11 @@ use rocksdb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::config::{DedupUnit, StoreConfig};
-use crate::container::{ChunkEntry, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
-use crate::fp::Fp;
+use crate::format::codec::{open_crc, put_uvarint, seal_crc, Reader};
+use crate::format::container::{ChunkEntry, ContainerId};
+use crate::format::fp::Fp;
 
 pub const CF_SERIES: &str = "series";
 pub const CF_VERSIONS: &str = "versions";
@@ -1500,9 +1500,13 @@ mod tests {
             trimmed: false,
             chunks: vec![
                 ChunkEntry::new(0, 8000, Fp::of(b"a")),
-                ChunkEntry::new(crate::container::CHUNK_ZERO, 65536, Fp::of(&[0; 65536])),
+                ChunkEntry::new(
+                    crate::format::container::CHUNK_ZERO,
+                    65536,
+                    Fp::of(&[0; 65536]),
+                ),
                 ChunkEntry {
-                    flags: crate::container::CHUNK_LINK,
+                    flags: crate::format::container::CHUNK_LINK,
                     len: 100,
                     fp: Fp::of(b"l"),
                     link: Some((7, 3)),

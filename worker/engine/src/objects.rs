@@ -44,10 +44,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::backup::{backup, BackupOptions, BackupReport, CommitHook};
-use crate::catalog;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::expire::{expire, ExpireReport, ExpireSel};
+use crate::format::catalog;
 use crate::meta::{MetaRead, SeriesRecord, VersionRecord};
 use crate::progress::Progress;
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};

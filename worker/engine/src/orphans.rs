@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use rustc_hash::FxHashSet;
 use serde::Serialize;
 
-use crate::container::{session_dir_name, ContainerId};
 use crate::error::{IoContext, Result};
+use crate::format::container::{session_dir_name, ContainerId};
 use crate::meta::{
     freed_key, scan_refs, zombie_key, Meta, MetaRead, CF_CONTAINERS, CF_MARKS, CF_SESSIONS,
     CF_UNITS, MARKS_KEPT_KEY,

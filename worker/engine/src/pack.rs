@@ -15,11 +15,11 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use rayon::prelude::*;
 
 use crate::config::Compression;
-use crate::container::{
+use crate::error::{Error, Result};
+use crate::format::container::{
     encode_block, ChunkEntry, ContainerId, ContainerWriter, SealedContainer, UnitEntry,
     CHUNK_ABSENT, CHUNK_LINK,
 };
-use crate::error::{Error, Result};
 use crate::meta::{ContainerRecord, UnitRecord};
 use crate::store::ContainerAlloc;
 use std::collections::BTreeSet;
@@ -313,7 +313,7 @@ pub(crate) fn repack(
     let mut off = old.vbase as usize;
     let mut trimmed = old.trimmed;
     // Chunks of this unit that hold bytes after the repack, by fingerprint.
-    let mut held: HashMap<crate::fp::Fp, u32> = HashMap::new();
+    let mut held: HashMap<crate::format::fp::Fp, u32> = HashMap::new();
     for (i, c) in old.chunks.iter().enumerate() {
         let len = c.stored_len() as usize;
         let src = data
@@ -397,8 +397,8 @@ pub(crate) fn repack(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::{ChunkEntry, ContainerFile};
-    use crate::fp::Fp;
+    use crate::format::container::{ChunkEntry, ContainerFile};
+    use crate::format::fp::Fp;
     use crate::store::{InitOptions, OpenMode, Store};
 
     /// Writes one unit and returns its record and its container's data.

@@ -35,11 +35,11 @@ use rustc_hash::FxHashMap;
 
 use crate::chunker::Chunker;
 use crate::config::DedupUnit;
-use crate::container::CHUNK_ZERO;
 use crate::error::Result;
-use crate::fp::{is_zero, Fp};
+use crate::format::container::CHUNK_ZERO;
+use crate::format::fp::{is_zero, Fp};
+use crate::format::recipe::Entry;
 use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
-use crate::recipe::Entry;
 use crate::store::{Store, UnitCopy};
 
 /// Old units per batch from the loader, once under way. The first batches

@@ -64,7 +64,7 @@ pub fn repeats(store: &Store) -> Result<RepeatReport> {
     let mut rep = RepeatReport::default();
     // Per fingerprint: copies stored, the unit of the latest copy, and the
     // bytes its repeats take (to bucket by copy count at the end).
-    let mut seen: FxHashMap<crate::fp::Fp, (u32, u64, u64)> = FxHashMap::default();
+    let mut seen: FxHashMap<crate::format::fp::Fp, (u32, u64, u64)> = FxHashMap::default();
     meta.for_each_prefix(CF_UNITS, b"", |k, v| {
         let id = unit_id(k)?;
         let u = UnitRecord::decode(id, v)?;

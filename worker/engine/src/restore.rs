@@ -25,15 +25,15 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::caches::CachePolicy;
-use crate::catalog;
 use crate::config::MIB;
-use crate::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
+use crate::format::catalog;
+use crate::format::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
+use crate::format::recipe::{decode_part, Entry};
 use crate::meta::{
     part_key, MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
     CF_CATALOGS, CF_RECIPES,
 };
-use crate::recipe::{decode_part, Entry};
 use crate::store::{resolve_version_in, series_in, ReadView, Store, VersionSel};
 
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * MIB;

@@ -23,8 +23,8 @@ use std::io::Write;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::archive::Loc;
-use crate::container::ContainerId;
 use crate::error::{Error, Result};
+use crate::format::container::ContainerId;
 
 /// What the writer does at an offset of the engine's output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,9 +29,9 @@ use serde::Serialize;
 
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
 use crate::commit::Txn;
-use crate::container::{ContainerFile, ContainerId};
 use crate::error::{corrupt_meta, Error, Result};
-use crate::fp::Fp;
+use crate::format::container::{ContainerFile, ContainerId};
+use crate::format::fp::Fp;
 use crate::meta::MetaRead;
 use crate::meta::{
     part_key, version_key, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,

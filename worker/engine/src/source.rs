@@ -4,8 +4,8 @@
 
 use std::io::Read;
 
-use crate::catalog;
 use crate::error::{Error, Result};
+use crate::format::catalog;
 
 pub trait Source: Send {
     /// Moves to the next piece; false when there are no more.

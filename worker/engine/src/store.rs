@@ -26,9 +26,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DedupUnit, StoreConfig};
-use crate::container::{session_dir_name, ContainerId};
 use crate::error::{corrupt_meta, Error, IoContext, Result};
-use crate::fp::Fp;
+use crate::format::container::{session_dir_name, ContainerId};
+use crate::format::fp::Fp;
 use crate::lock::StoreLock;
 use crate::meta::{
     Counters, Meta, MetaRead, SeriesRecord, SessionRecord, Totals, UnitRecord, VersionRecord,

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::io::Read;
 
-use crate::catalog::{Checked, Entry, Kind, TreeCheck};
 use crate::error::{Error, Result};
+use crate::format::catalog::{Checked, Entry, Kind, TreeCheck};
 use crate::source::{input_error, Source};
 
 pub struct TarSource<R> {

@@ -38,10 +38,10 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog;
 use crate::config::MIB;
-use crate::container::{BlockInfo, ContainerId};
 use crate::error::{Error, Result};
+use crate::format::catalog;
+use crate::format::container::{BlockInfo, ContainerId};
 use crate::meta::VersionKind;
 use crate::restore::{
     begin, blocks_of, catalog_parts, conclude, fill_pieces, prefetch, take_window, version_extents,
@@ -568,7 +568,7 @@ fn decode_window(
             if m.vbase < end {
                 return Err(bad("a container's blocks overlap or are out of order"));
             }
-            if !crate::container::plausible_block(m.flags, m.stored_len, m.vlen) {
+            if !crate::format::container::plausible_block(m.flags, m.stored_len, m.vlen) {
                 return Err(bad(format!(
                     "a block of {} stored bytes claims {} bytes of data",
                     m.stored_len, m.vlen

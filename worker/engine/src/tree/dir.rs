@@ -34,8 +34,8 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timestamps, 
 use rustix::io::Errno;
 
 use super::EntryHandler;
-use crate::catalog::{Checked, Entry, Kind, TreeCheck};
 use crate::error::{Error, IoContext, Result};
+use crate::format::catalog::{Checked, Entry, Kind, TreeCheck};
 
 /// A directory's mode while the restore fills it: only the restoring user
 /// may enter it. Its own mode is applied once its contents are in place.

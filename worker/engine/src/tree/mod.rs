@@ -11,8 +11,8 @@ mod tarwriter;
 use std::io::{self, Read, Write};
 use std::path::Path;
 
-use crate::catalog::{Entry, Kind, TreeCheck};
 use crate::error::{Error, Result};
+use crate::format::catalog::{Entry, Kind, TreeCheck};
 use crate::source::Source;
 use crate::tarsource::TarSource;
 use dir::DirWriter;

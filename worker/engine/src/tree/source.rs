@@ -8,8 +8,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::catalog::{Entry, Kind};
 use crate::error::{Error, IoContext, Result};
+use crate::format::catalog::{Entry, Kind};
 use crate::source::Source;
 
 fn join(root: &Path, rel: &[u8]) -> PathBuf {

@@ -3,8 +3,8 @@
 use std::io::{self, Write};
 
 use super::{to_io, CatalogReplay, EntryHandler};
-use crate::catalog::{Entry, Kind};
 use crate::error::{Error, Result};
+use crate::format::catalog::{Entry, Kind};
 use crate::tarsource::pad;
 
 /// Writes a tree as a tar stream (GNU format, long names supported, sparse

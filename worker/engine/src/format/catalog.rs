@@ -14,8 +14,8 @@
 
 use std::collections::HashMap;
 
-use crate::codec::{open_crc, put_bytes, put_ivarint, put_uvarint, seal_crc, Reader};
 use crate::error::{corrupt_meta, Result};
+use crate::format::codec::{open_crc, put_bytes, put_ivarint, put_uvarint, seal_crc, Reader};
 
 pub const PART_BYTES: usize = 1 << 20;
 

@@ -14,8 +14,8 @@
 //! Encoded as tagged varints (unit ids as deltas), merged into runs, and split
 //! into parts of at most [`PART_BYTES`], each sealed with a CRC32C.
 
-use crate::codec::{open_crc, put_ivarint, put_uvarint, seal_crc, Reader};
 use crate::error::{corrupt_meta, Result};
+use crate::format::codec::{open_crc, put_ivarint, put_uvarint, seal_crc, Reader};
 
 pub const PART_BYTES: usize = 1 << 20;
 

@@ -20,10 +20,10 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::codec::{put_uvarint, Reader};
 use crate::config::Compression;
 use crate::error::{Error, IoContext, Result};
-use crate::fp::Fp;
+use crate::format::codec::{put_uvarint, Reader};
+use crate::format::fp::Fp;
 
 pub const HEADER_LEN: u64 = 64;
 pub const TRAILER_LEN: u64 = 32;
