@@ -9,8 +9,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::error::{corrupt_meta, Result};
 use crate::format::container::{ContainerId, CHUNK_ZERO};
 use crate::format::recipe::Entry;
-use crate::meta::{MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionRecord};
-use crate::restore::{load_units, push_extent, recipe_entries, Extent};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::format::unit::UnitRecord;
+use crate::meta::load_units;
+use crate::meta::MetaRead;
+use crate::restore::{push_extent, recipe_entries, Extent};
 
 /// Where one chunk position's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,11 +62,6 @@ pub(crate) fn load_with_links(r: &impl MetaRead, ids: &[u64]) -> Result<HashMap<
     Ok(units)
 }
 
-/// Where chunk `idx` of a unit starts in its container's data space.
-pub(crate) fn chunk_vaddr(u: &UnitRecord, idx: usize) -> u64 {
-    u.vbase + u.chunks[..idx].iter().map(|c| c.stored_len()).sum::<u64>()
-}
-
 /// Locations of a unit's chunks `first..first+count`, following links.
 pub(crate) fn unit_locs(
     units: &HashMap<u64, UnitRecord>,
@@ -81,7 +79,7 @@ pub(crate) fn unit_locs(
             "a recipe references chunks beyond the unit",
         ));
     }
-    let mut vaddr = chunk_vaddr(u, first);
+    let mut vaddr = u.chunk_vaddr(first);
     for c in &u.chunks[first..first + count] {
         if c.flags & CHUNK_ZERO != 0 {
             out.push(Loc::Zero { len: c.len });
@@ -104,7 +102,7 @@ pub(crate) fn unit_locs(
             }
             out.push(Loc::Stored {
                 container: tu.container,
-                vaddr: chunk_vaddr(tu, j as usize),
+                vaddr: tu.chunk_vaddr(j as usize),
                 len: c.len,
             });
         } else if c.stored_len() == 0 {
@@ -283,7 +281,7 @@ pub(crate) fn expand_refs(
     parts: &[Vec<Entry>],
 ) -> Result<(
     Vec<Ref>,
-    std::collections::HashMap<u64, crate::meta::UnitRecord>,
+    std::collections::HashMap<u64, crate::format::unit::UnitRecord>,
 )> {
     let mut ids: Vec<u64> = Vec::new();
     for e in parts.iter().flatten() {
@@ -295,10 +293,10 @@ pub(crate) fn expand_refs(
     }
     ids.sort_unstable();
     ids.dedup();
-    let units: std::collections::HashMap<u64, crate::meta::UnitRecord> =
+    let units: std::collections::HashMap<u64, crate::format::unit::UnitRecord> =
         ids.iter().copied().zip(load_units(r, &ids)?).collect();
     let mut out = Vec::new();
-    let chunk_ref = |uid: u64, u: &crate::meta::UnitRecord, i: usize| {
+    let chunk_ref = |uid: u64, u: &crate::format::unit::UnitRecord, i: usize| {
         let c = &u.chunks[i];
         if c.flags & CHUNK_ZERO != 0 {
             Ref::Zero { len: c.len }

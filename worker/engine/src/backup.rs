@@ -37,11 +37,12 @@ use crate::error::{Error, Result};
 use crate::format::catalog;
 use crate::format::container::{ChunkEntry, ContainerId, CHUNK_LINK, CHUNK_ZERO};
 use crate::format::fp::Fp;
+use crate::format::keys::{part_key, version_key, CF_CATALOGS, CF_RECIPES, CF_VERSIONS};
 use crate::format::recipe::RecipeBuilder;
-use crate::meta::{
-    part_key, version_key, MetaRead, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionKind,
-    VersionRecord, CF_CATALOGS, CF_RECIPES, CF_VERSIONS,
-};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionKind, VersionRecord};
+use crate::format::refcounts::Refs;
+use crate::format::unit::UnitRecord;
+use crate::meta::MetaRead;
 use crate::pack::{PackChunk, PackWriter};
 use crate::predict::{fingerprint, Cuts, Cutter, Known, Loader, Window};
 use crate::rewrite::{Item, Policy, RewriteSettings};

@@ -20,11 +20,13 @@ use crate::archive::resolve_positions;
 use crate::error::Result;
 use crate::format::container::{ContainerFile, ContainerId, CHUNK_ZERO};
 use crate::format::fp::Fp;
+use crate::format::keys::{CF_CONTAINERS, CF_INDEX, CF_UNITS};
 use crate::format::recipe::Entry;
+use crate::format::records::{ContainerRecord, RecipeForm};
+use crate::format::refcounts::Refs;
+use crate::format::unit::UnitRecord;
+use crate::meta::scan_refs;
 use crate::meta::MetaRead;
-use crate::meta::{
-    scan_refs, ContainerRecord, RecipeForm, Refs, UnitRecord, CF_CONTAINERS, CF_INDEX, CF_UNITS,
-};
 use crate::restore::{load_catalog, recipe_entries};
 use crate::store::Store;
 
@@ -183,7 +185,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     // Links: each points at a stored chunk with the same fingerprint, and
     // counts once per linking unit.
     for (id, u) in &units {
-        for t in crate::commit::link_targets(*id, u) {
+        for t in u.link_targets(*id) {
             want.entry(t).or_default().links += 1;
         }
         for (i, c) in u.chunks.iter().enumerate() {

@@ -14,10 +14,11 @@ use crate::config::DedupUnit;
 use crate::error::{corrupt_meta, Result};
 use crate::format::container::ContainerId;
 use crate::format::fp::Fp;
-use crate::meta::{
-    freed_key, zombie_key, Batch, ContainerRecord, Meta, MetaRead, Refs, RefsBlock, SeriesRecord,
-    Totals, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, REFS_BLOCK,
-};
+use crate::format::keys::{freed_key, zombie_key, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS};
+use crate::format::records::{ContainerRecord, SeriesRecord, Totals};
+use crate::format::refcounts::{Refs, RefsBlock, REFS_BLOCK};
+use crate::format::unit::UnitRecord;
+use crate::meta::{Batch, Meta, MetaRead};
 use crate::store::Store;
 
 /// Everything one commit changes.
@@ -176,18 +177,6 @@ impl<'m> Ledger<'m> {
     }
 }
 
-/// The distinct other units unit `id`'s live links point into: the units
-/// whose `links` counts it holds. A link to an earlier chunk of the same unit
-/// (a chunk repeated inside one segment) counts nowhere: the unit cannot
-/// outlive itself.
-pub(crate) fn link_targets(id: u64, u: &UnitRecord) -> FxHashSet<u64> {
-    u.chunks
-        .iter()
-        .filter_map(|c| c.link_target().map(|l| l.0))
-        .filter(|t| *t != id)
-        .collect()
-}
-
 /// Whether `new` lacks a chunk `old` holds (a trim, not a move).
 fn drops_chunks(old: &UnitRecord, new: &UnitRecord) -> bool {
     let absent = |u: &UnitRecord| {
@@ -269,7 +258,7 @@ impl Store {
                 l.copies(old.kind, &old.fp)?.retain(|c| c != id);
             }
             // Links a move keeps cost nothing; links a trim drops release their targets.
-            let (before, after) = (link_targets(*id, &old), link_targets(*id, new));
+            let (before, after) = (old.link_targets(*id), new.link_targets(*id));
             for t in before.difference(&after) {
                 txn.ref_deltas.entry(*t).or_default()[2] -= 1;
             }
@@ -383,7 +372,7 @@ impl Store {
             b.delete(CF_MARKS, &zombie_key(id));
             freed.insert(id);
             freed_units += 1;
-            for t in link_targets(id, &unit) {
+            for t in unit.link_targets(id) {
                 let r = match now.get_mut(&t) {
                     Some(r) => r,
                     None => {
@@ -441,7 +430,7 @@ impl Store {
         // that lost units may hold dead data: flag it for gc's sweep.
         let mut dead_files = Vec::new();
         for (id, rec) in &l.containers {
-            let sweep_key = crate::meta::sweep_key(*id);
+            let sweep_key = crate::format::keys::sweep_key(*id);
             if rec.live_units == 0 {
                 b.delete(CF_MARKS, &sweep_key);
                 b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
@@ -479,7 +468,7 @@ impl Store {
             .iter()
             .filter(|c| !dead_files.contains(*c))
         {
-            b.put(CF_MARKS, &crate::meta::sweep_key(*c), b"");
+            b.put(CF_MARKS, &crate::format::keys::sweep_key(*c), b"");
         }
         let t = &mut l.totals;
         t.logical_bytes = apply(t.logical_bytes, txn.totals.logical_bytes);

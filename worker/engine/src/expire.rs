@@ -21,11 +21,9 @@ use serde::Serialize;
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
 use crate::commit::Txn;
 use crate::error::{corrupt_meta, Error, Result};
+use crate::format::keys::{part_key, version_key, CF_CATALOGS, CF_RECIPES, CF_VERSIONS};
 use crate::format::recipe::Entry;
-use crate::meta::{
-    part_key, version_key, RecipeForm, SeriesRecord, VersionRecord, CF_CATALOGS, CF_RECIPES,
-    CF_VERSIONS,
-};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::restore::recipe_entries;
 use crate::store::Store;
 

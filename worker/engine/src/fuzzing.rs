@@ -20,7 +20,10 @@ use crate::format::catalog::{self, Kind};
 use crate::format::codec::{open_crc, seal_crc};
 use crate::format::container::{self, ContainerFile, ContainerId};
 use crate::format::recipe::{self, RecipeBuilder};
-use crate::meta::{self, MetaRead, RecipeForm, VersionKind, VersionRecord};
+use crate::format::records::{RecipeForm, VersionKind, VersionRecord};
+use crate::format::{keys, records, refcounts, unit};
+use crate::meta;
+use crate::meta::MetaRead;
 use crate::source::Source;
 use crate::tarsource::TarSource;
 use crate::transfer::{Destination, Receiver};
@@ -201,10 +204,10 @@ impl MetaRead for MemMeta {
 
 fn meta_cf(cf: &str) -> &'static str {
     [
-        meta::CF_SERIES,
-        meta::CF_VERSIONS,
-        meta::CF_RECIPES,
-        meta::CF_UNITS,
+        keys::CF_SERIES,
+        keys::CF_VERSIONS,
+        keys::CF_RECIPES,
+        keys::CF_UNITS,
         "default",
     ]
     .into_iter()
@@ -215,7 +218,7 @@ fn meta_cf(cf: &str) -> &'static str {
 /// Positions a fuzzed version claims: the bound a restore holds its recipe to.
 const FUZZ_CHUNKS: u64 = 4096;
 
-fn fuzz_series() -> meta::SeriesRecord {
+fn fuzz_series() -> records::SeriesRecord {
     serde_json::from_str(
         r#"{"id":1,"name":"fuzz/s","unit":"segment","created_unix":0,"next_version":3}"#,
     )
@@ -276,7 +279,7 @@ fn recipe_store(mode: u8, data: &[u8]) -> MemMeta {
     let mut m = MemMeta::default();
     let mut put = |cf: &'static str, k: &[u8], v: Vec<u8>| m.0.insert((cf, k.to_vec()), v);
     put(
-        meta::CF_SERIES,
+        keys::CF_SERIES,
         s.name.as_bytes(),
         serde_json::to_vec(&s).expect("a series serialises"),
     );
@@ -289,17 +292,17 @@ fn recipe_store(mode: u8, data: &[u8]) -> MemMeta {
         };
         let v = fuzz_version(n, form);
         put(
-            meta::CF_VERSIONS,
-            &meta::version_key(s.id, n),
+            keys::CF_VERSIONS,
+            &keys::version_key(s.id, n),
             serde_json::to_vec(&v).expect("a version serialises"),
         );
         if let Some(part) = secs.get(i) {
-            put(meta::CF_RECIPES, &meta::part_key(s.id, n, 0), sealed(part));
+            put(keys::CF_RECIPES, &keys::part_key(s.id, n, 0), sealed(part));
         }
     }
     for (id, rec) in secs.iter().skip(2).enumerate() {
         if !rec.is_empty() {
-            put(meta::CF_UNITS, &(id as u64).to_be_bytes(), sealed(rec));
+            put(keys::CF_UNITS, &(id as u64).to_be_bytes(), sealed(rec));
         }
     }
     m
@@ -445,17 +448,17 @@ pub fn records(data: &[u8]) -> bool {
         return false;
     };
     match kind % 6 {
-        0 => match meta::UnitRecord::decode(7, &sealed(body)) {
+        0 => match unit::UnitRecord::decode(7, &sealed(body)) {
             Ok(u) => {
-                let back = meta::UnitRecord::decode(7, &u.encode()).expect("an encoded unit");
+                let back = unit::UnitRecord::decode(7, &u.encode()).expect("an encoded unit");
                 assert_eq!(back, u, "a unit record round-trips");
                 true
             }
             Err(_) => false,
         },
-        1 => match meta::ContainerRecord::decode(ContainerId(7), &sealed(body)) {
+        1 => match records::ContainerRecord::decode(ContainerId(7), &sealed(body)) {
             Ok(c) => {
-                let back = meta::ContainerRecord::decode(ContainerId(7), &c.encode())
+                let back = records::ContainerRecord::decode(ContainerId(7), &c.encode())
                     .expect("an encoded container record");
                 assert_eq!(back, c, "a container record round-trips");
                 true
@@ -467,9 +470,9 @@ pub fn records(data: &[u8]) -> bool {
                 return false;
             };
             let block = u64::from_le_bytes(*block);
-            match meta::RefsBlock::decode(block, &sealed(body)) {
+            match refcounts::RefsBlock::decode(block, &sealed(body)) {
                 Ok(b) => {
-                    let back = meta::RefsBlock::decode(block, &b.encode()).expect("a block");
+                    let back = refcounts::RefsBlock::decode(block, &b.encode()).expect("a block");
                     assert_eq!(back, b, "a block of counts round-trips");
                     b.units(block).count();
                     true
@@ -477,11 +480,11 @@ pub fn records(data: &[u8]) -> bool {
                 Err(_) => false,
             }
         }
-        3 => meta::Refs::decode(7, body).is_ok(),
+        3 => refcounts::Refs::decode(7, body).is_ok(),
         4 => meta::decode_copies(body).is_some(),
-        _ => match meta::Counters::decode(&sealed(body)) {
+        _ => match records::Counters::decode(&sealed(body)) {
             Ok(c) => {
-                let back = meta::Counters::decode(&c.encode()).expect("encoded counters");
+                let back = records::Counters::decode(&c.encode()).expect("encoded counters");
                 assert_eq!(back, c, "the id counters round-trip");
                 true
             }
@@ -588,19 +591,19 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
     )?;
 
     let m = store.meta();
-    for (_, part) in m.scan_prefix(meta::CF_CATALOGS, b"")? {
+    for (_, part) in m.scan_prefix(keys::CF_CATALOGS, b"")? {
         let packed = open_crc(&part).expect("a stored catalog part is sealed");
         let raw = zstd::stream::decode_all(packed).expect("a stored catalog decompresses");
         out.push(("catalog", [&[0u8][..], &raw].concat()));
         out.push(("catalog", [&[1u8][..], packed].concat()));
     }
-    for (_, part) in m.scan_prefix(meta::CF_RECIPES, b"")? {
+    for (_, part) in m.scan_prefix(keys::CF_RECIPES, b"")? {
         let body = open_crc(&part).expect("a stored recipe part is sealed");
         out.push(("recipe", [&[0u8][..], body].concat()));
     }
     // Resolution inputs: each series' versions 1 and 2 with the units they name.
     let units: BTreeMap<u64, Vec<u8>> = m
-        .scan_prefix(meta::CF_UNITS, b"")?
+        .scan_prefix(keys::CF_UNITS, b"")?
         .into_iter()
         .map(|(k, v)| {
             let id = u64::from_be_bytes(k[..8].try_into().expect("unit keys are 8 bytes"));
@@ -616,7 +619,7 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
                 mode |= 2 << i;
             }
             let part = m
-                .get(meta::CF_RECIPES, &meta::part_key(s.id, n, 0))?
+                .get(keys::CF_RECIPES, &keys::part_key(s.id, n, 0))?
                 .expect("part 0 of a version");
             secs.push(open_crc(&part).expect("sealed").to_vec());
         }
@@ -629,19 +632,19 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
     for body in units.values() {
         out.push(("records", [&[0u8][..], body].concat()));
     }
-    for (_, v) in m.scan_prefix(meta::CF_CONTAINERS, b"")? {
+    for (_, v) in m.scan_prefix(keys::CF_CONTAINERS, b"")? {
         out.push((
             "records",
             [&[1u8][..], open_crc(&v).expect("sealed")].concat(),
         ));
     }
-    for (k, v) in m.scan_prefix(meta::CF_REFCOUNTS, b"")? {
+    for (k, v) in m.scan_prefix(keys::CF_REFCOUNTS, b"")? {
         let block = u64::from_be_bytes(k[..8].try_into().expect("block keys are 8 bytes"));
         let body = open_crc(&v).expect("sealed");
         out.push(("records", [&[2u8][..], &block.to_le_bytes(), body].concat()));
     }
     for (_, v) in m
-        .scan_prefix(meta::CF_INDEX, b"")
+        .scan_prefix(keys::CF_INDEX, b"")
         .into_iter()
         .flatten()
         .take(8)
@@ -652,7 +655,7 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
         "records",
         [3u8, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0].to_vec(),
     ));
-    if let Some(c) = m.get("default", b"counters")? {
+    if let Some(c) = m.get("default", keys::COUNTERS_KEY)? {
         out.push((
             "records",
             [&[5u8][..], open_crc(&c).expect("sealed")].concat(),

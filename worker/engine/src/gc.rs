@@ -37,37 +37,18 @@ use crate::commit::Txn;
 use crate::error::{corrupt_meta, Result};
 use crate::format::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::format::container::{ContainerFile, ContainerId};
+use crate::format::keys::sweep_key;
+use crate::format::keys::{group_key, mark_key, member_key};
+use crate::format::keys::{CF_CONTAINERS, CF_MARKS, CF_UNITS};
 use crate::format::recipe::Entry;
-use crate::meta::{sweep_key, MetaRead};
-use crate::meta::{RecipeForm, SeriesRecord, UnitRecord, CF_CONTAINERS, CF_MARKS, CF_UNITS};
+use crate::format::records::{RecipeForm, SeriesRecord};
+use crate::format::unit::UnitRecord;
+use crate::meta::MetaRead;
 use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
 use crate::store::Store;
 
 pub use crate::orphans::OrphanReport;
-
-fn mark_key(unit: u64, group: u32) -> [u8; 13] {
-    let mut k = [0u8; 13];
-    k[0] = b'M';
-    k[1..9].copy_from_slice(&unit.to_be_bytes());
-    k[9..].copy_from_slice(&group.to_be_bytes());
-    k
-}
-
-fn member_key(group: u32, unit: u64) -> [u8; 13] {
-    let mut k = [0u8; 13];
-    k[0] = b'N';
-    k[1..5].copy_from_slice(&group.to_be_bytes());
-    k[5..].copy_from_slice(&unit.to_be_bytes());
-    k
-}
-
-fn group_key(group: u32) -> [u8; 5] {
-    let mut k = [0u8; 5];
-    k[0] = b'G';
-    k[1..].copy_from_slice(&group.to_be_bytes());
-    k
-}
 
 /// The chunks of one unit a group references.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -445,7 +426,7 @@ fn trim_to(
 
 /// A unit gc may trim: no live version references it whole and no other
 /// unit links into it (see [`trim_to`]).
-fn trimmable(r: crate::meta::Refs) -> bool {
+fn trimmable(r: crate::format::refcounts::Refs) -> bool {
     r.live == 0 && r.links == 0
 }
 

@@ -48,7 +48,9 @@ use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::expire::{expire, ExpireReport, ExpireSel};
 use crate::format::catalog;
-use crate::meta::{MetaRead, SeriesRecord, VersionRecord};
+use crate::format::keys::{bucket_key, bucket_objects_prefix, object_key};
+use crate::format::records::{SeriesRecord, VersionRecord};
+use crate::meta::MetaRead;
 use crate::progress::Progress;
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use crate::source::{input_error, Source};
@@ -58,8 +60,6 @@ use crate::tarsource::{header_sum, pad};
 /// Longest key accepted (as S3).
 pub const MAX_KEY_BYTES: usize = 1024;
 
-const BUCKET_PREFIX: &[u8] = b"objects/b/";
-const OBJECT_PREFIX: &[u8] = b"objects/k/";
 const CF: &str = "default";
 
 /// How an object's body was uploaded (and is served).
@@ -171,18 +171,6 @@ pub fn check_key(key: &str) -> ObjResult<()> {
         return Err(bad("keys hold no control characters"));
     }
     Ok(())
-}
-
-fn bucket_key(bucket: &str) -> Vec<u8> {
-    [BUCKET_PREFIX, bucket.as_bytes()].concat()
-}
-
-fn keys_prefix(bucket: &str) -> Vec<u8> {
-    [OBJECT_PREFIX, bucket.as_bytes(), b"\0"].concat()
-}
-
-fn object_key(bucket: &str, key: &str) -> Vec<u8> {
-    [keys_prefix(bucket).as_slice(), key.as_bytes()].concat()
 }
 
 fn decode_record(bucket: &str, key: &[u8], v: &[u8]) -> Result<ObjectRecord> {
@@ -304,7 +292,7 @@ pub fn list(
     // a page holds far fewer keys than the bucket may have versions.
     let meta = store.meta();
     let series = meta.series(bucket)?;
-    let base = keys_prefix(bucket);
+    let base = bucket_objects_prefix(bucket);
     let scan_prefix = [base.as_slice(), prefix.as_bytes()].concat();
     let mut from = scan_prefix.clone();
     if let Some(s) = start_after {
@@ -400,7 +388,7 @@ pub fn summary(store: &Store, bucket: &str) -> ObjResult<BucketSummary> {
         created_unix: b.created_unix,
         ..Default::default()
     };
-    let base = keys_prefix(bucket);
+    let base = bucket_objects_prefix(bucket);
     store.meta().for_each_prefix(CF, &base, |k, v| {
         let rec = decode_record(bucket, k, v)?;
         if let Some(stored) = versions.get(&rec.version) {
@@ -631,7 +619,7 @@ impl Objects {
         let mut referenced = HashSet::new();
         store
             .meta()
-            .for_each_prefix(CF, &keys_prefix(bucket), |k, v| {
+            .for_each_prefix(CF, &bucket_objects_prefix(bucket), |k, v| {
                 referenced.insert(decode_record(bucket, k, v)?.version);
                 Ok(true)
             })?;
@@ -656,7 +644,7 @@ impl Objects {
         check_series_name(bucket)?;
         let lock = self.lock(bucket);
         let _g = lock.lock();
-        let from = keys_prefix(bucket);
+        let from = bucket_objects_prefix(bucket);
         let mut to = from.clone();
         *to.last_mut().expect("prefix ends with NUL") = 1;
         let mut b = store.meta().batch();

@@ -7,7 +7,7 @@
 //!   the session started after the metadata was read;
 //! - a container a commit freed: its unlink **waits** for a reader that may
 //!   still read it, or a crash came between the commit and the unlink. The
-//!   commit records `F`+container ([`crate::meta::freed_key`]) in the same
+//!   commit records `F`+container ([`crate::format::keys::freed_key`]) in the same
 //!   batch, and that key is gc's proof that the file may go;
 //! - anything else: no record names it and no commit freed it. The commit
 //!   protocol never leaves such a file, unless the metadata lost writes (a
@@ -34,10 +34,10 @@ use serde::Serialize;
 
 use crate::error::{IoContext, Result};
 use crate::format::container::{session_dir_name, ContainerId};
-use crate::meta::{
-    freed_key, scan_refs, zombie_key, Meta, MetaRead, CF_CONTAINERS, CF_MARKS, CF_SESSIONS,
-    CF_UNITS, MARKS_KEPT_KEY,
+use crate::format::keys::{
+    freed_key, zombie_key, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS, MARKS_KEPT_KEY,
 };
+use crate::meta::{scan_refs, Meta, MetaRead};
 use crate::store::{sync_dir, Store};
 
 /// Where gc puts files nothing explains (inside the data directory, so a

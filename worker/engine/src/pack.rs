@@ -20,7 +20,8 @@ use crate::format::container::{
     encode_block, ChunkEntry, ContainerId, ContainerWriter, SealedContainer, UnitEntry,
     CHUNK_ABSENT, CHUNK_LINK,
 };
-use crate::meta::{ContainerRecord, UnitRecord};
+use crate::format::records::ContainerRecord;
+use crate::format::unit::UnitRecord;
 use crate::store::ContainerAlloc;
 use std::collections::BTreeSet;
 
@@ -344,7 +345,7 @@ pub(crate) fn repack(
                         .get(j as usize)
                         .is_none_or(|p| p.entry.flags & CHUNK_ABSENT != 0) =>
             {
-                let at = crate::archive::chunk_vaddr(old, j as usize) as usize;
+                let at = old.chunk_vaddr(j as usize) as usize;
                 Some(data.get(at..at + entry.len as usize).ok_or_else(|| {
                     Error::CorruptContainer {
                         container: old.container.to_string(),
@@ -462,7 +463,7 @@ mod tests {
             .unwrap()
             .read_all()
             .unwrap();
-        let at = crate::archive::chunk_vaddr(&new, 2) as usize;
+        let at = new.chunk_vaddr(2) as usize;
         assert_eq!(&moved[at..at + a.len()], &a[..]);
 
         // With its target kept, the link stays a link.

@@ -39,7 +39,8 @@ use crate::error::Result;
 use crate::format::container::CHUNK_ZERO;
 use crate::format::fp::{is_zero, Fp};
 use crate::format::recipe::Entry;
-use crate::meta::{MetaRead, RecipeForm, SeriesRecord, VersionRecord};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::meta::MetaRead;
 use crate::store::{Store, UnitCopy};
 
 /// Old units per batch from the loader, once under way. The first batches
@@ -447,7 +448,7 @@ impl Loader {
         let mut records = if self.copies {
             store.read_pin(&ids, pinned)?
         } else {
-            crate::restore::load_units(&store.meta, &ids)?
+            crate::meta::load_units(&store.meta, &ids)?
                 .into_iter()
                 .map(|u| (u, None))
                 .collect()

@@ -14,7 +14,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
 use crate::error::{corrupt_meta, Result};
-use crate::meta::{scan_refs, UnitRecord, CF_UNITS};
+use crate::format::keys::CF_UNITS;
+use crate::format::unit::UnitRecord;
+use crate::meta::scan_refs;
 use crate::store::Store;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -29,11 +29,10 @@ use crate::config::MIB;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::catalog;
 use crate::format::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
+use crate::format::keys::{part_key, CF_CATALOGS, CF_RECIPES};
 use crate::format::recipe::{decode_part, Entry};
-use crate::meta::{
-    part_key, MetaRead, RecipeForm, SeriesRecord, UnitRecord, VersionKind, VersionRecord,
-    CF_CATALOGS, CF_RECIPES,
-};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionKind, VersionRecord};
+use crate::meta::MetaRead;
 use crate::store::{resolve_version_in, series_in, ReadView, Store, VersionSel};
 
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * MIB;
@@ -210,18 +209,6 @@ fn version_parts(
             })
         })
         .collect()
-}
-
-pub(crate) fn load_units(r: &impl MetaRead, ids: &[u64]) -> Result<Vec<UnitRecord>> {
-    ids.iter()
-        .zip(r.units_many(ids)?)
-        .map(|(&id, u)| referenced(id, u))
-        .collect()
-}
-
-/// A unit a recipe names, which must exist.
-pub(crate) fn referenced<T>(id: u64, u: Option<T>) -> Result<T> {
-    u.ok_or_else(|| corrupt_meta(format!("unit {id}"), "referenced by a recipe but missing"))
 }
 
 /// Resolves a live recipe part into extents.

@@ -9,7 +9,8 @@
 use crate::commit::Txn;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
-use crate::meta::{MetaRead, Retention, SeriesRecord};
+use crate::format::records::{Retention, SeriesRecord};
+use crate::meta::MetaRead;
 use crate::store::{check_series_name, now_unix, Store};
 
 /// Stores a series' retention, creating the series (without versions) if it

@@ -32,11 +32,11 @@ use crate::commit::Txn;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
+use crate::format::keys::{part_key, version_key, CF_RECIPES, CF_VERSIONS};
+use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::format::refcounts::Refs;
+use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::meta::{
-    part_key, version_key, RecipeForm, Refs, SeriesRecord, UnitRecord, VersionRecord, CF_RECIPES,
-    CF_VERSIONS,
-};
 use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
 use crate::store::{Store, Undoom};
@@ -167,7 +167,7 @@ fn slide_one(
     // older version's archival leftover: such a unit stays whole).
     let mut linkers_in_v: HashMap<u64, u32> = HashMap::new();
     for (id, u) in &v_units {
-        for t in crate::commit::link_targets(*id, u) {
+        for t in u.link_targets(*id) {
             *linkers_in_v.entry(t).or_default() += 1;
         }
     }
@@ -276,7 +276,7 @@ fn slide_one(
             .collect();
         for (id, rec) in ids.iter().zip(
             store.meta.multi_get(
-                crate::meta::CF_UNITS,
+                crate::format::keys::CF_UNITS,
                 &ids.iter()
                     .map(|i| i.to_be_bytes().to_vec())
                     .collect::<Vec<_>>(),
@@ -418,7 +418,7 @@ fn read_linked_chunks(
                 ));
             }
             let mut buf = vec![0u8; c.stored_len() as usize];
-            cf.read_range(crate::archive::chunk_vaddr(u, j as usize), &mut buf)?;
+            cf.read_range(u.chunk_vaddr(j as usize), &mut buf)?;
             out.insert((t, j), buf);
         }
     }

@@ -29,11 +29,11 @@ use crate::config::{DedupUnit, StoreConfig};
 use crate::error::{corrupt_meta, Error, IoContext, Result};
 use crate::format::container::{session_dir_name, ContainerId};
 use crate::format::fp::Fp;
+use crate::format::keys::CF_SESSIONS;
+use crate::format::records::{Counters, SeriesRecord, SessionRecord, Totals, VersionRecord};
+use crate::format::unit::UnitRecord;
 use crate::lock::StoreLock;
-use crate::meta::{
-    Counters, Meta, MetaRead, SeriesRecord, SessionRecord, Totals, UnitRecord, VersionRecord,
-    CF_SESSIONS,
-};
+use crate::meta::{Meta, MetaRead};
 
 const MARKER: &str = "revault.store";
 /// The metadata (RocksDB) directory, under the store root.
@@ -117,14 +117,14 @@ impl Store {
         create_dir_durable(&data_dir)?;
         let meta = Meta::create(&root.join(META_DIR))?;
         let mut b = meta.batch();
-        b.put_json("default", b"config", &opts.config);
+        b.put_json("default", crate::format::keys::CONFIG_KEY, &opts.config);
         b.put_counters(&Counters {
             next_session: 1,
             next_unit: 1,
             next_series: 1,
         });
         b.put_totals(&Totals::default());
-        b.put("default", crate::meta::MARKS_KEPT_KEY, b"");
+        b.put("default", crate::format::keys::MARKS_KEPT_KEY, b"");
         meta.write(b, true)?;
         drop(meta);
         // The marker is written last: a store is initialised only once complete.
@@ -424,7 +424,7 @@ impl Store {
         self.pin_read(ids, pinned)?
             .into_iter()
             .zip(ids)
-            .map(|((u, copy), &id)| Ok((crate::restore::referenced(id, u)?, copy)))
+            .map(|((u, copy), &id)| Ok((crate::meta::referenced(id, u)?, copy)))
             .collect()
     }
 
@@ -561,8 +561,8 @@ impl Store {
     pub(crate) fn zombies(&self) -> Result<Vec<u64>> {
         let mut out = Vec::new();
         self.meta
-            .for_each_prefix(crate::meta::CF_MARKS, b"Z", |k, _| {
-                out.extend(crate::meta::prefixed_id(k));
+            .for_each_prefix(crate::format::keys::CF_MARKS, b"Z", |k, _| {
+                out.extend(crate::format::keys::prefixed_id(k));
                 Ok(true)
             })?;
         Ok(out)
@@ -931,7 +931,7 @@ fn refuse_store_content(root: &Path, data_dir: &Path) -> Result<()> {
             Ok(m) => {
                 let series = m.all_series()?.len();
                 let mut containers = 0u64;
-                m.for_each_prefix(crate::meta::CF_CONTAINERS, b"", |_, _| {
+                m.for_each_prefix(crate::format::keys::CF_CONTAINERS, b"", |_, _| {
                     containers += 1;
                     Ok(true)
                 })?;
@@ -1035,7 +1035,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// The store format this build writes. 2: reference counts in blocks of
 /// 64 units (format 1 kept one record per unit; a read-write open moves
 /// them). Older builds do not check this number (the column family of the
-/// blocks stops them instead, see [`crate::meta::CF_REFCOUNTS`]); builds
+/// blocks stops them instead, see [`crate::format::keys::CF_REFCOUNTS`]); builds
 /// from this one on refuse a newer format instead of misreading it.
 const FORMAT: u32 = 2;
 

@@ -42,7 +42,7 @@ use crate::config::MIB;
 use crate::error::{Error, Result};
 use crate::format::catalog;
 use crate::format::container::{BlockInfo, ContainerId};
-use crate::meta::VersionKind;
+use crate::format::records::VersionKind;
 use crate::restore::{
     begin, blocks_of, catalog_parts, conclude, fill_pieces, prefetch, take_window, version_extents,
     ContainerCache, Extent, Piece, RestoreOptions, RestoreReport,

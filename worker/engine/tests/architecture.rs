@@ -53,20 +53,17 @@ const ROOMS: &[&str] = &[
 /// Edges that still point upwards (from, to), removed as the rooms move (issue 19).
 const UPWARD_EDGES: &[(&str, &str)] = &[
     ("store", "orphans"),
-    ("store", "restore"),
-    ("pack", "archive"),
     ("archive", "restore"),
     ("caches", "dasm"),
 ];
 
 /// The largest import circle allowed, in files: a room may be one circle (restore's caches
 /// share their reader), the engine may not.
-const MAX_CIRCLE: usize = 7;
+const MAX_CIRCLE: usize = 5;
 
 /// No source file longer than this; the exceptions are being split (issue 19).
 const MAX_LINES: usize = 900;
 const LONG_FILES: &[&str] = &[
-    "engine/src/meta.rs",
     "engine/src/objects.rs",
     "engine/src/store.rs",
     "engine/src/backup.rs",

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use revault_engine::config::{DedupUnit, StoreConfig};
-use revault_engine::meta::{part_key, CF_RECIPES};
+use revault_engine::format::keys::{part_key, CF_RECIPES};
 use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use revault_engine::store::VersionSel;
 

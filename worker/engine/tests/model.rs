@@ -21,8 +21,9 @@ use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMac
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::config::DedupUnit;
 use revault_engine::expire::{expire, ExpireSel};
+use revault_engine::format::records::{RecipeForm, Retention};
 use revault_engine::gc::{gc, GcOptions};
-use revault_engine::meta::{MetaRead, RecipeForm, Retention};
+use revault_engine::meta::MetaRead;
 use revault_engine::slide::slide;
 use revault_engine::source::StreamSource;
 use revault_engine::store::{OpenMode, Store};

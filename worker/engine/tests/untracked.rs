@@ -13,8 +13,8 @@ use common::*;
 use revault_engine::check::check;
 use revault_engine::config::DedupUnit;
 use revault_engine::expire::{expire, ExpireSel};
+use revault_engine::format::keys::{CF_MARKS, MARKS_KEPT_KEY};
 use revault_engine::gc::{gc, GcOptions};
-use revault_engine::meta::{CF_MARKS, MARKS_KEPT_KEY};
 use revault_engine::store::{InitOptions, OpenMode, Store};
 
 fn init(dir: &Path) {

@@ -616,7 +616,7 @@ pub struct StatsArgs {
 #[derive(Serialize)]
 struct StatsOut {
     #[serde(flatten)]
-    totals: revault_engine::meta::Totals,
+    totals: revault_engine::format::records::Totals,
     /// Logical / unique bytes (before compression).
     dedup_ratio: f64,
     /// Logical / bytes on disk (after compression).
@@ -811,7 +811,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 })
                 .transpose()?
                 .map(|d| d.as_secs());
-            let r = revault_engine::meta::Retention {
+            let r = revault_engine::format::records::Retention {
                 keep: a.keep,
                 keep_within_secs,
                 live: a.live,
@@ -833,7 +833,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn print_retention(name: &str, r: &revault_engine::meta::Retention) {
+fn print_retention(name: &str, r: &revault_engine::format::records::Retention) {
     println!(
         "{name}: keep {}, keep within {}, live window {}, automatic {}",
         r.keep

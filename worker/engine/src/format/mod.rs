@@ -6,4 +6,8 @@ pub mod catalog;
 pub mod codec;
 pub mod container;
 pub mod fp;
+pub mod keys;
 pub mod recipe;
+pub mod records;
+pub mod refcounts;
+pub mod unit;

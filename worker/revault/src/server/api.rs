@@ -18,7 +18,7 @@ use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::caches::CachePolicy;
 use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::expire::{expire, ExpireReport, ExpireSel};
-use revault_engine::meta::{Retention, SeriesRecord, VersionKind, VersionRecord};
+use revault_engine::format::records::{Retention, SeriesRecord, VersionKind, VersionRecord};
 use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{check_series_name, Store, VersionSel};
@@ -436,7 +436,7 @@ pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
 #[derive(Serialize)]
 struct StatsJson {
     #[serde(flatten)]
-    totals: revault_engine::meta::Totals,
+    totals: revault_engine::format::records::Totals,
     dedup_ratio: f64,
     total_ratio: f64,
 }
