@@ -234,7 +234,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     // Index entries name complete units with the same fingerprint.
     for (k, v) in meta.scan(CF_INDEX, b"")? {
         let fp = Fp(k[1..].try_into().unwrap_or_default());
-        let Some(copies) = crate::meta::decode_copies(&v) else {
+        let Some(copies) = crate::index::decode_copies(&v) else {
             rep.errors.push(format!("index entry {fp} is malformed"));
             continue;
         };

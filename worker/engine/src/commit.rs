@@ -18,6 +18,8 @@ use crate::format::keys::{freed_key, zombie_key, CF_CONTAINERS, CF_MARKS, CF_SES
 use crate::format::records::{ContainerRecord, SeriesRecord, Totals};
 use crate::format::refcounts::{Refs, RefsBlock, REFS_BLOCK};
 use crate::format::unit::UnitRecord;
+use crate::index::full::{self, FullIndex};
+use crate::index::FingerprintIndex;
 use crate::meta::{Batch, Meta, MetaRead};
 use crate::store::Store;
 
@@ -158,7 +160,7 @@ impl<'m> Ledger<'m> {
     /// The copies of a fingerprint, newest first.
     fn copies(&mut self, kind: DedupUnit, fp: &Fp) -> Result<&mut Vec<u64>> {
         if let std::collections::hash_map::Entry::Vacant(e) = self.index.entry((kind, *fp)) {
-            e.insert(self.meta.index_copies(kind, fp)?);
+            e.insert(FullIndex(self.meta).copies(kind, fp)?);
         }
         Ok(self.index.get_mut(&(kind, *fp)).expect("just loaded"))
     }
@@ -417,13 +419,10 @@ impl Store {
 
         // New copies go first in their fingerprint's list.
         for ((kind, fp), v) in &txn.index_puts {
-            let list = l.copies(*kind, fp)?;
-            list.retain(|c| c != v);
-            list.insert(0, *v);
-            list.truncate(crate::meta::MAX_COPIES);
+            full::add_copy(l.copies(*kind, fp)?, *v);
         }
         for ((kind, fp), list) in &l.index {
-            b.put_index(*kind, fp, list);
+            full::stage(&mut b, *kind, fp, list);
         }
 
         // Containers: write changed records, delete empty ones. A container

@@ -22,7 +22,6 @@ use crate::format::container::{self, ContainerFile, ContainerId};
 use crate::format::recipe::{self, RecipeBuilder};
 use crate::format::records::{RecipeForm, VersionKind, VersionRecord};
 use crate::format::{keys, records, refcounts, unit};
-use crate::meta;
 use crate::meta::MetaRead;
 use crate::source::Source;
 use crate::tarsource::TarSource;
@@ -481,7 +480,7 @@ pub fn records(data: &[u8]) -> bool {
             }
         }
         3 => refcounts::Refs::decode(7, body).is_ok(),
-        4 => meta::decode_copies(body).is_some(),
+        4 => crate::index::decode_copies(body).is_some(),
         _ => match records::Counters::decode(&sealed(body)) {
             Ok(c) => {
                 let back = records::Counters::decode(&c.encode()).expect("encoded counters");

@@ -24,6 +24,7 @@ pub mod format;
 pub mod fuzzing;
 pub mod gc;
 pub mod gen;
+pub mod index;
 pub mod lock;
 pub mod meta;
 pub mod objects;

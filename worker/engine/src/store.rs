@@ -32,6 +32,7 @@ use crate::format::fp::Fp;
 use crate::format::keys::CF_SESSIONS;
 use crate::format::records::{Counters, SeriesRecord, SessionRecord, Totals, VersionRecord};
 use crate::format::unit::UnitRecord;
+use crate::index::{FingerprintIndex, FullIndex};
 use crate::lock::StoreLock;
 use crate::meta::{Meta, MetaRead};
 
@@ -390,7 +391,7 @@ impl Store {
         fps: &[Fp],
         pinned: &mut Vec<u64>,
     ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
-        let copies = self.meta.index_copies_many(kind, fps)?;
+        let copies = FullIndex(&self.meta).copies_many(kind, fps)?;
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();

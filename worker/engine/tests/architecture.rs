@@ -24,6 +24,7 @@ const ROOMS: &[&str] = &[
     "format",
     "chunker",
     "meta",
+    "index",
     "source",
     "tarsource",
     "tree",

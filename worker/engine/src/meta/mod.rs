@@ -4,8 +4,8 @@
 
 mod read;
 
-pub use read::{decode_copies, scan_refs, MetaRead, MAX_COPIES};
 pub(crate) use read::{load_units, referenced};
+pub use read::{scan_refs, MetaRead};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,13 +17,11 @@ use rocksdb::{
 };
 use serde::Serialize;
 
-use crate::config::DedupUnit;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::ContainerId;
-use crate::format::fp::Fp;
 use crate::format::keys::{
-    index_key, refs_block_key, version_key, ALL_CFS, CF_CONTAINERS, CF_INDEX, CF_REFCOUNTS,
-    CF_REFS, CF_SERIES, CF_UNITS, CF_VERSIONS, COUNTERS_KEY, PROBE_KEY, TOTALS_KEY,
+    refs_block_key, version_key, ALL_CFS, CF_CONTAINERS, CF_REFCOUNTS, CF_REFS, CF_SERIES,
+    CF_UNITS, CF_VERSIONS, COUNTERS_KEY, PROBE_KEY, TOTALS_KEY,
 };
 use crate::format::records::{ContainerRecord, Counters, SeriesRecord, Totals, VersionRecord};
 use crate::format::refcounts::{Refs, RefsBlock, REFS_BLOCK};
@@ -427,16 +425,6 @@ impl Batch<'_> {
 
     pub fn put_container(&mut self, id: ContainerId, c: &ContainerRecord) {
         self.put(CF_CONTAINERS, &id.0.to_be_bytes(), &c.encode());
-    }
-
-    /// Stores the copies of `fp` (newest first); an empty list deletes the entry.
-    pub fn put_index(&mut self, kind: DedupUnit, fp: &Fp, copies: &[u64]) {
-        if copies.is_empty() {
-            self.delete(CF_INDEX, &index_key(kind, fp));
-        } else {
-            let v: Vec<u8> = copies.iter().flat_map(|c| c.to_be_bytes()).collect();
-            self.put(CF_INDEX, &index_key(kind, fp), &v);
-        }
     }
 
     pub fn put_counters(&mut self, c: &Counters) {

@@ -1,12 +1,11 @@
 //! Reading metadata records, from the live database or a snapshot.
 
-use crate::config::{DedupUnit, StoreConfig};
+use crate::config::StoreConfig;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::ContainerId;
-use crate::format::fp::Fp;
 use crate::format::keys::{
-    index_key, refs_block_key, version_key, CF_CONTAINERS, CF_INDEX, CF_REFCOUNTS, CF_REFS,
-    CF_SERIES, CF_UNITS, CF_VERSIONS, CONFIG_KEY, COUNTERS_KEY, TOTALS_KEY,
+    refs_block_key, version_key, CF_CONTAINERS, CF_REFCOUNTS, CF_REFS, CF_SERIES, CF_UNITS,
+    CF_VERSIONS, CONFIG_KEY, COUNTERS_KEY, TOTALS_KEY,
 };
 use crate::format::records::{
     decode_version, ContainerRecord, Counters, SeriesRecord, Totals, VersionRecord,
@@ -138,17 +137,6 @@ pub trait MetaRead {
         }
     }
 
-    /// The units holding copies of `fp`, newest first (rewriting makes
-    /// copies; new backups dedup to the newest unless an older copy serves the
-    /// current window better).
-    fn index_copies(&self, kind: DedupUnit, fp: &Fp) -> Result<Vec<u64>> {
-        match self.get_raw(CF_INDEX, &index_key(kind, fp))? {
-            None => Ok(Vec::new()),
-            Some(b) => decode_copies(&b)
-                .ok_or_else(|| corrupt_meta(format!("index entry {fp}"), "bad length")),
-        }
-    }
-
     /// [`MetaRead::unit`] for many ids in one batched read.
     fn units_many(&self, ids: &[u64]) -> Result<Vec<Option<UnitRecord>>> {
         self.get_ids_raw(CF_UNITS, ids)?
@@ -156,24 +144,6 @@ pub trait MetaRead {
             .zip(ids)
             .map(|(v, &id)| v.map(|b| UnitRecord::decode(id, &b)).transpose())
             .collect()
-    }
-
-    /// [`MetaRead::index_copies`] for many fingerprints in one batched read.
-    fn index_copies_many(&self, kind: DedupUnit, fps: &[Fp]) -> Result<Vec<Vec<u64>>> {
-        let keys: Vec<Vec<u8>> = fps.iter().map(|fp| index_key(kind, fp).to_vec()).collect();
-        self.multi_get_raw(CF_INDEX, &keys)?
-            .into_iter()
-            .zip(fps)
-            .map(|(v, fp)| match v {
-                None => Ok(Vec::new()),
-                Some(b) => decode_copies(&b)
-                    .ok_or_else(|| corrupt_meta(format!("index entry {fp}"), "bad length")),
-            })
-            .collect()
-    }
-
-    fn index_lookup(&self, kind: DedupUnit, fp: &Fp) -> Result<Option<u64>> {
-        Ok(self.index_copies(kind, fp)?.first().copied())
     }
 }
 
@@ -219,20 +189,6 @@ impl MetaRead for Meta {
             })
             .collect())
     }
-}
-
-/// Copies of one fingerprint kept in the index at most.
-pub const MAX_COPIES: usize = 4;
-
-pub fn decode_copies(b: &[u8]) -> Option<Vec<u64>> {
-    if b.is_empty() || !b.len().is_multiple_of(8) {
-        return None;
-    }
-    Some(
-        b.chunks(8)
-            .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
-            .collect(),
-    )
 }
 
 /// Every unit's stored counts: the blocks, and the per-unit records of a
