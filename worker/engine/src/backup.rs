@@ -31,7 +31,6 @@ use serde::Serialize;
 
 use crate::bufpool::{BufPool, Lent};
 use crate::chunker::{Chunker, Segmenter};
-use crate::commit::Txn;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::format::catalog;
@@ -43,10 +42,11 @@ use crate::format::records::{RecipeForm, SeriesRecord, VersionKind, VersionRecor
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::pack::{PackChunk, PackWriter};
 use crate::predict::{fingerprint, Cuts, Cutter, Known, Loader, Window};
 use crate::rewrite::{Item, Policy, RewriteSettings};
 use crate::source::Source;
+use crate::store::commit::Txn;
+use crate::store::pack::{PackChunk, PackWriter};
 use crate::store::{check_series_name, now_unix, Store, UnitCopy};
 
 const BUF_BYTES: usize = 1 << 20;

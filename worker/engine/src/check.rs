@@ -248,7 +248,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         }
     }
 
-    // Files nobody owns (crate::orphans says what each kind means).
+    // Files nobody owns (crate::store::orphans says what each kind means).
     check_data_dir(store, &mut rep)?;
 
     rep.ok = rep.errors.is_empty();
@@ -259,7 +259,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
 /// those nothing explains mean the metadata may have lost writes, and gc
 /// keeps them in quarantine; both are reported, the second as errors.
 fn check_data_dir(store: &Store, rep: &mut CheckReport) -> Result<()> {
-    use crate::orphans::{survey, FileState, QUARANTINE};
+    use crate::store::orphans::{survey, FileState, QUARANTINE};
     let view = store.data_dir_view()?;
     let s = survey(store.data_dir(), &view)?;
     for f in &s.files {

@@ -19,12 +19,12 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
-use crate::commit::Txn;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::keys::{part_key, version_key, CF_CATALOGS, CF_RECIPES, CF_VERSIONS};
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::restore::recipe_entries;
+use crate::store::commit::Txn;
 use crate::store::Store;
 
 #[derive(Clone, Debug)]

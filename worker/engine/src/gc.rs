@@ -33,7 +33,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::commit::Txn;
 use crate::error::{corrupt_meta, Result};
 use crate::format::codec::{open_crc, put_uvarint, seal_crc, Reader};
 use crate::format::container::{ContainerFile, ContainerId};
@@ -44,11 +43,12 @@ use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord};
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
+use crate::store::commit::Txn;
+use crate::store::pack::{repack, PackWriter};
 use crate::store::Store;
 
-pub use crate::orphans::OrphanReport;
+pub use crate::store::orphans::OrphanReport;
 
 /// The chunks of one unit a group references.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +195,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     let _m = store.maintenance();
     let started = Instant::now();
     let mut rep = GcReport {
-        orphans: crate::orphans::collect(store)?,
+        orphans: crate::store::orphans::collect(store)?,
         ..Default::default()
     };
     let meta = &store.meta;

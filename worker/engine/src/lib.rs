@@ -14,7 +14,6 @@ pub mod bufpool;
 pub mod caches;
 pub mod check;
 pub mod chunker;
-pub mod commit;
 pub mod config;
 mod dasm;
 pub mod error;
@@ -25,11 +24,8 @@ pub mod fuzzing;
 pub mod gc;
 pub mod gen;
 pub mod index;
-pub mod lock;
 pub mod meta;
 pub mod objects;
-pub mod orphans;
-pub mod pack;
 mod predict;
 pub mod progress;
 pub mod repeats;
@@ -49,3 +45,5 @@ pub use error::{Error, Result};
 // The modules' old paths, until the crate surface is curated (issue 19).
 #[doc(hidden)]
 pub use format::{catalog, codec, container, fp, recipe};
+#[doc(hidden)]
+pub use store::{commit, lock, orphans, pack};

@@ -6,11 +6,11 @@
 //! stopped backing up is not emptied). With neither rule everything is kept,
 //! and the newest version is always kept.
 
-use crate::commit::Txn;
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
 use crate::format::records::{Retention, SeriesRecord};
 use crate::meta::MetaRead;
+use crate::store::commit::Txn;
 use crate::store::{check_series_name, now_unix, Store};
 
 /// Stores a series' retention, creating the series (without versions) if it

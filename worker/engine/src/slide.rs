@@ -28,7 +28,6 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::archive::{expand_refs, refs_to_recipe, Ref};
-use crate::commit::Txn;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
@@ -37,8 +36,9 @@ use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::pack::{repack, PackWriter};
 use crate::restore::recipe_entries;
+use crate::store::commit::Txn;
+use crate::store::pack::{repack, PackWriter};
 use crate::store::{Store, Undoom};
 
 #[derive(Clone, Debug, Default, Serialize)]

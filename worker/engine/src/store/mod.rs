@@ -17,24 +17,35 @@
 //! version nor leaked space. Container files that become unreachable are
 //! unlinked only after the commit that made them so is durable.
 
+pub mod commit;
+mod failpoints;
+pub mod lock;
+pub mod orphans;
+pub mod pack;
+mod pins;
+mod session;
+mod view;
+
+pub use failpoints::PauseHook;
+pub(crate) use pins::{PinState, Undoom, UnitCopy};
+pub(crate) use session::{ContainerAlloc, Session};
+use view::ReaderState;
+pub use view::{resolve_version_in, series_in, ReadView, VersionSel};
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{DedupUnit, StoreConfig};
+use crate::config::StoreConfig;
 use crate::error::{corrupt_meta, Error, IoContext, Result};
-use crate::format::container::{session_dir_name, ContainerId};
-use crate::format::fp::Fp;
+use crate::format::container::session_dir_name;
 use crate::format::keys::CF_SESSIONS;
-use crate::format::records::{Counters, SeriesRecord, SessionRecord, Totals, VersionRecord};
-use crate::format::unit::UnitRecord;
-use crate::index::{FingerprintIndex, FullIndex};
-use crate::lock::StoreLock;
+use crate::format::records::{Counters, SessionRecord, Totals};
 use crate::meta::{Meta, MetaRead};
+use crate::store::lock::StoreLock;
 
 const MARKER: &str = "revault.store";
 /// The metadata (RocksDB) directory, under the store root.
@@ -61,9 +72,6 @@ pub enum OpenMode {
     /// Shared with other readers; sees the store as of opening.
     ReadOnly,
 }
-
-/// A test's code for a pause point (see [`Store::on_pause_point`]).
-pub type PauseHook = Box<dyn FnOnce(&Store) + Send>;
 
 pub struct Store {
     root: PathBuf,
@@ -184,7 +192,7 @@ impl Store {
             // Metadata that lost writes may hand out a session id whose
             // directory exists: never reuse one (its files may be the only
             // copy of data whose records were lost).
-            let seen = crate::orphans::highest_session_on_disk(&data_dir)?;
+            let seen = crate::store::orphans::highest_session_on_disk(&data_dir)?;
             counters.next_session = counters.next_session.max(seen.map_or(0, |s| s + 1));
         }
         let store = Store {
@@ -207,7 +215,7 @@ impl Store {
         };
         if mode == OpenMode::ReadWrite {
             store.recover_sessions()?;
-            crate::orphans::adopt_untracked(&store)?;
+            crate::store::orphans::adopt_untracked(&store)?;
         }
         Ok(store)
     }
@@ -314,48 +322,6 @@ impl Store {
         *self.ids.lock()
     }
 
-    /// Starts a write session: its id is durable before any container exists.
-    pub(crate) fn begin_session(&self, kind: &str) -> Result<Session> {
-        self.require_writable()?;
-        // The id is allocated and its record written under the commit lock:
-        // gc's orphan removal reads the next id and the records under it too
-        // (`data_dir_view`), so every session below that id is recorded.
-        let _g = self.commit_lock.lock();
-        let (id, counters) = {
-            let mut c = self.ids.lock();
-            let id = c.next_session;
-            if id >= ContainerId::SESSION_LIMIT {
-                return Err(Error::Internal(format!(
-                    "session ids are exhausted (next {id:#x}); the store takes no more writes"
-                )));
-            }
-            c.next_session += 1;
-            (id, *c)
-        };
-        let rec = SessionRecord {
-            kind: kind.to_string(),
-            started_unix: now_unix(),
-            pid: std::process::id(),
-        };
-        let mut b = self.meta.batch();
-        b.put_json(CF_SESSIONS, &id.to_be_bytes(), &rec);
-        b.put_counters(&counters.max(self.meta.counters()?));
-        self.meta.write(b, true)?;
-        Ok(Session {
-            id,
-            data_dir: self.data_dir.clone(),
-            next_seq: Arc::new(Mutex::new(0)),
-            committed: false,
-            crashed: self.crashed.clone(),
-            unsettled: self.unsettled.clone(),
-        })
-    }
-
-    /// A commit of `session` failed to write: keep its files (see `unsettled`).
-    pub(crate) fn commit_write_failed(&self, session: u64) {
-        self.unsettled.lock().insert(session);
-    }
-
     // ---- series writers and pins -------------------------------------------
 
     pub(crate) fn claim_series(&self, name: &str) -> Result<SeriesClaim<'_>> {
@@ -371,138 +337,11 @@ impl Store {
         })
     }
 
-    /// Finds the copies new data with these fingerprints may dedup to and
-    /// pins every one of them: only complete units that no slide or gc is
-    /// about to trim or free are offered. The ids of everything pinned are
-    /// appended to `pinned` for the caller to unpin when it is done; each
-    /// fingerprint's candidates come newest first, and an empty list means no
-    /// usable copy.
-    ///
-    /// No lock is held while reading. The copies are pinned before their
-    /// records are read: a commit never frees a pinned unit and holds the pin
-    /// lock until its batch is written, and a slide or gc dooms what it trims
-    /// before writing, so a record read after the pin is one that stays. Those
-    /// found gone or trimmed are unpinned at once. Reads are batched (a
-    /// chunk-mode backup looks up a whole buffer's chunks at once; one read
-    /// per key was half of its dedup stage), and each record is read once.
-    pub(crate) fn lookup_pin(
-        &self,
-        kind: DedupUnit,
-        fps: &[Fp],
-        pinned: &mut Vec<u64>,
-    ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
-        let copies = FullIndex(&self.meta).copies_many(kind, fps)?;
-        let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let usable: FxHashMap<u64, UnitCopy> = self
-            .pin_read(&ids, pinned)?
-            .into_iter()
-            .filter_map(|(_, copy)| copy.map(|c| (c.id, c)))
-            .collect();
-        Ok(fps
-            .iter()
-            .zip(copies)
-            .map(|(fp, ids)| {
-                let cands = ids
-                    .iter()
-                    .filter_map(|id| usable.get(id).copied())
-                    .collect();
-                (*fp, cands)
-            })
-            .collect())
-    }
-
-    /// Pins the units of a version a backup reads anyway (the previous one,
-    /// to predict chunks from; see the predict module) and returns each one's
-    /// record, with the copy new data may dedup to when it is usable. A
-    /// missing record is an error: the recipe names it.
-    pub(crate) fn read_pin(
-        &self,
-        ids: &[u64],
-        pinned: &mut Vec<u64>,
-    ) -> Result<Vec<(UnitRecord, Option<UnitCopy>)>> {
-        self.pin_read(ids, pinned)?
-            .into_iter()
-            .zip(ids)
-            .map(|((u, copy), &id)| Ok((crate::meta::referenced(id, u)?, copy)))
-            .collect()
-    }
-
-    /// Pins each unit of `ids` that no slide or gc has doomed, then reads
-    /// every record (pinned first, read after: see [`Store::lookup_pin`]).
-    /// A pinned unit whose record is there and complete is a usable copy: it
-    /// stays pinned, its id appended to `pinned` for the caller to unpin when
-    /// done. The others are unpinned at once.
-    fn pin_read(
-        &self,
-        ids: &[u64],
-        pinned: &mut Vec<u64>,
-    ) -> Result<Vec<(Option<UnitRecord>, Option<UnitCopy>)>> {
-        let held: Vec<bool> = {
-            let mut guard = self.pins.lock();
-            let p = &mut *guard;
-            ids.iter()
-                .map(|id| {
-                    let ok = !p.doomed.contains(id);
-                    if ok {
-                        *p.pins.entry(*id).or_default() += 1;
-                    }
-                    ok
-                })
-                .collect()
-        };
-        let records = match self.meta.units_many(ids) {
-            Ok(r) => r,
-            Err(e) => {
-                self.unpin(ids.iter().zip(&held).filter(|x| *x.1).map(|x| *x.0));
-                return Err(e);
-            }
-        };
-        let mut unusable = Vec::new();
-        let out = ids
-            .iter()
-            .zip(held)
-            .zip(records)
-            .map(|((&id, held), u)| {
-                let copy = u
-                    .as_ref()
-                    .filter(|u| held && !u.trimmed)
-                    .map(|u| UnitCopy::of(id, u));
-                if copy.is_some() {
-                    pinned.push(id);
-                } else if held {
-                    unusable.push(id);
-                }
-                (u, copy)
-            })
-            .collect();
-        self.unpin(unusable);
-        Ok(out)
-    }
-
-    /// Marks a unit as about to be trimmed or freed, unless a backup pinned it.
-    pub(crate) fn try_doom(&self, id: u64) -> bool {
-        let mut p = self.pins.lock();
-        if p.pins.contains_key(&id) {
-            return false;
-        }
-        p.doomed.insert(id);
-        true
-    }
-
-    pub(crate) fn undoom(&self, ids: impl IntoIterator<Item = u64>) {
-        let mut p = self.pins.lock();
-        for id in ids {
-            p.doomed.remove(&id);
-        }
-    }
-
     /// What gc and check need to tell the data directory's files apart,
     /// read at one instant: the store's records from one snapshot, the next
     /// session id, and the freed files that readers still hold. Taken under
     /// the commit lock, so no commit (and no session start) is half-way.
-    pub(crate) fn data_dir_view(&self) -> Result<crate::orphans::DataDirView> {
+    pub(crate) fn data_dir_view(&self) -> Result<crate::store::orphans::DataDirView> {
         let _g = self.commit_lock.lock();
         let next_session = (self.mode == OpenMode::ReadWrite).then(|| self.ids.lock().next_session);
         let pending = self
@@ -514,7 +353,7 @@ impl Store {
             .collect();
         let snap = self.meta.db().snapshot();
         drop(_g);
-        crate::orphans::DataDirView::read(&self.meta, &snap, next_session, pending)
+        crate::store::orphans::DataDirView::read(&self.meta, &snap, next_session, pending)
     }
 
     /// Serialises slides, expiries and gc.
@@ -522,321 +361,7 @@ impl Store {
         self.maintenance.lock()
     }
 
-    /// A consistent view for a reader: metadata from a snapshot, and container
-    /// files kept on disk until the view is dropped.
-    pub fn read_view(&self) -> ReadView<'_> {
-        let epoch = {
-            let mut r = self.readers.lock();
-            let e = r.epoch;
-            *r.active.entry(e).or_default() += 1;
-            e
-        };
-        ReadView {
-            store: self,
-            snap: self.meta.db().snapshot(),
-            epoch,
-        }
-    }
-
-    fn end_read(&self, epoch: u64) {
-        let doomed = {
-            let mut r = self.readers.lock();
-            if let Some(n) = r.active.get_mut(&epoch) {
-                *n -= 1;
-                if *n == 0 {
-                    r.active.remove(&epoch);
-                }
-            }
-            r.take_deletable()
-        };
-        if !doomed.is_empty() {
-            self.pause_point("read.end.unlink");
-        }
-        for id in doomed {
-            self.remove_container_file(id);
-        }
-    }
-
-    /// Units whose references reached zero while a backup had them pinned
-    /// (recorded by the commit that dropped the last reference).
-    pub(crate) fn zombies(&self) -> Result<Vec<u64>> {
-        let mut out = Vec::new();
-        self.meta
-            .for_each_prefix(crate::format::keys::CF_MARKS, b"Z", |k, _| {
-                out.extend(crate::format::keys::prefixed_id(k));
-                Ok(true)
-            })?;
-        Ok(out)
-    }
-
-    pub(crate) fn is_pinned(&self, id: u64) -> bool {
-        self.pins.lock().pins.contains_key(&id)
-    }
-
-    /// Arms a failpoint (tests): when the engine reaches `name` it stops as if
-    /// the process had been killed there: no cleanup, no further writes.
-    /// Reopen the store to recover.
-    #[doc(hidden)]
-    pub fn arm_failpoint(&self, name: &str) {
-        *self.failpoint.lock() = Some(name.to_string());
-    }
-
-    /// Runs `hook` (once) when the engine next reaches the pause point
-    /// `name` (tests): forces an interleaving that threads would hit only by
-    /// chance, e.g. a backup committing in the middle of a slide. The hook
-    /// runs on the engine's thread, holding what the engine holds there.
-    #[doc(hidden)]
-    pub fn on_pause_point(&self, name: &str, hook: PauseHook) {
-        self.pause_hooks.lock().push((name.to_string(), hook));
-    }
-
-    pub(crate) fn pause_point(&self, name: &str) {
-        let hook = {
-            let mut h = self.pause_hooks.lock();
-            h.iter()
-                .position(|(n, _)| n == name)
-                .map(|i| h.swap_remove(i).1)
-        };
-        if let Some(hook) = hook {
-            hook(self);
-        }
-    }
-
-    pub(crate) fn failpoint(&self, name: &str) -> Result<()> {
-        let mut f = self.failpoint.lock();
-        if f.as_deref() == Some(name) {
-            *f = None;
-            self.crashed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            return Err(Error::Internal(format!(
-                "simulated crash at failpoint {name}"
-            )));
-        }
-        if self.crashed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Internal(
-                "the store crashed at a failpoint; reopen it".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn unpin(&self, ids: impl IntoIterator<Item = u64>) {
-        let mut p = self.pins.lock();
-        for id in ids {
-            if let Some(n) = p.pins.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    p.pins.remove(&id);
-                }
-            }
-        }
-    }
-
-    /// Registers container files freed by a durable commit; returns those no
-    /// active reader can still need (the rest wait for their readers).
-    pub(crate) fn files_freed(&self, ids: &[ContainerId]) -> Vec<ContainerId> {
-        let mut r = self.readers.lock();
-        r.epoch += 1;
-        let e = r.epoch;
-        r.pending.extend(ids.iter().map(|id| (e, *id)));
-        r.take_deletable()
-    }
-
-    pub(crate) fn remove_container_file(&self, id: ContainerId) {
-        let path = id.path(&self.data_dir);
-        if let Err(e) = std::fs::remove_file(&path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(container = %id, error = %e, "could not remove a freed container; gc will retry");
-            }
-        }
-        // Remove the session directory once it is empty (fails harmlessly otherwise).
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-
     // ---- lookups used by every command --------------------------------------
-
-    pub fn series(&self, name: &str) -> Result<SeriesRecord> {
-        series_in(&self.meta, name)
-    }
-
-    pub fn list_series(&self) -> Result<Vec<SeriesRecord>> {
-        self.meta.all_series()
-    }
-
-    pub fn versions(&self, series: &SeriesRecord) -> Result<Vec<VersionRecord>> {
-        self.meta.versions(series)
-    }
-
-    /// Resolves `N` or `latest` to a committed version.
-    pub fn resolve_version(
-        &self,
-        series: &SeriesRecord,
-        sel: &VersionSel,
-    ) -> Result<VersionRecord> {
-        resolve_version_in(&self.meta, series, sel)
-    }
-
-    pub fn totals(&self) -> Result<Totals> {
-        self.meta.totals()
-    }
-}
-
-/// A series by name, from any reader.
-pub fn series_in(r: &impl MetaRead, name: &str) -> Result<SeriesRecord> {
-    check_series_name(name)?;
-    r.series(name)?
-        .ok_or_else(|| Error::UnknownSeries(name.to_string()))
-}
-
-/// Resolves `N` or `latest` to a committed version, from any reader.
-pub fn resolve_version_in(
-    r: &impl MetaRead,
-    series: &SeriesRecord,
-    sel: &VersionSel,
-) -> Result<VersionRecord> {
-    let versions = r.versions(series)?;
-    let latest = versions.last().map(|v| v.number);
-    let found = match sel {
-        VersionSel::Latest => versions.last().cloned(),
-        VersionSel::Number(n) => versions.into_iter().find(|v| v.number == *n),
-    };
-    found.ok_or_else(|| Error::UnknownVersion {
-        series: series.name.clone(),
-        version: sel.to_string(),
-        latest,
-    })
-}
-
-/// A stored unit new data can dedup to: what a backup needs to reference it
-/// and to judge where it lies (the rewrite policies look at its container).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct UnitCopy {
-    pub id: u64,
-    pub container: ContainerId,
-    pub vbase: u64,
-}
-
-impl UnitCopy {
-    pub fn of(id: u64, u: &UnitRecord) -> Self {
-        UnitCopy {
-            id,
-            container: u.container,
-            vbase: u.vbase,
-        }
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct PinState {
-    /// A backup pins every unit it may reference (tens of thousands in
-    /// chunk mode): a fast hash, not the DoS-resistant default, since unit
-    /// ids are ours.
-    pub(crate) pins: FxHashMap<u64, u32>,
-    pub(crate) doomed: FxHashSet<u64>,
-}
-
-/// Commits are numbered (epochs). A reader registered at epoch `e` may use any
-/// container that existed at `e`; a file freed by the commit that made epoch
-/// `f` is unlinked once no reader with an epoch below `f` is active.
-#[derive(Default)]
-struct ReaderState {
-    epoch: u64,
-    active: std::collections::BTreeMap<u64, usize>,
-    pending: Vec<(u64, ContainerId)>,
-}
-
-impl ReaderState {
-    fn take_deletable(&mut self) -> Vec<ContainerId> {
-        let oldest = self.active.keys().next().copied();
-        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|(e, _)| oldest.is_none_or(|o| o >= *e));
-        self.pending = later;
-        now.into_iter().map(|(_, id)| id).collect()
-    }
-}
-
-/// A reader's consistent view of the store (see [`Store::read_view`]).
-pub struct ReadView<'s> {
-    store: &'s Store,
-    snap: rocksdb::Snapshot<'s>,
-    epoch: u64,
-}
-
-impl ReadView<'_> {
-    pub fn store(&self) -> &Store {
-        self.store
-    }
-}
-
-impl MetaRead for ReadView<'_> {
-    fn get_raw(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.snap.get_cf(self.store.meta.cf(cf), key)?)
-    }
-
-    fn multi_get_raw(&self, cf: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
-        let h = self.store.meta.cf(cf);
-        self.snap
-            .multi_get_cf(keys.iter().map(|k| (h, k.as_slice())))
-            .into_iter()
-            .map(|r| r.map_err(Error::from))
-            .collect()
-    }
-
-    fn scan(&self, cf: &str, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut out = Vec::new();
-        let it = self.snap.iterator_cf(
-            self.store.meta.cf(cf),
-            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item?;
-            if !k.starts_with(prefix) {
-                break;
-            }
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
-    }
-}
-
-impl Drop for ReadView<'_> {
-    fn drop(&mut self) {
-        self.store.end_read(self.epoch);
-    }
-}
-
-/// Which version to read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VersionSel {
-    Latest,
-    Number(u32),
-}
-
-impl std::fmt::Display for VersionSel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            VersionSel::Latest => f.write_str("latest"),
-            VersionSel::Number(n) => write!(f, "{n}"),
-        }
-    }
-}
-
-impl std::str::FromStr for VersionSel {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        if s == "latest" {
-            return Ok(VersionSel::Latest);
-        }
-        match s.parse::<u32>() {
-            Ok(n) if n > 0 => Ok(VersionSel::Number(n)),
-            _ => Err(Error::Invalid(format!(
-                "version {s:?}: expected a version number (1, 2, ...) or `latest`"
-            ))),
-        }
-    }
 }
 
 /// Releases the one-writer-per-series claim on drop.
@@ -848,75 +373,6 @@ pub(crate) struct SeriesClaim<'a> {
 impl Drop for SeriesClaim<'_> {
     fn drop(&mut self) {
         self.store.writers.lock().remove(&self.name);
-    }
-}
-
-/// A write session: allocates container ids inside its own directory. Dropped
-/// without commit, it removes its directory (a crash leaves it to recovery).
-pub(crate) struct Session {
-    pub id: u64,
-    data_dir: PathBuf,
-    next_seq: Arc<Mutex<u64>>,
-    committed: bool,
-    crashed: Arc<std::sync::atomic::AtomicBool>,
-    unsettled: Arc<Mutex<HashSet<u64>>>,
-}
-
-impl Session {
-    pub fn allocator(&self) -> ContainerAlloc {
-        ContainerAlloc {
-            session: self.id,
-            next_seq: self.next_seq.clone(),
-        }
-    }
-
-    pub fn dir(&self) -> PathBuf {
-        self.data_dir.join(session_dir_name(self.id))
-    }
-
-    /// Makes the session's container files and directory entries durable.
-    pub fn sync(&self) -> Result<()> {
-        let dir = self.dir();
-        if dir.exists() {
-            sync_dir(&dir)?;
-            sync_dir(&self.data_dir)?;
-        }
-        Ok(())
-    }
-
-    pub fn mark_committed(&mut self) {
-        self.committed = true;
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        if self.committed || self.crashed.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        if self.unsettled.lock().contains(&self.id) {
-            tracing::warn!(session = self.id, dir = %self.dir().display(),
-                "a commit write failed: its files stay until the next read-write open sees whether it landed");
-            return;
-        }
-        // The session record stays until the next read-write open clears it;
-        // removing the files now returns the space at once.
-        let _ = std::fs::remove_dir_all(self.dir());
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct ContainerAlloc {
-    session: u64,
-    next_seq: Arc<Mutex<u64>>,
-}
-
-impl ContainerAlloc {
-    pub fn next(&self) -> ContainerId {
-        let mut s = self.next_seq.lock();
-        let id = ContainerId::new(self.session, *s);
-        *s += 1;
-        id
     }
 }
 
@@ -1083,15 +539,6 @@ pub fn check_series_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(bad())
-    }
-}
-
-/// Releases doomed units when a slide or gc ends, committed or not.
-pub(crate) struct Undoom<'s>(pub &'s Store, pub Vec<u64>);
-
-impl Drop for Undoom<'_> {
-    fn drop(&mut self) {
-        self.0.undoom(self.1.drain(..));
     }
 }
 

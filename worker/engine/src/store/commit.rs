@@ -434,7 +434,7 @@ impl Store {
                 b.delete(CF_MARKS, &sweep_key);
                 b.delete(CF_CONTAINERS, &id.0.to_be_bytes());
                 // The proof gc needs to delete the file if a crash comes
-                // before the unlink below (crate::orphans).
+                // before the unlink below (crate::store::orphans).
                 b.put(CF_MARKS, &freed_key(*id), b"");
                 l.totals.containers -= 1;
                 l.totals.container_bytes -= rec.file_bytes;
