@@ -25,9 +25,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::Write;
 use std::sync::Arc;
 
-use crate::archive::Loc;
 use crate::error::{Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
+use crate::recipe::archival::Loc;
 use crate::store::Store;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

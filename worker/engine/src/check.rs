@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::archive::resolve_positions;
 use crate::error::Result;
 use crate::format::container::{ContainerFile, ContainerId, CHUNK_ZERO};
 use crate::format::fp::Fp;
@@ -27,7 +26,8 @@ use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::scan_refs;
 use crate::meta::MetaRead;
-use crate::restore::{load_catalog, recipe_entries};
+use crate::recipe::archival::resolve_positions;
+use crate::recipe::{load_catalog, recipe_entries};
 use crate::store::Store;
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -151,8 +151,8 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                     let bytes: u64 = locs
                         .iter()
                         .map(|l| match *l {
-                            crate::archive::Loc::Stored { len, .. }
-                            | crate::archive::Loc::Zero { len } => u64::from(len),
+                            crate::recipe::archival::Loc::Stored { len, .. }
+                            | crate::recipe::archival::Loc::Zero { len } => u64::from(len),
                         })
                         .sum();
                     if bytes != v.logical_bytes || locs.len() as u64 != v.chunks {

@@ -39,11 +39,11 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
-use crate::archive::Loc;
 use crate::caches::{out_err, write_zeros, CacheStats, Loader};
 use crate::config::MIB;
 use crate::error::{Error, Result};
 use crate::format::container::ContainerId;
+use crate::recipe::archival::Loc;
 use crate::store::Store;
 
 /// Smallest assembly area a cache reserve may leave.

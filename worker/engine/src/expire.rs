@@ -18,12 +18,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::archive::{expand_refs, refs_to_recipe, Ref};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::keys::{part_key, version_key, CF_CATALOGS, CF_RECIPES, CF_VERSIONS};
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
-use crate::restore::recipe_entries;
+use crate::recipe::archival::{expand_refs, refs_to_recipe, Ref};
+use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::Store;
 

@@ -313,12 +313,12 @@ fn recipe_resolve(mode: u8, data: &[u8]) -> bool {
     let Ok(Some(v)) = m.version(&s, 1) else {
         return false;
     };
-    let Ok((mut ex, _)) = crate::restore::version_extents(&m, &s, &v) else {
+    let Ok((mut ex, _)) = crate::recipe::version_extents(&m, &s, &v) else {
         return false;
     };
     let mut carry = None;
     loop {
-        match crate::restore::take_window(&m, &mut ex, &mut carry, 1 << 20) {
+        match crate::restore::faa::take_window(&m, &mut ex, &mut carry, 1 << 20) {
             Ok(w) if w.is_empty() => return true,
             Ok(_) => {}
             Err(_) => return false,

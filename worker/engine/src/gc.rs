@@ -43,7 +43,7 @@ use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord};
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::restore::recipe_entries;
+use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::pack::{repack, PackWriter};
 use crate::store::Store;

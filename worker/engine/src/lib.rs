@@ -7,7 +7,6 @@
 //! [`restore::restore`] streams a version back through a forward assembly
 //! area. See `docs/architecture.md` for the design as built.
 
-pub mod archive;
 pub mod auto_retention;
 pub mod backup;
 pub mod bufpool;
@@ -28,6 +27,7 @@ pub mod meta;
 pub mod objects;
 mod predict;
 pub mod progress;
+pub mod recipe;
 pub mod repeats;
 pub mod restore;
 pub mod retention;
@@ -44,6 +44,6 @@ pub use error::{Error, Result};
 
 // The modules' old paths, until the crate surface is curated (issue 19).
 #[doc(hidden)]
-pub use format::{catalog, codec, container, fp, recipe};
+pub use format::{catalog, codec, container, fp};
 #[doc(hidden)]
 pub use store::{commit, lock, orphans, pack};

@@ -353,7 +353,7 @@ impl Loader {
         if v.form != RecipeForm::Live {
             return None;
         }
-        let parts = match crate::restore::recipe_entries(r, series, v) {
+        let parts = match crate::recipe::recipe_entries(r, series, v) {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(error = %e, "no chunk prediction: the previous recipe is unreadable");

@@ -22,9 +22,9 @@ use std::io::Write;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::archive::Loc;
 use crate::error::{Error, Result};
 use crate::format::container::ContainerId;
+use crate::recipe::archival::Loc;
 
 /// What the writer does at an offset of the engine's output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

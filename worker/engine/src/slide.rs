@@ -27,7 +27,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::archive::{expand_refs, refs_to_recipe, Ref};
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
@@ -36,7 +35,8 @@ use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::restore::recipe_entries;
+use crate::recipe::archival::{expand_refs, refs_to_recipe, Ref};
+use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::pack::{repack, PackWriter};
 use crate::store::{Store, Undoom};

@@ -43,10 +43,9 @@ use crate::error::{Error, Result};
 use crate::format::catalog;
 use crate::format::container::{BlockInfo, ContainerId};
 use crate::format::records::VersionKind;
-use crate::restore::{
-    begin, blocks_of, catalog_parts, conclude, fill_pieces, prefetch, take_window, version_extents,
-    ContainerCache, Extent, Piece, RestoreOptions, RestoreReport,
-};
+use crate::recipe::{catalog_parts, version_extents, Extent};
+use crate::restore::faa::{blocks_of, fill_pieces, prefetch, take_window, ContainerCache, Piece};
+use crate::restore::{begin, conclude, RestoreOptions, RestoreReport};
 use crate::store::{Store, VersionSel};
 use crate::tree::{TarWriter, TreeWriter};
 

@@ -13,7 +13,7 @@ use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::unit::UnitRecord;
 use crate::meta::load_units;
 use crate::meta::MetaRead;
-use crate::restore::{push_extent, recipe_entries, Extent};
+use crate::recipe::{push_extent, recipe_entries, Extent};
 
 /// Where one chunk position's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
