@@ -6,6 +6,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -29,15 +30,40 @@ func (r *BackupSeriesReconciler) backupJobs(ctx context.Context, bs *backupv1alp
 	return out, nil
 }
 
-// observeJobs counts the running backup Jobs of a series and records the newest finished one.
-func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries, cs conditionSetter) (int, error) {
-	jobs, err := r.backupJobs(ctx, bs)
+// observeJobs counts the running backup Jobs of a series and records the newest finished one,
+// which sets BackupSucceeded.
+func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	jobs, err := r.backupJobs(ctx, s.bs)
 	if err != nil {
-		return 0, err
+		return failed(err)
 	}
-	active := 0
 	var newest *batchv1.Job
 	var newestRes jobResult
+	s.active, newest, newestRes = tallyJobs(jobs)
+	st := &s.bs.Status
+	if newest != nil && (st.LastJob == nil || st.LastJob.Name != newest.Name || st.LastJob.Succeeded != newestRes.succeeded) {
+		ref := &backupv1alpha1.JobRef{Name: newest.Name, Succeeded: newestRes.succeeded, CompletionTime: &metav1.Time{Time: newestRes.at}}
+		if !newestRes.succeeded {
+			// On an error reading the output, out is empty and the Job's condition is the message.
+			out, _ := jobOutput(ctx, r.Client, r.PodOutput, newest)
+			ref.Message = newestRes.failure(out)
+		}
+		st.LastJob = ref
+	}
+	if st.LastJob != nil {
+		if st.LastJob.Succeeded {
+			s.cs.setTrue(backupv1alpha1.ConditionBackupSucceeded, "JobSucceeded", "backup Job "+st.LastJob.Name+" succeeded")
+		} else {
+			s.cs.setFalse(backupv1alpha1.ConditionBackupSucceeded, "JobFailed",
+				fmt.Sprintf("backup Job %s failed: %s", st.LastJob.Name, st.LastJob.Message))
+		}
+	}
+	return proceed()
+}
+
+// tallyJobs counts the Jobs still running (not those being deleted) and finds the newest finished
+// one: the latest to finish, the greater name on a tie.
+func tallyJobs(jobs []*batchv1.Job) (active int, newest *batchv1.Job, newestRes jobResult) {
 	for _, j := range jobs {
 		res := jobFinished(j)
 		if !res.done {
@@ -50,23 +76,5 @@ func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, bs *backupv1al
 			newest, newestRes = j, res
 		}
 	}
-	st := &bs.Status
-	if newest != nil && (st.LastJob == nil || st.LastJob.Name != newest.Name || st.LastJob.Succeeded != newestRes.succeeded) {
-		ref := &backupv1alpha1.JobRef{Name: newest.Name, Succeeded: newestRes.succeeded, CompletionTime: &metav1.Time{Time: newestRes.at}}
-		if !newestRes.succeeded {
-			// On an error reading the output, out is empty and the Job's condition is the message.
-			out, _ := jobOutput(ctx, r.Client, r.PodOutput, newest)
-			ref.Message = newestRes.failure(out)
-		}
-		st.LastJob = ref
-	}
-	if st.LastJob != nil {
-		if st.LastJob.Succeeded {
-			cs.setTrue(backupv1alpha1.ConditionBackupSucceeded, "JobSucceeded", "backup Job "+st.LastJob.Name+" succeeded")
-		} else {
-			cs.setFalse(backupv1alpha1.ConditionBackupSucceeded, "JobFailed",
-				fmt.Sprintf("backup Job %s failed: %s", st.LastJob.Name, st.LastJob.Message))
-		}
-	}
-	return active, nil
+	return active, newest, newestRes
 }

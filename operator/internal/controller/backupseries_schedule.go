@@ -7,6 +7,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -14,6 +15,33 @@ import (
 	"github.com/revault-io/revault/operator/internal/plan"
 )
 
+// checkSchedule sets ScheduleValid. The CRD checks the schedule's shape; the cron parser catches
+// the rest (an impossible minute), and no CronJob is made for a schedule it rejects.
+func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	bs := s.bs
+	s.scheduleOK = true
+	if bs.Spec.Schedule == "" {
+		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "OnDemand", "no schedule: backups run on the revault.io/backup-now annotation")
+	} else if _, perr := plan.ParseSchedule(bs.Spec.Schedule); perr != nil {
+		s.scheduleOK = false
+		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "InvalidSchedule", perr.Error())
+	} else {
+		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "Scheduled", "backups run on "+bs.Spec.Schedule)
+	}
+	return proceed()
+}
+
+// schedule keeps the CronJob of scheduled backups, which exists only for a PVC series with a
+// valid schedule.
+func (r *BackupSeriesReconciler) schedule(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	if err := r.reconcileCronJob(ctx, s.bs, s.bs.Status.Worker.Endpoint, s.scheduleOK); err != nil {
+		return failed(err)
+	}
+	return proceed()
+}
+
+// reconcileCronJob applies the series' CronJob when it should have one (scheduleOK: its schedule
+// parses), and otherwise deletes the CronJob of that name if the series owns it.
 func (r *BackupSeriesReconciler) reconcileCronJob(ctx context.Context, bs *backupv1alpha1.BackupSeries, endpoint string, scheduleOK bool) error {
 	want := bs.Spec.Source.PVC != nil && bs.Spec.Schedule != "" && scheduleOK
 	cj := plan.BackupCronJob(r.Config, bs, endpoint)

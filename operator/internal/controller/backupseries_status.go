@@ -3,15 +3,36 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/metrics"
 )
+
+// finish sets the phase from the backup Jobs (backing up while one runs, failed when the last one
+// failed), then Ready, and writes the status if it changed. A series with a running Job is looked
+// at again soon, to follow it.
+func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	st := &s.bs.Status
+	phase := backupv1alpha1.SeriesReady
+	switch {
+	case s.active > 0:
+		phase = backupv1alpha1.SeriesBackingUp
+	case st.LastJob != nil && !st.LastJob.Succeeded:
+		phase = backupv1alpha1.SeriesFailed
+	}
+	r.finishStatus(s.bs, phase)
+	if s.active > 0 {
+		s.requeue = min(s.requeue, 10*time.Second)
+	}
+	return stop(ctrl.Result{RequeueAfter: s.requeue}, r.writeStatus(ctx, s.bs, s.orig))
+}
 
 // finishStatus sets the phase (with an event when it changes), Ready and observedGeneration.
 func (r *BackupSeriesReconciler) finishStatus(bs *backupv1alpha1.BackupSeries, phase backupv1alpha1.BackupSeriesPhase) {
@@ -40,6 +61,8 @@ func (r *BackupSeriesReconciler) finishStatus(bs *backupv1alpha1.BackupSeries, p
 		fmt.Sprintf("%d versions, dedup ratio %s", st.VersionCount, orDash(st.DedupRatio)))
 }
 
+// writeStatus writes the status when it differs from orig (as read), so an idle reconcile writes
+// nothing.
 func (r *BackupSeriesReconciler) writeStatus(ctx context.Context, bs *backupv1alpha1.BackupSeries, orig *backupv1alpha1.BackupSeriesStatus) error {
 	if equality.Semantic.DeepEqual(orig, &bs.Status) {
 		return nil

@@ -4,13 +4,26 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/workerapi"
 )
+
+// syncVersions reads the series' versions and sizes from its worker. A worker that does not
+// answer does not end the reconcile (Synced says what failed): the series is looked at again
+// sooner instead.
+func (r *BackupSeriesReconciler) syncVersions(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	if err := r.sync(ctx, s.bs, s.cs); err != nil {
+		s.o.workerFailed = true
+		s.requeue = min(s.requeue, 30*time.Second)
+	}
+	return proceed()
+}
 
 // sync reads the series' versions from its worker into status. A series the worker does not
 // know yet (no backup so far) has no versions.
@@ -28,6 +41,18 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", err.Error())
 		return err
 	}
+	setVersions(st, s)
+	if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("%d versions on the %s worker on node %s", st.VersionCount, st.Worker.Media, st.Worker.Node)
+	cs.setTrue(backupv1alpha1.ConditionSynced, "WorkerAnswered", msg)
+	return nil
+}
+
+// setVersions writes the worker's versions of a series into its status: totals, the latest
+// version, and the newest MaxStatusVersions of them in order.
+func setVersions(st *backupv1alpha1.BackupSeriesStatus, s *workerapi.Series) {
 	versions := make([]backupv1alpha1.BackupVersion, 0, len(s.VersionList))
 	var logical, stored int64
 	for _, v := range s.VersionList {
@@ -55,16 +80,4 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 		versions = nil
 	}
 	st.Versions = versions
-
-	// A series without a RetentionPolicy keeps everything: clear rules left by a removed one.
-	if bs.Spec.RetentionPolicyRef == nil && s.Retention != nil && (s.Retention.Keep != nil || s.Retention.KeepWithinSeconds != nil) {
-		if _, err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerapi.Retention{Live: 1}); err != nil {
-			cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", "clearing retention: "+err.Error())
-			return err
-		}
-		r.Recorder.Event(bs, "Normal", "RetentionCleared", "no retentionPolicyRef: the worker now keeps every version")
-	}
-	msg := fmt.Sprintf("%d versions on the %s worker on node %s", st.VersionCount, st.Worker.Media, st.Worker.Node)
-	cs.setTrue(backupv1alpha1.ConditionSynced, "WorkerAnswered", msg)
-	return nil
 }
