@@ -13,7 +13,7 @@ import (
 // runs. A Reconcile then reads as the list of what it does, in order, and each step can be read
 // (and changed) on its own.
 
-// step is one part of a reconcile of a run R.
+// step is one part of a reconcile of a run R. An error always comes with done.
 type step[R any] func(ctx context.Context, run R) (res ctrl.Result, done bool, err error)
 
 // runSteps runs the steps in order until one is done or fails, and returns what that one
