@@ -58,7 +58,7 @@ func (r *RestoreJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if st.Phase == "" {
 		r.setPhase(rj, backupv1alpha1.RestorePending)
 	}
-	res, err := r.step(ctx, rj, cs, &o)
+	res, err := r.advance(ctx, rj, cs, &o)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -79,6 +79,22 @@ func (r *RestoreJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	return res, nil
 }
 
+// advance starts the restore, in these steps, or follows the Job that was started.
+func (r *RestoreJobReconciler) advance(ctx context.Context, rj *backupv1alpha1.RestoreJob, cs conditionSetter, o *outcome) (ctrl.Result, error) {
+	if rj.Status.JobName != "" {
+		return r.observe(ctx, rj, cs)
+	}
+	return runSteps(ctx, &restoreStart{rj: rj, cs: cs, o: o},
+		r.findSeries,     // the BackupSeries and its worker
+		r.resolveVersion, // the version to restore, resolved once on that worker
+		r.findTarget,     // the target PVC
+		r.checkToken,     // the worker accepts the namespace's token
+		r.startJob,       // the Job that pulls the version into the PVC
+		r.markRunning,    // status: Running, with the Job and version
+	)
+}
+
+// fail ends the RestoreJob: Failed, with reason and msg in its conditions.
 func (r *RestoreJobReconciler) fail(rj *backupv1alpha1.RestoreJob, cs conditionSetter, reason, msg string) {
 	now := metav1.NewTime(r.Now())
 	rj.Status.CompletionTime = &now
@@ -87,6 +103,7 @@ func (r *RestoreJobReconciler) fail(rj *backupv1alpha1.RestoreJob, cs conditionS
 	r.setPhase(rj, backupv1alpha1.RestoreFailed)
 }
 
+// setPhase moves the RestoreJob to phase p, with an event.
 func (r *RestoreJobReconciler) setPhase(rj *backupv1alpha1.RestoreJob, p backupv1alpha1.RestorePhase) {
 	if rj.Status.Phase == p {
 		return

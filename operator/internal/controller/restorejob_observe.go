@@ -42,33 +42,39 @@ func (r *RestoreJobReconciler) observe(ctx context.Context, rj *backupv1alpha1.R
 	done := metav1.NewTime(res.at)
 	st.CompletionTime = &done
 	st.Progress = "100%"
-	note := ""
-	switch {
-	case oerr != nil:
-		note = fmt.Sprintf(" (report unavailable: %v)", oerr)
-	case out.Report == nil:
-		note = " (the pod left no report)"
-	default:
-		if rep, err := plan.ParsePullReport(out.Report); err != nil {
-			note = fmt.Sprintf(" (unreadable report: %v)", err)
-		} else {
-			st.RestoredBytes = rep.RestoredBytes()
-			if rep.Server != nil {
-				st.ContainerReads = rep.Server.ContainerReads
-				if rep.Server.SpeedFactor != nil {
-					st.SpeedFactor = fmt.Sprintf("%.2f", *rep.Server.SpeedFactor)
-				}
-			}
-			if rep.Seconds > 0 {
-				bps := float64(st.RestoredBytes) / rep.Seconds
-				st.ThroughputBytesPerSecond = int64(bps)
-				st.Throughput = plan.Throughput(bps)
-			}
-			st.Progress = plan.Percent(st.RestoredBytes, max(st.TotalBytes, st.RestoredBytes))
-		}
-	}
+	note := recordPullReport(st, out, oerr)
 	cs.setTrue(backupv1alpha1.ConditionComplete, "Succeeded",
 		fmt.Sprintf("restored version %d (%d bytes) into PVC %s%s", st.ResolvedVersion, st.RestoredBytes, rj.Spec.TargetPVC.ClaimName, note))
 	r.setPhase(rj, backupv1alpha1.RestoreSucceeded)
 	return ctrl.Result{}, nil
+}
+
+// recordPullReport records what the restore pod reported (bytes, container reads, speed factor,
+// throughput) in status. When there is no readable report, the restore still succeeded (its Job
+// did): note then says why the figures are missing, for the Complete condition.
+func recordPullReport(st *backupv1alpha1.RestoreJobStatus, out plan.JobOutput, oerr error) (note string) {
+	switch {
+	case oerr != nil:
+		return fmt.Sprintf(" (report unavailable: %v)", oerr)
+	case out.Report == nil:
+		return " (the pod left no report)"
+	}
+	rep, err := plan.ParsePullReport(out.Report)
+	if err != nil {
+		return fmt.Sprintf(" (unreadable report: %v)", err)
+	}
+	st.RestoredBytes = rep.RestoredBytes()
+	if rep.Server != nil {
+		st.ContainerReads = rep.Server.ContainerReads
+		if rep.Server.SpeedFactor != nil {
+			st.SpeedFactor = fmt.Sprintf("%.2f", *rep.Server.SpeedFactor)
+		}
+	}
+	if rep.Seconds > 0 {
+		bps := float64(st.RestoredBytes) / rep.Seconds
+		st.ThroughputBytesPerSecond = int64(bps)
+		st.Throughput = plan.Throughput(bps)
+	}
+	st.Progress = plan.Percent(st.RestoredBytes, max(st.TotalBytes, st.RestoredBytes))
+	return ""
 }
