@@ -96,7 +96,7 @@ func (r *BackupSeriesReconciler) load(ctx context.Context, s *seriesRun) (ctrl.R
 	bs := &backupv1alpha1.BackupSeries{}
 	if err := r.Get(ctx, s.key, bs); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.Phases.Set(s.key.String(), "")
+			r.Phases.Set(s.key.String(), "") // gone: no longer counted in any phase
 		}
 		return stop(ctrl.Result{}, client.IgnoreNotFound(err))
 	}
