@@ -20,7 +20,6 @@ CARGO := cd worker && cargo
 export GOMODCACHE ?= $(REVAULT_CACHE)/go/mod
 export GOCACHE ?= $(REVAULT_CACHE)/go/build
 export GOTOOLCHAIN ?= local
-GO_OPERATOR := cd operator && go
 
 # Which dataset `make demo` uses: synthetic (default) or kube.
 DATA ?= synthetic
@@ -33,7 +32,7 @@ help:
 	@echo "make demo        back up and restore a real series on local disk, print the figures (DATA=kube for real data)"
 	@echo "make test        everything CI runs: lint and every test suite"
 	@echo "make build       release build of the revault binary"
-	@echo "make lint        rustfmt check and clippy (warnings are errors)"
+	@echo "make lint        gofmt, go vet and golangci-lint of the Go modules; rustfmt check and clippy (warnings are errors)"
 	@echo "make bench       benchmarks; figures go to docs/performance.md"
 	@echo "make fuzz        fuzz the engine's decoders, 600 s per target (FUZZ_SECONDS=...; docs/fuzzing.md)"
 	@echo "make test-operator  the operator's envtest suite, chart lint and dry-run, generated-file check"
@@ -52,7 +51,7 @@ build: tools
 demo: build
 	python3 hack/demo.py --data $(DATA)
 
-lint: tools lint-operator lint-e2e
+lint: tools lint-operator lint-e2e lint-velero
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
@@ -89,9 +88,9 @@ generate: k8s-tools
 build-operator:
 	cd operator && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/manager ./cmd
 
+# gofmt, go vet and golangci-lint (.golangci.yml; installed by the script on first use).
 lint-operator:
-	@out=$$(cd operator && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt: needs formatting:"; echo "$$out"; exit 1; fi
-	$(GO_OPERATOR) vet ./...
+	hack/go-lint.sh operator
 
 test-operator: build k8s-tools
 	hack/operator-test.sh
@@ -112,8 +111,7 @@ e2e: images k8s-tools
 # The e2e module compiles against ../operator (a replace): `go vet` here catches an API change
 # that breaks the suite, or a go.mod that needs `cd e2e && go mod tidy` after the operator's changed.
 lint-e2e:
-	@out=$$(cd e2e && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt: needs formatting:"; echo "$$out"; exit 1; fi
-	cd e2e && go vet ./...
+	hack/go-lint.sh e2e
 
 # Part of `make test`: runs e2e where the machine can (root, Linux, Docker or apt, disk space),
 # otherwise says why it skips. REVAULT_E2E=0 skips it; REVAULT_E2E=1 makes a skip an error.
@@ -122,7 +120,11 @@ test-e2e:
 	case $$rc in 0) $(MAKE) --no-print-directory e2e ;; 1) ;; *) exit $$rc ;; esac
 
 # ---- Velero plugin (velero-plugin/, its own Go module; docs/velero.md) ---------------------
-.PHONY: test-velero velero-plugin-image
+.PHONY: test-velero velero-plugin-image lint-velero
+# gofmt, go vet and golangci-lint of the plugin (part of `make lint`).
+lint-velero:
+	hack/go-lint.sh velero-plugin
+
 # gofmt, go vet and the plugin's tests: against a real `revault serve` and envtest, and through
 # Velero's own plugin manager (gRPC).
 test-velero: build k8s-tools

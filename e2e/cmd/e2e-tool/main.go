@@ -77,12 +77,14 @@ func writeRandom(path string, n int64, seed, salt uint64, mode os.FileMode) erro
 	if err != nil {
 		return err
 	}
+	// On an error the file is incomplete either way: that error is the one to report, not
+	// what closing it says.
 	if _, err := io.CopyN(f, src, n); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Chmod(mode); err != nil { // umask-proof
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	return f.Close()
@@ -250,7 +252,7 @@ func sum(args []string) (any, error) {
 			}
 			h := sha256.New()
 			n, err := io.Copy(h, f)
-			f.Close()
+			_ = f.Close() // read only: the read's error is what counts
 			if err != nil {
 				return err
 			}
@@ -327,7 +329,7 @@ func api(args []string) (any, error) {
 			return nil, err
 		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
+		_ = resp.Body.Close() // what was read is recorded; closing cannot change it
 		call := toolresult.APICall{Request: r, Status: resp.StatusCode, Body: string(b)}
 		var e struct {
 			Code string `json:"code"`

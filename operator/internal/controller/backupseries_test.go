@@ -264,7 +264,7 @@ var _ = Describe("BackupSeries", func() {
 		ns := newNamespace("cron")
 		bs := pvcSeries(ns, "db")
 		bs.Spec.Schedule = "61 * * * *" // the right shape, an impossible minute
-		bs = placedSeries(bs)
+		placedSeries(bs)
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
 			c := condition(st.Conditions, backupv1alpha1.ConditionScheduleValid)

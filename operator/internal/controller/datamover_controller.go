@@ -9,7 +9,6 @@ import (
 
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,7 +17,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -110,145 +108,18 @@ func opTimeout(d metav1.Duration) time.Duration {
 	return defaultOperationTimeout
 }
 
-// Reconcile brings one DataUpload forward.
+// Reconcile brings one DataUpload forward, in these steps.
 func (r *DataUploadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("dataupload", err) }()
-	du := &velerov2alpha1.DataUpload{}
-	if err := r.Get(ctx, req.NamespacedName, du); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if du.Spec.DataMover != plan.DataMoverName || finished(string(du.Status.Phase)) {
-		return ctrl.Result{}, nil
-	}
-	orig := du.DeepCopy()
-	st := &du.Status
-	now := metav1.NewTime(r.Now())
-	update := func() error { return writeIfChanged(ctx, r.Client, orig, du) }
-	end := func(phase velerov2alpha1.DataUploadPhase, msg string) (ctrl.Result, error) {
-		st.Phase, st.Message, st.CompletionTimestamp = phase, msg, &now
-		r.cleanup(ctx, du)
-		r.Recorder.Event(du, endEventType(phase == velerov2alpha1.DataUploadPhaseCompleted), "DataUpload"+string(phase), msg)
-		return ctrl.Result{}, update()
-	}
-
-	if du.Spec.Cancel {
-		return end(velerov2alpha1.DataUploadPhaseCanceled, "canceled by Velero")
-	}
-	if st.Phase == "" || st.Phase == velerov2alpha1.DataUploadPhaseNew {
-		if why := plan.CheckDataUpload(du); why != "" {
-			return end(velerov2alpha1.DataUploadPhaseFailed, why)
-		}
-		st.Phase, st.AcceptedTimestamp, st.StartTimestamp = velerov2alpha1.DataUploadPhaseAccepted, &now, &now
-		st.Message = "accepted by the revault data mover"
-		return ctrl.Result{RequeueAfter: time.Second}, update()
-	}
-	waiting := func(msg string) (ctrl.Result, error) {
-		o.waiting = true
-		if st.StartTimestamp != nil && now.Sub(st.StartTimestamp.Time) > opTimeout(du.Spec.OperationTimeout) {
-			return end(velerov2alpha1.DataUploadPhaseFailed,
-				fmt.Sprintf("timed out after %s: %s", opTimeout(du.Spec.OperationTimeout), msg))
-		}
-		st.Message = msg
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-
-	media, _ := plan.MediaFromConfig(du.Spec.DataMoverConfig)
-	ns := du.Spec.SourceNamespace
-	bs, msg, err := seriesReady(ctx, r.Client, ns, du.Spec.SourcePVC, media, plan.DataMoverRef("DataUpload", du.Namespace, du.Name))
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if bs == nil {
-		return waiting(msg)
-	}
-	if bs.Spec.Source.PVC == nil || bs.Spec.Source.PVC.ClaimName != du.Spec.SourcePVC {
-		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf(
-			"BackupSeries %s/%s exists but does not back up PVC %s: the data mover writes to the series named after the PVC",
-			ns, bs.Name, du.Spec.SourcePVC))
-	}
-
-	job := &batchv1.Job{}
-	jobKey := types.NamespacedName{Namespace: ns, Name: plan.DataUploadObjectName(du.Name)}
-	err = r.Get(ctx, jobKey, job)
-	if apierrors.IsNotFound(err) {
-		source := &corev1.PersistentVolumeClaim{}
-		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: du.Spec.SourcePVC}, source); err != nil {
-			if apierrors.IsNotFound(err) {
-				return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf("source PVC %s/%s does not exist", ns, du.Spec.SourcePVC))
-			}
-			return ctrl.Result{}, err
-		}
-		pvc := plan.SnapshotPVC(du, source)
-		if err := r.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, err
-		}
-		job = plan.DataUploadJob(r.Config, bs, bs.Status.Worker.Endpoint, du)
-		if err := r.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, err
-		}
-		r.Recorder.Eventf(du, "Normal", "BackupStarted", "Job %s/%s reads snapshot %s into series %s",
-			ns, job.Name, du.Spec.CSISnapshot.VolumeSnapshot, plan.SeriesID(ns, bs.Name))
-		st.Phase = velerov2alpha1.DataUploadPhaseInProgress
-		st.Progress.TotalBytes = source.Spec.Resources.Requests.Storage().Value()
-		st.Message = fmt.Sprintf("backing up snapshot %s into series %s", du.Spec.CSISnapshot.VolumeSnapshot, plan.SeriesID(ns, bs.Name))
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-
-	res := jobFinished(job)
-	if !res.done {
-		if n, ok := r.Workers.RunningBackupBytes(ctx, bs.Status.Worker, ns, bs.Name); ok {
-			st.Progress.BytesDone = n
-		}
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-	out, oerr := jobOutput(ctx, r.Client, r.PodOutput, job)
-	if outputPending(oerr, res.at) {
-		// The pod's report names the version: wait for it a little.
-		logf.FromContext(ctx).Info("reading the backup Job's report", "job", job.Name, "error", oerr.Error())
-		return ctrl.Result{RequeueAfter: time.Second}, nil
-	}
-	if !res.succeeded {
-		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf("backup Job %s/%s failed: %s", ns, job.Name, res.failure(out)))
-	}
-	rep, err := plan.ParsePushReport(out.Report)
-	if err != nil || rep.Version == nil {
-		why := "its pod printed no JSON report"
-		if oerr != nil {
-			why = oerr.Error()
-		}
-		return end(velerov2alpha1.DataUploadPhaseFailed, fmt.Sprintf(
-			"backup Job %s/%s succeeded but its report could not be read (%s), so the version is unknown", ns, job.Name, why))
-	}
-	st.SnapshotID = plan.SnapshotID(ns, bs.Name, *rep.Version)
-	st.Progress.TotalBytes, st.Progress.BytesDone = rep.LogicalBytes, rep.LogicalBytes
-	st.IncrementalBytes = rep.NewBytes
-	result := map[string]string{
-		"series": plan.SeriesID(ns, bs.Name), "version": fmt.Sprint(*rep.Version),
-		"worker": bs.Status.Worker.Endpoint,
-	}
-	st.DataMoverResult = &result
-	return end(velerov2alpha1.DataUploadPhaseCompleted, fmt.Sprintf("backed up %d bytes as version %d of series %s",
-		rep.LogicalBytes, *rep.Version, plan.SeriesID(ns, bs.Name)))
-}
-
-// cleanup deletes a DataUpload's snapshot volume (and a running Job when it ends early).
-func (r *DataUploadReconciler) cleanup(ctx context.Context, du *velerov2alpha1.DataUpload) {
-	ns, name := du.Spec.SourceNamespace, plan.DataUploadObjectName(du.Name)
-	if ns == "" {
-		return
-	}
-	job := &batchv1.Job{}
-	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, job); err == nil && !jobFinished(job).done {
-		_ = r.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground))
-	}
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	if err := r.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
-		logf.FromContext(ctx).Info("deleting the snapshot volume", "pvc", name, "error", err.Error())
-	}
+	return runSteps(ctx, &uploadRun{key: req.NamespacedName, o: &o},
+		r.load,         // read it; one for another data mover, or one that ended, is left alone
+		r.accept,       // a canceled one ends; a new one is checked and accepted
+		r.findSeries,   // the series named after the source PVC, placed, its token loaded
+		r.startBackup,  // the snapshot volume and the backup Job, once
+		r.followBackup, // progress from the worker while the Job runs
+		r.complete,     // the version from the Job's report
+	)
 }
 
 // SetupWithManager watches DataUploads and the backup Jobs made for them.
@@ -300,239 +171,20 @@ type DataDownloadReconciler struct {
 	Now      func() time.Time
 }
 
-// Reconcile brings one DataDownload forward.
+// Reconcile brings one DataDownload forward, in these steps.
 func (r *DataDownloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("datadownload", err) }()
-	dd := &velerov2alpha1.DataDownload{}
-	if err := r.Get(ctx, req.NamespacedName, dd); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if dd.Spec.DataMover != plan.DataMoverName || finished(string(dd.Status.Phase)) {
-		return ctrl.Result{}, nil
-	}
-	orig := dd.DeepCopy()
-	st := &dd.Status
-	now := metav1.NewTime(r.Now())
-	update := func() error { return writeIfChanged(ctx, r.Client, orig, dd) }
-	end := func(phase velerov2alpha1.DataDownloadPhase, msg string) (ctrl.Result, error) {
-		st.Phase, st.Message, st.CompletionTimestamp = phase, msg, &now
-		completed := phase == velerov2alpha1.DataDownloadPhaseCompleted
-		if !completed {
-			r.cleanup(ctx, dd)
-		}
-		r.Recorder.Event(dd, endEventType(completed), "DataDownload"+string(phase), msg)
-		return ctrl.Result{}, update()
-	}
-
-	if dd.Spec.Cancel {
-		return end(velerov2alpha1.DataDownloadPhaseCanceled, "canceled by Velero")
-	}
-	ns, series, version, perr := plan.ParseSnapshotID(dd.Spec.SnapshotID)
-	target := dd.Spec.TargetVolume
-	if st.Phase == "" || st.Phase == velerov2alpha1.DataDownloadPhaseNew {
-		switch {
-		case perr != nil:
-			return end(velerov2alpha1.DataDownloadPhaseFailed, perr.Error())
-		case target.Namespace == "" || target.PVC == "":
-			return end(velerov2alpha1.DataDownloadPhaseFailed, "spec.targetVolume.namespace and .pvc are required")
-		case target.Namespace != ns:
-			return end(velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
-				"snapshot %s belongs to namespace %s: restoring it into namespace %s is not supported (series are scoped to their namespace)",
-				dd.Spec.SnapshotID, ns, target.Namespace))
-		}
-		st.Phase, st.AcceptedTimestamp, st.StartTimestamp = velerov2alpha1.DataDownloadPhaseAccepted, &now, &now
-		st.Message = "accepted by the revault data mover"
-		return ctrl.Result{RequeueAfter: time.Second}, update()
-	}
-	if perr != nil {
-		return end(velerov2alpha1.DataDownloadPhaseFailed, perr.Error())
-	}
-	waiting := func(msg string) (ctrl.Result, error) {
-		o.waiting = true
-		if st.Phase != velerov2alpha1.DataDownloadPhaseInProgress && st.StartTimestamp != nil &&
-			now.Sub(st.StartTimestamp.Time) > opTimeout(dd.Spec.OperationTimeout) {
-			return end(velerov2alpha1.DataDownloadPhaseFailed,
-				fmt.Sprintf("timed out after %s: %s", opTimeout(dd.Spec.OperationTimeout), msg))
-		}
-		st.Message = msg
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-
-	tpvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: target.PVC}, tpvc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return waiting(fmt.Sprintf("waiting for Velero to create the target PVC %s/%s", ns, target.PVC))
-		}
-		return ctrl.Result{}, err
-	}
-
-	// Once the restore volume was handed over, only the binding is left to watch.
-	if pvName := dd.Annotations[plan.AnnotationRestorePV]; pvName != "" {
-		return r.rebind(ctx, dd, tpvc, pvName, waiting, end)
-	}
-
-	bs, msg, err := seriesReady(ctx, r.Client, ns, series, backupv1alpha1.MediaSSD, plan.DataMoverRef("DataDownload", dd.Namespace, dd.Name))
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if bs == nil {
-		return waiting(msg)
-	}
-	name := plan.DataDownloadObjectName(dd.Name)
-	rj := &backupv1alpha1.RestoreJob{}
-	err = r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, rj)
-	if apierrors.IsNotFound(err) {
-		if err := r.Create(ctx, plan.RestorePVC(dd, tpvc)); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, err
-		}
-		rj = plan.DataDownloadRestore(dd, series, version)
-		if err := r.Create(ctx, rj); err != nil && !apierrors.IsAlreadyExists(err) {
-			return ctrl.Result{}, err
-		}
-		r.Recorder.Eventf(dd, "Normal", "RestoreStarted", "RestoreJob %s/%s restores version %d of series %s",
-			ns, name, version, plan.SeriesID(ns, series))
-		st.Phase = velerov2alpha1.DataDownloadPhaseInProgress
-		st.Progress.TotalBytes = dd.Spec.SnapshotSize
-		st.Message = fmt.Sprintf("restoring version %d of series %s", version, plan.SeriesID(ns, series))
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	switch rj.Status.Phase {
-	case backupv1alpha1.RestoreFailed:
-		why := "the RestoreJob failed"
-		if c := apimeta.FindStatusCondition(rj.Status.Conditions, backupv1alpha1.ConditionFailed); c != nil && c.Message != "" {
-			why = c.Message
-		}
-		return end(velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf("RestoreJob %s/%s failed: %s", ns, name, why))
-	case backupv1alpha1.RestoreSucceeded:
-	default:
-		if rj.Status.TotalBytes > 0 {
-			st.Progress.TotalBytes = rj.Status.TotalBytes
-		}
-		st.Progress.BytesDone = rj.Status.RestoredBytes
-		return ctrl.Result{RequeueAfter: dataMoverPoll}, update()
-	}
-	st.Progress.TotalBytes, st.Progress.BytesDone = rj.Status.RestoredBytes, rj.Status.RestoredBytes
-	// The restore volume holds the data: hand its PV over to the target PVC.
-	rpvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, rpvc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return end(velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf("the restore volume %s/%s disappeared", ns, name))
-		}
-		return ctrl.Result{}, err
-	}
-	if rpvc.Spec.VolumeName == "" {
-		return waiting(fmt.Sprintf("waiting for the restore volume %s/%s to be bound", ns, name))
-	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Reader.Get(ctx, types.NamespacedName{Name: rpvc.Spec.VolumeName}, pv); err != nil {
-		return ctrl.Result{}, err
-	}
-	if _, kept := pv.Annotations[plan.AnnotationReclaimPolicy]; !kept {
-		if pv.Annotations == nil {
-			pv.Annotations = map[string]string{}
-		}
-		pv.Annotations[plan.AnnotationReclaimPolicy] = string(pv.Spec.PersistentVolumeReclaimPolicy)
-		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
-		if err := r.Update(ctx, pv); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if dd.Annotations == nil {
-		dd.Annotations = map[string]string{}
-	}
-	dd.Annotations[plan.AnnotationRestorePV] = pv.Name
-	if err := update(); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{RequeueAfter: time.Second}, nil
-}
-
-// rebind hands the restored volume pvName to the target PVC: the restore PVC goes (the volume is
-// Retained meanwhile), the target PVC is pointed at the volume and the volume at the target PVC,
-// with the labels of the target's selector; once bound, the volume's reclaim policy comes back.
-func (r *DataDownloadReconciler) rebind(ctx context.Context, dd *velerov2alpha1.DataDownload, target *corev1.PersistentVolumeClaim,
-	pvName string, waiting func(string) (ctrl.Result, error),
-	end func(velerov2alpha1.DataDownloadPhase, string) (ctrl.Result, error)) (ctrl.Result, error) {
-	ns, name := target.Namespace, plan.DataDownloadObjectName(dd.Name)
-	rpvc := &corev1.PersistentVolumeClaim{}
-	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, rpvc)
-	switch {
-	case err == nil:
-		if rpvc.DeletionTimestamp == nil {
-			if err := r.Delete(ctx, rpvc); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
-			}
-		}
-		return waiting(fmt.Sprintf("waiting for the restore volume's claim %s/%s to go", ns, name))
-	case !apierrors.IsNotFound(err):
-		return ctrl.Result{}, err
-	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Reader.Get(ctx, types.NamespacedName{Name: pvName}, pv); err != nil {
-		if apierrors.IsNotFound(err) {
-			return end(velerov2alpha1.DataDownloadPhaseFailed, "the restored volume "+pvName+" disappeared")
-		}
-		return ctrl.Result{}, err
-	}
-	if target.Spec.VolumeName != pvName {
-		patch := client.MergeFrom(target.DeepCopy())
-		target.Spec.VolumeName = pvName
-		delete(target.Annotations, "pv.kubernetes.io/bind-completed")
-		delete(target.Annotations, "pv.kubernetes.io/bound-by-controller")
-		if err := r.Patch(ctx, target, patch); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	claimed := pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace == ns && pv.Spec.ClaimRef.Name == target.Name
-	if !claimed {
-		patch := client.MergeFrom(pv.DeepCopy())
-		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: ns, Name: target.Name}
-		delete(pv.Annotations, "pv.kubernetes.io/bound-by-controller")
-		if target.Spec.Selector != nil {
-			if pv.Labels == nil {
-				pv.Labels = map[string]string{}
-			}
-			for k, v := range target.Spec.Selector.MatchLabels {
-				pv.Labels[k] = v
-			}
-		}
-		if err := r.Patch(ctx, pv, patch); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if pv.Status.Phase != corev1.VolumeBound {
-		return waiting(fmt.Sprintf("waiting for volume %s to bind to PVC %s/%s", pvName, ns, target.Name))
-	}
-	if policy, ok := pv.Annotations[plan.AnnotationReclaimPolicy]; ok {
-		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimPolicy(policy)
-		delete(pv.Annotations, plan.AnnotationReclaimPolicy)
-		if err := r.Update(ctx, pv); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	_, series, version, _ := plan.ParseSnapshotID(dd.Spec.SnapshotID)
-	return end(velerov2alpha1.DataDownloadPhaseCompleted, fmt.Sprintf("restored version %d of series %s into PVC %s/%s",
-		version, plan.SeriesID(ns, series), ns, target.Name))
-}
-
-// cleanup removes a failed or canceled DataDownload's RestoreJob and restore volume.
-func (r *DataDownloadReconciler) cleanup(ctx context.Context, dd *velerov2alpha1.DataDownload) {
-	ns, name := dd.Spec.TargetVolume.Namespace, plan.DataDownloadObjectName(dd.Name)
-	if ns == "" {
-		return
-	}
-	rj := &backupv1alpha1.RestoreJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	if err := r.Delete(ctx, rj); err != nil && !apierrors.IsNotFound(err) {
-		logf.FromContext(ctx).Info("deleting the RestoreJob", "name", name, "error", err.Error())
-	}
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	if err := r.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
-		logf.FromContext(ctx).Info("deleting the restore volume", "pvc", name, "error", err.Error())
-	}
+	return runSteps(ctx, &downloadRun{key: req.NamespacedName, o: &o},
+		r.load,          // read it; one for another data mover, or one that ended, is left alone
+		r.accept,        // a canceled one ends; a new one is checked and accepted
+		r.findTarget,    // the target PVC, which Velero creates
+		r.rebind,        // once the restored volume was handed over, bind it to the target
+		r.findSeries,    // the series of the snapshot, placed, its token loaded
+		r.startRestore,  // the restore volume and the RestoreJob, once
+		r.followRestore, // the RestoreJob's progress, to its end
+		r.handOver,      // keep the restored volume and mark it for the target
+	)
 }
 
 // SetupWithManager watches DataDownloads and the RestoreJobs made for them.

@@ -3,12 +3,10 @@ package controller
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
-	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/workerapi"
 )
@@ -61,209 +58,86 @@ func Rules(spec backupv1alpha1.RetentionPolicySpec) (workerapi.Retention, plan.R
 	return wr, pr
 }
 
-// Reconcile applies one RetentionPolicy.
+// policyRun is one reconcile of a RetentionPolicy: the policy as read (base, for the status patch),
+// the time of this reconcile, and what the steps found and did.
+type policyRun struct {
+	key  types.NamespacedName
+	o    *outcome
+	rp   *backupv1alpha1.RetentionPolicy
+	base *backupv1alpha1.RetentionPolicy
+	cs   conditionSetter
+	now  time.Time
+	// requeue is the soonest a step wants the policy looked at again (at most the sync period).
+	requeue time.Duration
+	// next is when the expiry schedule fires next (zero without a schedule), and due whether it
+	// is time for it now.
+	next time.Time
+	due  bool
+	// ran: some series was slid and expired; failures and waiting name the series that failed
+	// or are not placed yet.
+	ran               bool
+	failures, waiting []string
+}
+
+// Reconcile applies one RetentionPolicy, in these steps.
 func (r *RetentionPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("retentionpolicy", err) }()
+	return runSteps(ctx, &policyRun{key: req.NamespacedName, o: &o, requeue: r.SyncPeriod},
+		r.load,          // read the policy, uncached
+		r.checkSchedule, // Scheduled, and whether a scheduled expiry is due
+		r.applyAll,      // push the rules to each series' worker; slide and expire when due
+		r.recordRun,     // lastExpiryTime and nextExpiryTime
+		r.report,        // Applied, and the status patch
+	)
+}
 
-	// Slides and expiries cannot be undone, and their report (lastExpired, bytesReclaimed) exists
-	// only in the status this reconcile writes: it must not be lost to a write conflict, after
-	// which the retry would find nothing left to expire and report nothing. So the policy is read
-	// uncached (the cache can lag behind this controller's previous status write, which is what
-	// conflicted) and the status is written with a patch, which no spec change can conflict with.
+// load reads the policy. Slides and expiries cannot be undone, and their report (lastExpired,
+// bytesReclaimed) exists only in the status this reconcile writes: it must not be lost to a write
+// conflict, after which the retry would find nothing left to expire and report nothing. So the
+// policy is read uncached (the cache can lag behind this controller's previous status write,
+// which is what conflicted) and report writes the status with a patch, which no spec change can
+// conflict with.
+func (r *RetentionPolicyReconciler) load(ctx context.Context, p *policyRun) (ctrl.Result, bool, error) {
 	reader := r.Reader
 	if reader == nil {
 		reader = r.Client
 	}
 	rp := &backupv1alpha1.RetentionPolicy{}
-	if err := reader.Get(ctx, req.NamespacedName, rp); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := reader.Get(ctx, p.key, rp); err != nil {
+		return stop(ctrl.Result{}, client.IgnoreNotFound(err))
 	}
-	base := rp.DeepCopy()
-	orig := &base.Status
-	st := &rp.Status
-	cs := conditionSetter{rec: r.Recorder, obj: rp, conds: &st.Conditions, generation: rp.Generation}
-	now := r.Now()
-	requeue := r.SyncPeriod
+	p.rp, p.base = rp, rp.DeepCopy()
+	p.cs = conditionSetter{rec: r.Recorder, obj: rp, conds: &rp.Status.Conditions, generation: rp.Generation}
+	p.now = r.Now()
+	return proceed()
+}
 
-	// When is the next scheduled expiry, and is one due now?
-	due := false
-	var next time.Time
-	if rp.Spec.ExpirySchedule != "" {
-		n, serr := nextExpiry(rp)
-		if serr != nil {
-			cs.setFalse(backupv1alpha1.ConditionScheduled, "InvalidSchedule", serr.Error())
-		} else {
-			next, due = n, !now.Before(n)
-			cs.setTrue(backupv1alpha1.ConditionScheduled, "Scheduled", "expiry runs on "+rp.Spec.ExpirySchedule)
-		}
-	} else {
-		cs.setTrue(backupv1alpha1.ConditionScheduled, "AfterEveryBackup", "no expirySchedule: the worker applies the policy after every backup")
-	}
-
-	var series backupv1alpha1.BackupSeriesList
-	if err := r.List(ctx, &series, client.InNamespace(rp.Namespace), client.MatchingFields{indexRetentionRef: rp.Name}); err != nil {
-		return ctrl.Result{}, err
-	}
-	sort.Slice(series.Items, func(i, j int) bool { return series.Items[i].Name < series.Items[j].Name })
-	wr, rules := Rules(rp.Spec)
-
-	prev := map[string]backupv1alpha1.SeriesRetentionStatus{}
-	for _, s := range st.Series {
-		prev[s.Name] = s
-	}
-	var entries []backupv1alpha1.SeriesRetentionStatus
-	var failures, waiting []string
-	ran := false
-	for i := range series.Items {
-		bs := &series.Items[i]
-		if !bs.DeletionTimestamp.IsZero() {
-			continue
-		}
-		e := prev[bs.Name]
-		if e.UID != string(bs.UID) {
-			// A new series under an old name starts from scratch.
-			e = backupv1alpha1.SeriesRetentionStatus{UID: string(bs.UID)}
-		}
-		e.Name = bs.Name
-		if bs.Status.Worker == nil {
-			e.Message = "waiting for the series to be placed on a worker"
-			waiting = append(waiting, bs.Name)
-			entries = append(entries, e)
-			continue
-		}
-		changed := e.AppliedGeneration != rp.Generation
-		did, err := r.applyToSeries(ctx, rp, bs, &e, wr, rules, changed || due)
-		ran = ran || did
-		if err != nil {
-			o.workerFailed = true
-			e.Message = err.Error()
-			failures = append(failures, fmt.Sprintf("%s: %v", bs.Name, err))
-		} else {
-			e.Message = ""
-			e.AppliedGeneration = rp.Generation
-		}
-		entries = append(entries, e)
-	}
-	st.Series = entries
-	st.SeriesCount = int32(len(entries))
-	// A scheduled run that failed somewhere is retried (slide and expire are idempotent).
-	if ran && (!due || len(failures) == 0) {
-		t := metav1.NewTime(now)
-		st.LastSlideTime, st.LastExpiryTime = &t, &t
-	}
-	st.NextExpiryTime = nil
-	if !next.IsZero() {
-		// After this run, from the (possibly just updated) last expiry.
-		if n, err := nextExpiry(rp); err == nil {
-			nt := metav1.NewTime(n)
-			st.NextExpiryTime = &nt
-			if d := n.Sub(now); d < requeue {
-				requeue = max(d, time.Second)
-			}
-		}
-	}
-
+// report sets Applied from what applyAll did and patches the status when it changed. A policy
+// that failed somewhere, or waits for series to be placed, is looked at again sooner.
+func (r *RetentionPolicyReconciler) report(ctx context.Context, p *policyRun) (ctrl.Result, bool, error) {
+	rp, st := p.rp, &p.rp.Status
 	switch {
-	case len(failures) > 0:
-		cs.setFalse(backupv1alpha1.ConditionApplied, "WorkerError", joinMax(failures, 3))
-		requeue = min(requeue, 30*time.Second)
-	case len(waiting) > 0:
-		o.waiting = true
-		cs.waiting(backupv1alpha1.ConditionApplied, "WaitingForPlacement", "not placed yet: "+strings.Join(waiting, ", "))
-		requeue = min(requeue, 15*time.Second)
-	case len(entries) == 0:
-		cs.setTrue(backupv1alpha1.ConditionApplied, "NoSeries", "no BackupSeries references this policy")
+	case len(p.failures) > 0:
+		p.cs.setFalse(backupv1alpha1.ConditionApplied, "WorkerError", joinMax(p.failures, 3))
+		p.requeue = min(p.requeue, 30*time.Second)
+	case len(p.waiting) > 0:
+		p.o.waiting = true
+		p.cs.waiting(backupv1alpha1.ConditionApplied, "WaitingForPlacement", "not placed yet: "+strings.Join(p.waiting, ", "))
+		p.requeue = min(p.requeue, 15*time.Second)
+	case len(st.Series) == 0:
+		p.cs.setTrue(backupv1alpha1.ConditionApplied, "NoSeries", "no BackupSeries references this policy")
 	default:
-		cs.setTrue(backupv1alpha1.ConditionApplied, "Applied",
-			fmt.Sprintf("generation %d applied to %d series", rp.Generation, len(entries)))
+		p.cs.setTrue(backupv1alpha1.ConditionApplied, "Applied",
+			fmt.Sprintf("generation %d applied to %d series", rp.Generation, len(st.Series)))
 	}
 	st.ObservedGeneration = rp.Generation
-	if !equality.Semantic.DeepEqual(orig, st) {
-		if err := r.Status().Patch(ctx, rp, client.MergeFrom(base)); err != nil {
-			return ctrl.Result{}, err
+	if !equality.Semantic.DeepEqual(&p.base.Status, st) {
+		if err := r.Status().Patch(ctx, rp, client.MergeFrom(p.base)); err != nil {
+			return failed(err)
 		}
 	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
-}
-
-// applyToSeries pushes the rules to the series' worker when they changed, then (if run) slides
-// and expires, and records what is still pending. It reports whether it slid and expired.
-func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backupv1alpha1.RetentionPolicy,
-	bs *backupv1alpha1.BackupSeries, e *backupv1alpha1.SeriesRetentionStatus,
-	wr workerapi.Retention, rules plan.RetentionRules, run bool) (bool, error) {
-	w := bs.Status.Worker
-	api, err := r.Workers.API(ctx, w.Media, w.Node)
-	if err != nil {
-		return false, err
-	}
-	if e.AppliedGeneration != rp.Generation {
-		if _, err := api.PutRetention(ctx, bs.Namespace, bs.Name, wr); err != nil {
-			return false, fmt.Errorf("storing the retention: %w", err)
-		}
-		r.Recorder.Eventf(rp, "Normal", "RetentionStored", "series %s: keep %s, live %d",
-			bs.Name, describeKeep(rp.Spec), wr.Live)
-	}
-	ran := false
-	if run {
-		slid, err := api.Slide(ctx, bs.Namespace, bs.Name)
-		if err != nil && !workerapi.IsNotFound(err) {
-			return false, fmt.Errorf("slide: %w", err)
-		}
-		exp, err := api.ExpireByRetention(ctx, bs.Namespace, bs.Name)
-		if err != nil && !workerapi.IsNotFound(err) {
-			return false, fmt.Errorf("expire: %w", err)
-		}
-		ran = true
-		var freed int64
-		e.LastSlid, e.LastExpired = nil, nil
-		if slid != nil {
-			e.LastSlid = slid.Slid
-			freed += slid.BytesFreed
-		}
-		if exp != nil {
-			e.LastExpired = exp.Expired
-			freed += exp.BytesFreed
-		}
-		e.BytesReclaimed += freed
-		rp.Status.BytesReclaimed += freed
-		metrics.BytesReclaimed.Add(float64(freed))
-		if len(e.LastExpired) > 0 || len(e.LastSlid) > 0 || freed > 0 {
-			r.Recorder.Eventf(rp, "Normal", "Expired", "series %s: expired versions %v, slid %v, %d bytes reclaimed",
-				bs.Name, e.LastExpired, e.LastSlid, freed)
-		}
-	}
-	s, err := api.Series(ctx, bs.Namespace, bs.Name)
-	switch {
-	case workerapi.IsNotFound(err):
-		e.PendingExpiry = nil
-	case err != nil:
-		return ran, err
-	default:
-		e.PendingExpiry = plan.Expiring(versionsAt(s), rules)
-	}
-	return ran, nil
-}
-
-// nextExpiry is when the policy's expiry schedule fires next: after its last expiry, or after its
-// creation when it never ran (so a new policy waits for its first slot).
-func nextExpiry(rp *backupv1alpha1.RetentionPolicy) (time.Time, error) {
-	last := rp.CreationTimestamp.Time
-	if rp.Status.LastExpiryTime != nil {
-		last = rp.Status.LastExpiryTime.Time
-	}
-	return plan.NextRun(rp.Spec.ExpirySchedule, last)
-}
-
-func describeKeep(s backupv1alpha1.RetentionPolicySpec) string {
-	var parts []string
-	if s.KeepVersions != nil {
-		parts = append(parts, fmt.Sprintf("the newest %d versions", *s.KeepVersions))
-	}
-	if s.KeepWithin != nil {
-		parts = append(parts, "versions within "+s.KeepWithin.Duration.String()+" of the newest")
-	}
-	return strings.Join(parts, " and ")
+	return stop(ctrl.Result{RequeueAfter: p.requeue}, nil)
 }
 
 // SetupWithManager watches policies and the series that reference them.

@@ -48,99 +48,140 @@ func (r *WorkerPoolReconciler) request() reconcile.Request {
 	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: r.Config.Namespace, Name: poolsRequestName}}
 }
 
-// Reconcile brings the pools to the configured state.
+// poolsRun is one reconcile of the worker pools: which pools are configured, and which (pool,
+// node) pairs should have a worker Service.
+type poolsRun struct {
+	wanted   map[string]bool
+	services map[poolNode]bool
+}
+
+// poolNode is a pool's media and a node name.
+type poolNode struct{ media, node string }
+
+// Reconcile brings the pools to the configured state, in these steps.
 func (r *WorkerPoolReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("workerpool", err) }()
-	log := logf.FromContext(ctx)
+	p := &poolsRun{wanted: map[string]bool{}, services: map[poolNode]bool{}}
+	if _, err := runSteps(ctx, p,
+		r.tokens,       // the worker token Secret, without the tokens of deleted namespaces
+		r.daemonSets,   // a DaemonSet per configured pool, none for the others
+		r.workerPods,   // each worker pod labelled with its node, and a Service wanted for it
+		r.storageNodes, // a Service wanted for each node labelled for a pool
+		r.services,     // the wanted Services, and no others
+	); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Revoke tokens of deleted namespaces now and then even when nothing else happens.
+	return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+}
 
+// tokens keeps the worker token Secret and revokes the tokens of namespaces that are gone.
+func (r *WorkerPoolReconciler) tokens(ctx context.Context, _ *poolsRun) (ctrl.Result, bool, error) {
 	if err := r.Tokens.EnsureWorkerSecret(ctx); err != nil {
-		return ctrl.Result{}, fmt.Errorf("worker token secret: %w", err)
+		return failed(fmt.Errorf("worker token secret: %w", err))
 	}
-	if removed, err := r.Tokens.Prune(ctx); err != nil {
-		return ctrl.Result{}, fmt.Errorf("pruning worker tokens: %w", err)
-	} else if len(removed) > 0 {
-		log.Info("revoked the tokens of deleted namespaces", "namespaces", removed)
+	removed, err := r.Tokens.Prune(ctx)
+	if err != nil {
+		return failed(fmt.Errorf("pruning worker tokens: %w", err))
 	}
+	if len(removed) > 0 {
+		logf.FromContext(ctx).Info("revoked the tokens of deleted namespaces", "namespaces", removed)
+	}
+	return proceed()
+}
 
-	wanted := map[string]bool{}
-	for _, p := range r.Config.Pools {
-		wanted[string(p.Media)] = true
-		if err := apply(ctx, r.Client, r.Scheme, plan.WorkerDaemonSet(r.Config, p)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("daemonset for pool %s: %w", p.Media, err)
+// daemonSets applies a DaemonSet per configured pool and deletes those of pools no longer
+// configured.
+func (r *WorkerPoolReconciler) daemonSets(ctx context.Context, p *poolsRun) (ctrl.Result, bool, error) {
+	for _, pool := range r.Config.Pools {
+		p.wanted[string(pool.Media)] = true
+		if err := apply(ctx, r.Client, r.Scheme, plan.WorkerDaemonSet(r.Config, pool)); err != nil {
+			return failed(fmt.Errorf("daemonset for pool %s: %w", pool.Media, err))
 		}
 	}
 	var dss appsv1.DaemonSetList
 	if err := r.List(ctx, &dss, client.InNamespace(r.Config.Namespace),
 		client.MatchingLabels{plan.LabelManagedBy: plan.ManagedBy, plan.LabelComponent: plan.ComponentWorker}); err != nil {
-		return ctrl.Result{}, err
+		return failed(err)
 	}
 	for i := range dss.Items {
 		ds := &dss.Items[i]
-		if !wanted[ds.Labels[plan.LabelPool]] {
-			log.Info("deleting the DaemonSet of a pool that is no longer configured", "daemonset", ds.Name)
+		if !p.wanted[ds.Labels[plan.LabelPool]] {
+			logf.FromContext(ctx).Info("deleting the DaemonSet of a pool that is no longer configured", "daemonset", ds.Name)
 			if err := r.Delete(ctx, ds); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
+				return failed(err)
 			}
 		}
 	}
+	return proceed()
+}
 
-	// Label each worker pod with its node, and want a Service for each (pool, node) that has a
-	// worker pod or a node labelled for the pool.
-	type poolNode struct{ media, node string }
-	services := map[poolNode]bool{}
+// workerPods labels each worker pod of a configured pool with its node (the node's Service
+// selects the pod by it), and wants a Service for each.
+func (r *WorkerPoolReconciler) workerPods(ctx context.Context, p *poolsRun) (ctrl.Result, bool, error) {
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(r.Config.Namespace),
 		client.MatchingLabels{plan.LabelName: plan.PartOf, plan.LabelComponent: plan.ComponentWorker}); err != nil {
-		return ctrl.Result{}, err
+		return failed(err)
 	}
 	for i := range pods.Items {
-		p := &pods.Items[i]
-		media := p.Labels[plan.LabelPool]
-		if p.Spec.NodeName == "" || !wanted[media] {
+		pod := &pods.Items[i]
+		media := pod.Labels[plan.LabelPool]
+		if pod.Spec.NodeName == "" || !p.wanted[media] {
 			continue
 		}
-		services[poolNode{media, p.Spec.NodeName}] = true
-		want := plan.LabelValue(p.Spec.NodeName)
-		if p.Labels[plan.LabelNode] == want {
+		p.services[poolNode{media, pod.Spec.NodeName}] = true
+		want := plan.LabelValue(pod.Spec.NodeName)
+		if pod.Labels[plan.LabelNode] == want {
 			continue
 		}
-		patch := client.MergeFrom(p.DeepCopy())
-		p.Labels[plan.LabelNode] = want
-		if err := r.Patch(ctx, p, patch); client.IgnoreNotFound(err) != nil {
-			return ctrl.Result{}, fmt.Errorf("labelling worker pod %s: %w", p.Name, err)
+		patch := client.MergeFrom(pod.DeepCopy())
+		pod.Labels[plan.LabelNode] = want
+		if err := r.Patch(ctx, pod, patch); client.IgnoreNotFound(err) != nil {
+			return failed(fmt.Errorf("labelling worker pod %s: %w", pod.Name, err))
 		}
 	}
+	return proceed()
+}
+
+// storageNodes wants a Service for each node labelled for a configured pool, before its worker
+// pod runs.
+func (r *WorkerPoolReconciler) storageNodes(ctx context.Context, p *poolsRun) (ctrl.Result, bool, error) {
 	var nodes corev1.NodeList
 	if err := r.List(ctx, &nodes); err != nil {
-		return ctrl.Result{}, err
+		return failed(err)
 	}
 	for _, n := range nodes.Items {
-		if media := n.Labels[backupv1alpha1.StorageLabel]; wanted[media] {
-			services[poolNode{media, n.Name}] = true
+		if media := n.Labels[backupv1alpha1.StorageLabel]; p.wanted[media] {
+			p.services[poolNode{media, n.Name}] = true
 		}
 	}
-	for pn := range services {
+	return proceed()
+}
+
+// services applies the wanted worker Services and deletes the others (their worker is gone).
+func (r *WorkerPoolReconciler) services(ctx context.Context, p *poolsRun) (ctrl.Result, bool, error) {
+	for pn := range p.services {
 		if err := apply(ctx, r.Client, r.Scheme, plan.WorkerService(r.Config, pn.media, pn.node)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("service for %s worker on %s: %w", pn.media, pn.node, err)
+			return failed(fmt.Errorf("service for %s worker on %s: %w", pn.media, pn.node, err))
 		}
 	}
 	var svcs corev1.ServiceList
 	if err := r.List(ctx, &svcs, client.InNamespace(r.Config.Namespace),
 		client.MatchingLabels{plan.LabelManagedBy: plan.ManagedBy, plan.LabelComponent: plan.ComponentWorker}); err != nil {
-		return ctrl.Result{}, err
+		return failed(err)
 	}
 	for i := range svcs.Items {
 		s := &svcs.Items[i]
-		if !services[poolNode{s.Labels[plan.LabelPool], s.Annotations[plan.AnnotationNode]}] {
-			log.Info("deleting the Service of a worker that is gone", "service", s.Name)
+		if !p.services[poolNode{s.Labels[plan.LabelPool], s.Annotations[plan.AnnotationNode]}] {
+			logf.FromContext(ctx).Info("deleting the Service of a worker that is gone", "service", s.Name)
 			if err := r.Delete(ctx, s); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
-				return ctrl.Result{}, err
+				return failed(err)
 			}
 		}
 	}
-	// Revoke tokens of deleted namespaces now and then even when nothing else happens.
-	return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+	return proceed()
 }
 
 // SetupWithManager watches what the pools consist of; every event maps to the one request.

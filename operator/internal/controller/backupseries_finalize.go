@@ -1,0 +1,105 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/plan"
+	"github.com/revault-io/revault/operator/internal/workerapi"
+)
+
+// finalize honours deletionPolicy and lets the BackupSeries go.
+func (r *BackupSeriesReconciler) finalize(ctx context.Context, bs *backupv1alpha1.BackupSeries, o *outcome) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(bs, backupv1alpha1.SeriesFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	key := types.NamespacedName{Namespace: bs.Namespace, Name: bs.Name}.String()
+	orig := bs.Status.DeepCopy()
+	st := &bs.Status
+	cs := conditionSetter{rec: r.Recorder, obj: bs, conds: &st.Conditions, generation: bs.Generation}
+	if st.Phase != backupv1alpha1.SeriesDeleting {
+		r.Recorder.Eventf(bs, "Normal", "Deleting", "deletionPolicy %s", bs.Spec.DeletionPolicy)
+		st.Phase = backupv1alpha1.SeriesDeleting
+		r.Phases.Set(key, string(st.Phase))
+	}
+
+	if st.Worker != nil {
+		if bs.Spec.DeletionPolicy == backupv1alpha1.DeletionDelete {
+			if res, done, err := r.deleteData(ctx, bs, orig, cs, o); done {
+				return res, err
+			}
+		} else {
+			r.Recorder.Eventf(bs, "Normal", "DataRetained", "deletionPolicy Retain: series %s stays on the %s worker on node %s",
+				plan.SeriesID(bs.Namespace, bs.Name), st.Worker.Media, st.Worker.Node)
+		}
+	}
+	if err := r.writeStatus(ctx, bs, orig); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	controllerutil.RemoveFinalizer(bs, backupv1alpha1.SeriesFinalizer)
+	if err := r.Update(ctx, bs); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	r.Phases.Set(key, "")
+	return ctrl.Result{}, nil
+}
+
+// deleteData deletes the series from its worker (deletionPolicy Delete). When the worker fails,
+// it is done: Synced says why and the deletion is tried again later, the finalizer still in place.
+func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alpha1.BackupSeries,
+	orig *backupv1alpha1.BackupSeriesStatus, cs conditionSetter, o *outcome) (ctrl.Result, bool, error) {
+	st := &bs.Status
+	if err := r.stopBackups(ctx, bs); err != nil {
+		return failed(err)
+	}
+	api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node)
+	if err != nil {
+		return failed(err)
+	}
+	rep, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name)
+	switch {
+	case workerapi.IsNotFound(err):
+		r.Recorder.Event(bs, "Normal", "SeriesDeleted", "the worker holds no data of this series")
+	case err != nil:
+		o.workerFailed = true
+		cs.setFalse(backupv1alpha1.ConditionSynced, "DeleteFailed",
+			fmt.Sprintf("deleting the series from the %s worker on node %s: %v", st.Worker.Media, st.Worker.Node, err))
+		if werr := r.writeStatus(ctx, bs, orig); werr != nil {
+			return failed(werr)
+		}
+		return stop(ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
+	default:
+		r.Recorder.Eventf(bs, "Normal", "SeriesDeleted", "deleted %d versions from the %s worker on node %s (%d bytes freed)",
+			len(rep.Expired), st.Worker.Media, st.Worker.Node, rep.BytesFreed)
+	}
+	return proceed()
+}
+
+// stopBackups deletes the series' CronJob and its running backup Jobs: no new backup may start
+// while its data goes.
+func (r *BackupSeriesReconciler) stopBackups(ctx context.Context, bs *backupv1alpha1.BackupSeries) error {
+	if err := r.reconcileCronJob(ctx, bs, bs.Status.Worker.Endpoint, false); err != nil {
+		return err
+	}
+	jobs, err := r.backupJobs(ctx, bs)
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		if !jobFinished(j).done {
+			if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

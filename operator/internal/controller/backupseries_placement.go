@@ -1,0 +1,164 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/plan"
+	"github.com/revault-io/revault/operator/internal/workerapi"
+)
+
+// placement chooses a worker for a series that has none. Once chosen, a series stays on its
+// worker (the worker holds its data), and Placed says whether that worker is there and ready.
+func (r *BackupSeriesReconciler) placement(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	if s.bs.Status.Worker == nil {
+		return r.placeNew(ctx, s)
+	}
+	return r.followWorker(ctx, s)
+}
+
+// placeNew places the series and ends the reconcile: it waits for a worker when none can take
+// the series, and otherwise writes the placement before anything uses it.
+func (r *BackupSeriesReconciler) placeNew(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	bs, st := s.bs, &s.bs.Status
+	p, reason, msg, err := r.place(ctx, bs)
+	if err != nil {
+		return failed(err)
+	}
+	if p == nil {
+		s.o.waiting = true
+		s.cs.setFalse(backupv1alpha1.ConditionPlaced, reason, msg)
+		r.finishStatus(bs, backupv1alpha1.SeriesPending)
+		return stop(ctrl.Result{RequeueAfter: 15 * time.Second}, r.writeStatus(ctx, bs, s.orig))
+	}
+	st.Worker = p
+	logf.FromContext(ctx).Info("placed series", "node", p.Node, "media", p.Media)
+	s.cs.setTrue(backupv1alpha1.ConditionPlaced, reason, msg)
+	// Record the placement before anything (a Job, a CronJob) uses it: if this write
+	// fails, nothing points at the chosen worker yet and the next reconcile chooses again.
+	st.ObservedGeneration = bs.Generation
+	return stop(ctrl.Result{RequeueAfter: time.Second}, r.writeStatus(ctx, bs, s.orig))
+}
+
+// followWorker sets Placed from the worker pod on the series' node, and records its name.
+func (r *BackupSeriesReconciler) followWorker(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	st := &s.bs.Status
+	w, ok, err := r.Workers.OnNode(ctx, st.Worker.Media, st.Worker.Node)
+	if err != nil {
+		return failed(err)
+	}
+	switch {
+	case !ok:
+		s.cs.setFalse(backupv1alpha1.ConditionPlaced, "WorkerMissing",
+			fmt.Sprintf("no %s worker pod on node %s: the series' data is there; backups wait for it", st.Worker.Media, st.Worker.Node))
+	case !w.Ready:
+		st.Worker.Pod = w.Pod
+		s.cs.setFalse(backupv1alpha1.ConditionPlaced, "WorkerNotReady",
+			fmt.Sprintf("worker pod %s on node %s is not ready", w.Pod, w.Node))
+	default:
+		st.Worker.Pod = w.Pod
+		s.cs.setTrue(backupv1alpha1.ConditionPlaced, "WorkerSelected",
+			fmt.Sprintf("%s worker on node %s (pod %s)", w.Media, w.Node, w.Pod))
+	}
+	return proceed()
+}
+
+// place chooses a worker for a series: the worker that already holds it (status is lost when a
+// BackupSeries is recreated, e.g. restored from a cluster backup), else the least used reachable
+// worker of its media.
+func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.BackupSeries) (
+	_ *backupv1alpha1.WorkerPlacement, reason, msg string, _ error) {
+	media := bs.Spec.Storage.Media
+	if media == "" {
+		media = backupv1alpha1.MediaSSD
+	}
+	if _, ok := r.Config.Pool(media); !ok {
+		return nil, "NoWorker", fmt.Sprintf("the operator runs no %s worker pool", media), nil
+	}
+	ws, err := r.Workers.List(ctx, media)
+	if err != nil {
+		return nil, "", "", err
+	}
+	placed, err := r.seriesPerNode(ctx, media)
+	if err != nil {
+		return nil, "", "", err
+	}
+	adopted, cands, problems, err := r.candidates(ctx, bs, media, ws, placed)
+	switch {
+	case err != nil:
+		return nil, "", "", err
+	case adopted != nil:
+		return r.Workers.Placement(*adopted), "Adopted", fmt.Sprintf("the %s worker on node %s already holds series %s",
+			media, adopted.Node, plan.SeriesID(bs.Namespace, bs.Name)), nil
+	}
+	c, ok := plan.ChooseWorker(cands)
+	if !ok {
+		msg := fmt.Sprintf("no ready %s worker: label nodes %s=%s", media, backupv1alpha1.StorageLabel, media)
+		if len(problems) > 0 {
+			msg = fmt.Sprintf("no reachable %s worker (%s)", media, joinMax(problems, 4))
+		}
+		return nil, "NoWorker", msg, nil
+	}
+	for _, w := range ws {
+		if w.Node == c.Node {
+			return r.Workers.Placement(w), "WorkerSelected", fmt.Sprintf("least used %s worker: node %s (%d stored bytes, %d series)",
+				media, c.Node, c.StoredBytes, c.Placed), nil
+		}
+	}
+	return nil, "", "", fmt.Errorf("chosen worker %s vanished", c.Node)
+}
+
+// seriesPerNode counts the series placed on each node's worker of media.
+func (r *BackupSeriesReconciler) seriesPerNode(ctx context.Context, media backupv1alpha1.Media) (map[string]int, error) {
+	var all backupv1alpha1.BackupSeriesList
+	if err := r.List(ctx, &all); err != nil {
+		return nil, err
+	}
+	placed := map[string]int{}
+	for _, x := range all.Items {
+		if x.Status.Worker != nil && x.Status.Worker.Media == media {
+			placed[x.Status.Worker.Node]++
+		}
+	}
+	return placed, nil
+}
+
+// candidates asks each worker of media about the series. A worker that already holds it is
+// returned as adopted, ending the search: the series' data is there. Otherwise every ready worker
+// is a candidate (an unreachable one too, which plan.ChooseWorker passes over), and problems says
+// what is wrong with the others.
+func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media,
+	ws []Worker, placed map[string]int) (adopted *Worker, cands []plan.Candidate, problems []string, _ error) {
+	for i, w := range ws {
+		if !w.Ready {
+			problems = append(problems, fmt.Sprintf("%s: pod %s not ready", w.Node, w.Pod))
+			continue
+		}
+		api, err := r.Workers.API(ctx, media, w.Node)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if _, err := api.Series(ctx, bs.Namespace, bs.Name); err == nil {
+			return &ws[i], nil, nil, nil
+		} else if !workerapi.IsNotFound(err) {
+			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
+			cands = append(cands, plan.Candidate{Node: w.Node, Pod: w.Pod})
+			continue
+		}
+		s, err := api.Stats(ctx)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
+		}
+		c := plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
+		if s != nil {
+			c.StoredBytes = s.ContainerBytes
+		}
+		cands = append(cands, c)
+	}
+	return nil, cands, problems, nil
+}

@@ -1,0 +1,83 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/plan"
+	"github.com/revault-io/revault/operator/internal/workerapi"
+)
+
+// syncVersions reads the series' versions and sizes from its worker. A worker that does not
+// answer does not end the reconcile (Synced says what failed): the series is looked at again
+// sooner instead.
+func (r *BackupSeriesReconciler) syncVersions(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	if err := r.sync(ctx, s.bs, s.cs); err != nil {
+		s.o.workerFailed = true
+		s.requeue = min(s.requeue, 30*time.Second)
+	}
+	return proceed()
+}
+
+// sync reads the series' versions from its worker into status. A series the worker does not
+// know yet (no backup so far) has no versions.
+func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.BackupSeries, cs conditionSetter) error {
+	st := &bs.Status
+	api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node)
+	if err != nil {
+		return err
+	}
+	s, err := api.Series(ctx, bs.Namespace, bs.Name)
+	switch {
+	case workerapi.IsNotFound(err):
+		s = &workerapi.Series{}
+	case err != nil:
+		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", err.Error())
+		return err
+	}
+	setVersions(st, s)
+	if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("%d versions on the %s worker on node %s", st.VersionCount, st.Worker.Media, st.Worker.Node)
+	cs.setTrue(backupv1alpha1.ConditionSynced, "WorkerAnswered", msg)
+	return nil
+}
+
+// setVersions writes the worker's versions of a series into its status: totals, the latest
+// version, and the newest MaxStatusVersions of them in order.
+func setVersions(st *backupv1alpha1.BackupSeriesStatus, s *workerapi.Series) {
+	versions := make([]backupv1alpha1.BackupVersion, 0, len(s.VersionList))
+	var logical, stored int64
+	for _, v := range s.VersionList {
+		versions = append(versions, backupv1alpha1.BackupVersion{
+			Number: v.Number, Time: metav1.NewTime(v.Time.UTC()), LogicalBytes: v.LogicalBytes,
+			NewBytes: v.NewBytes, StoredBytes: v.StoredBytes, Form: backupv1alpha1.VersionForm(v.Form),
+		})
+		logical += v.LogicalBytes
+		stored += v.StoredBytes
+	}
+	sort.Slice(versions, func(i, j int) bool { return versions[i].Number < versions[j].Number })
+	st.VersionCount = int32(len(versions))
+	st.LogicalBytes, st.StoredBytes = logical, stored
+	st.DedupRatio = plan.Ratio(logical, stored)
+	st.LatestVersion, st.LastBackup = 0, nil
+	if n := len(versions); n > 0 {
+		st.LatestVersion = versions[n-1].Number
+		t := versions[n-1].Time
+		st.LastBackup = &t
+		if n > backupv1alpha1.MaxStatusVersions {
+			versions = versions[n-backupv1alpha1.MaxStatusVersions:]
+		}
+	}
+	if len(versions) == 0 {
+		versions = nil
+	}
+	st.Versions = versions
+}
