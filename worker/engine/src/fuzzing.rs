@@ -23,9 +23,9 @@ use crate::format::recipe::{self, RecipeBuilder};
 use crate::format::records::{RecipeForm, VersionKind, VersionRecord};
 use crate::format::{keys, records, refcounts, unit};
 use crate::meta::MetaRead;
+use crate::restore::transfer::{Destination, Receiver};
 use crate::source::Source;
 use crate::tarsource::TarSource;
-use crate::transfer::{Destination, Receiver};
 
 /// The fuzz targets, as named in `worker/fuzz/fuzz_targets` and
 /// `worker/fuzz/regressions`.
@@ -690,7 +690,7 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
             cache_bytes: 64 * KIB,
             ..Default::default()
         };
-        crate::transfer::send(&store, series, VersionSel::Latest, &opts, &mut wire)?;
+        crate::restore::transfer::send(&store, series, VersionSel::Latest, &opts, &mut wire)?;
         out.push(("transfer", [&[16u8][..], &wire].concat()));
     }
     Ok(out)

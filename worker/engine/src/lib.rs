@@ -10,11 +10,9 @@
 pub mod auto_retention;
 pub mod backup;
 pub mod bufpool;
-pub mod caches;
 pub mod check;
 pub mod chunker;
 pub mod config;
-mod dasm;
 pub mod error;
 pub mod expire;
 pub mod format;
@@ -31,13 +29,11 @@ pub mod recipe;
 pub mod repeats;
 pub mod restore;
 pub mod retention;
-pub mod reuse;
 pub mod rewrite;
 pub mod slide;
 pub mod source;
 pub mod store;
 pub mod tarsource;
-pub mod transfer;
 pub mod tree;
 
 pub use error::{Error, Result};
@@ -45,5 +41,7 @@ pub use error::{Error, Result};
 // The modules' old paths, until the crate surface is curated (issue 19).
 #[doc(hidden)]
 pub use format::{catalog, codec, container, fp};
+#[doc(hidden)]
+pub use restore::{cache as caches, reuse, transfer};
 #[doc(hidden)]
 pub use store::{commit, lock, orphans, pack};

@@ -12,7 +12,10 @@
 //!
 //! Speed factor = MiB restored per container read (Cao et al., FAST '19).
 
+pub mod cache;
 pub(crate) mod faa;
+pub mod reuse;
+pub mod transfer;
 
 use crate::recipe::load_catalog;
 use crate::recipe::recipe_entries;
@@ -26,11 +29,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::caches::CachePolicy;
 use crate::config::MIB;
 use crate::error::{Error, Result};
 use crate::format::records::{SeriesRecord, VersionKind, VersionRecord};
 use crate::meta::MetaRead;
+use crate::restore::cache::CachePolicy;
 use crate::store::{resolve_version_in, series_in, ReadView, Store, VersionSel};
 
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * MIB;
@@ -123,28 +126,38 @@ pub fn restore(
     rep.chain_depth = depth;
     let budget = rep.cache_bytes;
     // lru-chunk is a chunk cache itself: reuse would only take its memory.
-    let next =
-        (opts.reuse && policy != CachePolicy::LruChunk).then(|| crate::reuse::next_uses(&all));
+    let next = (opts.reuse && policy != CachePolicy::LruChunk)
+        .then(|| crate::restore::reuse::next_uses(&all));
     let plan = |share| {
         let next = next.as_deref()?;
-        let p = crate::reuse::plan(&all, next, crate::reuse::budget_of(budget, share));
+        let p = crate::restore::reuse::plan(
+            &all,
+            next,
+            crate::restore::reuse::budget_of(budget, share),
+        );
         (!p.is_empty()).then_some(p)
     };
-    let mut reuse: Option<(crate::reuse::Plan, Vec<crate::recipe::archival::Loc>)> = None;
+    let mut reuse: Option<(
+        crate::restore::reuse::Plan,
+        Vec<crate::recipe::archival::Loc>,
+    )> = None;
     if policy == CachePolicy::Auto {
         rep.cache_auto = true;
         let cb = store.config().container_bytes;
-        let (engine, mut fewest) = crate::caches::choose(&all, budget, cb);
+        let (engine, mut fewest) = crate::restore::cache::choose(&all, budget, cb);
         policy = engine;
-        for p in crate::reuse::AUTO_SHARES.into_iter().filter_map(plan) {
+        for p in crate::restore::reuse::AUTO_SHARES
+            .into_iter()
+            .filter_map(plan)
+        {
             let locs = p.engine_locs(&all);
-            let (engine, reads) = crate::caches::choose(&locs, budget - p.peak_bytes, cb);
+            let (engine, reads) = crate::restore::cache::choose(&locs, budget - p.peak_bytes, cb);
             if reads < fewest {
                 (policy, fewest) = (engine, reads);
                 reuse = Some((p, locs));
             }
         }
-    } else if let Some(p) = plan(crate::reuse::DEFAULT_SHARE) {
+    } else if let Some(p) = plan(crate::restore::reuse::DEFAULT_SHARE) {
         let locs = p.engine_locs(&all);
         reuse = Some((p, locs));
     }
@@ -169,7 +182,7 @@ pub fn restore(
         match &reuse {
             None => run_engine(&view, policy, locs, engine_budget, opts, &mut out, rep)?,
             Some(p) => {
-                let mut w = crate::reuse::ReuseWriter::new(&mut out, p);
+                let mut w = crate::restore::reuse::ReuseWriter::new(&mut out, p);
                 run_engine(&view, policy, locs, engine_budget, opts, &mut w, rep)?;
                 w.finish()?;
             }
@@ -231,7 +244,7 @@ fn run_engine(
             run_faa(view, extents, &opts, out, rep)
         }
         policy => {
-            let st = crate::caches::run(view.store(), policy, &locs, budget, out)?;
+            let st = crate::restore::cache::run(view.store(), policy, &locs, budget, out)?;
             rep.container_reads = st.reads;
             rep.bytes_read = st.bytes_read;
             rep.bytes_decoded = st.decoded;

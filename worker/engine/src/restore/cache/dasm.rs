@@ -39,7 +39,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
-use crate::caches::{out_err, write_zeros, CacheStats, Loader};
+use super::{out_err, write_zeros, CacheStats, Loader};
 use crate::config::MIB;
 use crate::error::{Error, Result};
 use crate::format::container::ContainerId;
@@ -105,7 +105,7 @@ impl<'a> Planner<'a> {
         reserves.dedup();
         Planner {
             locs,
-            next: crate::caches::next_uses(locs),
+            next: super::next_uses(locs),
             sizes,
             budget,
             reserves,
@@ -395,6 +395,21 @@ fn copy_pieces(
         area[at..at + len as usize].copy_from_slice(src);
     }
     Ok(())
+}
+
+/// Tan et al.'s DASM as a cache engine.
+pub(super) struct Dasm;
+
+impl super::CacheEngine for Dasm {
+    fn restore(
+        &self,
+        store: &Store,
+        locs: &[Loc],
+        budget: u64,
+        out: &mut dyn Write,
+    ) -> Result<CacheStats> {
+        run(store, locs, budget, out)
+    }
 }
 
 #[cfg(test)]
