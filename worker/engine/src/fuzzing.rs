@@ -24,8 +24,8 @@ use crate::format::records::{RecipeForm, VersionKind, VersionRecord};
 use crate::format::{keys, records, refcounts, unit};
 use crate::meta::MetaRead;
 use crate::restore::transfer::{Destination, Receiver};
+use crate::source::tar::TarSource;
 use crate::source::Source;
-use crate::tarsource::TarSource;
 
 /// The fuzz targets, as named in `worker/fuzz/fuzz_targets` and
 /// `worker/fuzz/regressions`.
@@ -522,8 +522,8 @@ pub fn seeds() -> Result<Vec<(&'static str, Vec<u8>)>> {
 }
 
 fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    use crate::backup::{backup, BackupOptions};
     use crate::config::{DedupUnit, SizeRange, StoreConfig, KIB, MIB};
+    use crate::ingest::{backup, BackupOptions};
     use crate::source::StreamSource;
     use crate::store::{InitOptions, OpenMode, Store, VersionSel};
 
@@ -575,7 +575,7 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
         }
     }
     // Slide makes version 1 of the segment series archival.
-    crate::slide::slide(&store, "fuzz/seg")?;
+    crate::maintenance::slide::slide(&store, "fuzz/seg")?;
 
     let tars = seed_tars();
     for t in &tars {

@@ -7,34 +7,23 @@
 //! [`restore::restore`] streams a version back through a forward assembly
 //! area. See `docs/architecture.md` for the design as built.
 
-pub mod auto_retention;
-pub mod backup;
 pub mod bufpool;
-pub mod check;
-pub mod chunker;
 pub mod config;
 pub mod error;
-pub mod expire;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod gc;
 pub mod gen;
 pub mod index;
+pub mod ingest;
+pub mod maintenance;
 pub mod meta;
 pub mod objects;
-mod predict;
 pub mod progress;
 pub mod recipe;
-pub mod repeats;
 pub mod restore;
-pub mod retention;
-pub mod rewrite;
-pub mod slide;
 pub mod source;
 pub mod store;
-pub mod tarsource;
-pub mod tree;
 
 pub use error::{Error, Result};
 
@@ -42,6 +31,14 @@ pub use error::{Error, Result};
 #[doc(hidden)]
 pub use format::{catalog, codec, container, fp};
 #[doc(hidden)]
+pub use ingest as backup;
+#[doc(hidden)]
+pub use ingest::{chunker, rewrite};
+#[doc(hidden)]
+pub use maintenance::{auto as auto_retention, check, expire, gc, repeats, retention, slide};
+#[doc(hidden)]
 pub use restore::{cache as caches, reuse, transfer};
+#[doc(hidden)]
+pub use source::{tar as tarsource, tree};
 #[doc(hidden)]
 pub use store::{commit, lock, orphans, pack};

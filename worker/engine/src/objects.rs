@@ -43,19 +43,19 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::backup::{backup, BackupOptions, BackupReport, CommitHook};
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
-use crate::expire::{expire, ExpireReport, ExpireSel};
 use crate::format::catalog;
 use crate::format::keys::{bucket_key, bucket_objects_prefix, object_key};
 use crate::format::records::{SeriesRecord, VersionRecord};
+use crate::ingest::{backup, BackupOptions, BackupReport, CommitHook};
+use crate::maintenance::expire::{expire, ExpireReport, ExpireSel};
 use crate::meta::MetaRead;
 use crate::progress::Progress;
 use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
+use crate::source::tar::{header_sum, pad};
 use crate::source::{input_error, Source};
 use crate::store::{check_series_name, now_unix, Store, VersionSel};
-use crate::tarsource::{header_sum, pad};
 
 /// Longest key accepted (as S3).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -684,7 +684,7 @@ const BLOCK: usize = 512;
 
 /// The data bytes (padding included) after a valid tar header, or `None`
 /// when the block is not a tar header. Read with the `tar` crate's header
-/// fields and checked as [`crate::tarsource`] checks them.
+/// fields and checked as [`crate::source::tar`] checks them.
 fn tar_header(block: &[u8]) -> Option<u64> {
     let block: &[u8; BLOCK] = block.try_into().ok()?;
     if block.iter().all(|&b| b == 0) {
@@ -1234,7 +1234,7 @@ mod tests {
     fn buckets_and_backup_series_do_not_mix_and_sweep_removes_orphans() {
         let (_d, s) = store();
         let o = Objects::new();
-        crate::backup::backup(
+        crate::ingest::backup(
             &s,
             "team/db",
             Box::new(crate::source::StreamSource::new(

@@ -86,7 +86,7 @@ fn reuse_leaves_a_version_without_repeats_alone() {
 fn backup_capped(store: &Store, data: &[u8]) -> revault_engine::backup::BackupReport {
     let opts = revault_engine::backup::BackupOptions {
         unit: Some(DedupUnit::Chunk),
-        rewrite: Some(revault_engine::rewrite::RewriteSettings::Capping {
+        rewrite: Some(revault_engine::config::RewriteSettings::Capping {
             segment: 5,
             level: 1,
         }),

@@ -10,9 +10,9 @@ use common::*;
 use proptest::prelude::*;
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::caches::CachePolicy;
+use revault_engine::config::RewriteSettings;
 use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::rewrite::RewriteSettings;
 use revault_engine::source::StreamSource;
 use revault_engine::store::VersionSel;
 

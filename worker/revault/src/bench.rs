@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::caches::CachePolicy;
+use revault_engine::config::RewriteSettings;
 use revault_engine::config::{DedupUnit, StoreConfig, MIB};
 use revault_engine::expire::{expire, ExpireSel};
 use revault_engine::format::records::Retention;
@@ -28,7 +29,6 @@ use revault_engine::gc::{gc, GcOptions};
 use revault_engine::gen::{generate, GenFormat, GenOptions};
 use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use revault_engine::retention::set_retention;
-use revault_engine::rewrite::RewriteSettings;
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
 use revault_engine::tree::TreeSource;

@@ -127,8 +127,8 @@ pub struct RewriteArgs {
 }
 
 impl RewriteArgs {
-    pub fn settings(&self) -> Result<Option<revault_engine::rewrite::RewriteSettings>> {
-        use revault_engine::rewrite::RewriteSettings as R;
+    pub fn settings(&self) -> Result<Option<revault_engine::config::RewriteSettings>> {
+        use revault_engine::config::RewriteSettings as R;
         let Some(p) = self.rewrite.as_deref() else {
             return Ok(None);
         };

@@ -122,10 +122,10 @@ pub struct SeriesRecord {
     pub deleted_since_gc: bool,
     /// Rewrite selection on the inline path.
     #[serde(default)]
-    pub rewrite: crate::rewrite::RewriteSettings,
+    pub rewrite: crate::config::RewriteSettings,
     /// The last backup's shape, for rewrite budgets.
     #[serde(default)]
-    pub last: crate::rewrite::VersionHint,
+    pub last: crate::format::records::VersionHint,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +241,28 @@ pub struct SessionRecord {
     pub kind: String,
     pub started_unix: i64,
     pub pid: u32,
+}
+
+/// What the series' previous version looked like: FCRC and LBW size their
+/// rewrite budgets from it (Cao et al. use the previous version's unique
+/// chunks as the estimate for the current one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionHint {
+    pub chunks: u64,
+    pub unique_chunks: u64,
+    pub logical_bytes: u64,
+}
+
+impl VersionHint {
+    /// Whether the previous version's unique chunks estimate this one's, as
+    /// FCRC's budget assumes. Not when most of it was new (a series' first
+    /// backup, or a complete change): an incremental version after a first
+    /// full backup would get a budget the size of the whole first version.
+    /// The budget then comes from this backup's own running counts, the
+    /// paper's estimate for streams without a previous version.
+    pub fn estimates_an_increment(&self) -> bool {
+        self.unique_chunks > 0 && self.logical_bytes > 0 && self.unique_chunks * 2 <= self.chunks
+    }
 }
 
 #[cfg(test)]

@@ -207,12 +207,12 @@ pub fn restore(
             let entries = load_catalog(&view, &s, &v)?;
             match target {
                 RestoreTarget::Dir(p) => {
-                    let mut w = crate::tree::TreeWriter::new(p, entries)?;
+                    let mut w = crate::source::tree::TreeWriter::new(p, entries)?;
                     run(&mut w, &mut rep)?;
                     rep.warnings = w.finish()?;
                 }
                 RestoreTarget::Writer(out) => {
-                    let mut w = crate::tree::TarWriter::new(out, entries);
+                    let mut w = crate::source::tree::TarWriter::new(out, entries);
                     run(&mut w, &mut rep)?;
                     w.finish()?;
                 }

@@ -46,8 +46,8 @@ use crate::format::records::VersionKind;
 use crate::recipe::{catalog_parts, version_extents, Extent};
 use crate::restore::faa::{blocks_of, fill_pieces, prefetch, take_window, ContainerCache, Piece};
 use crate::restore::{begin, conclude, RestoreOptions, RestoreReport};
+use crate::source::tree::{TarWriter, TreeWriter};
 use crate::store::{Store, VersionSel};
-use crate::tree::{TarWriter, TreeWriter};
 
 /// The media type of a block-transfer stream.
 pub const MEDIA_TYPE: &str = "application/vnd.revault.blocks.v1";

@@ -602,7 +602,7 @@ mod tests {
             let s = Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap();
             let src =
                 crate::source::StreamSource::new("t", std::io::Cursor::new(vec![7u8; 1 << 20]));
-            crate::backup::backup(&s, "ns/a", Box::new(src), &Default::default()).unwrap();
+            crate::ingest::backup(&s, "ns/a", Box::new(src), &Default::default()).unwrap();
         }
         let marker = std::fs::read(dir.path().join(MARKER)).unwrap();
         std::fs::remove_file(dir.path().join(MARKER)).unwrap();

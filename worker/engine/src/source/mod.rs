@@ -2,6 +2,9 @@
 //! piece; a directory tree is one piece per regular file, so chunking restarts
 //! at every file. Trees also produce a catalog of metadata.
 
+pub mod tar;
+pub mod tree;
+
 use std::io::Read;
 
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use super::{to_io, CatalogReplay, EntryHandler};
 use crate::error::{Error, Result};
 use crate::format::catalog::{Entry, Kind};
-use crate::tarsource::pad;
+use crate::source::tar::pad;
 
 /// Writes a tree as a tar stream (GNU format, long names supported, sparse
 /// files expanded), e.g. to restore a directory version to a file or stdout.

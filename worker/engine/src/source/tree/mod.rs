@@ -13,8 +13,8 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::format::catalog::{Entry, Kind, TreeCheck};
+use crate::source::tar::TarSource;
 use crate::source::Source;
-use crate::tarsource::TarSource;
 use dir::DirWriter;
 
 pub use source::TreeSource;

@@ -77,7 +77,7 @@ impl Chunker {
     /// chunk of exactly `len` bytes, *given* that no cut point lies before
     /// `len` in the context where those bytes were first chunked. That holds
     /// when `data[..len]` has the content of a chunk some earlier chunking
-    /// produced; [`crate::predict`] checks the content, this checks the rest
+    /// produced; [`crate::ingest::predict`] checks the content, this checks the rest
     /// without scanning the chunk: the cut test at `len` (which also reads the
     /// byte after the chunk), and at `len - 1` for an odd `len` (a chunk that
     /// ended a piece of odd length was never tested there). `last`: `data`

@@ -5,9 +5,9 @@
 //! missed).
 
 use crate::error::Result;
-use crate::expire::{expire_claimed, ExpireReport, ExpireSel};
+use crate::maintenance::expire::{expire_claimed, ExpireReport, ExpireSel};
+use crate::maintenance::slide::{slide_claimed, SlideReport};
 use crate::meta::MetaRead;
-use crate::slide::{slide_claimed, SlideReport};
 use crate::store::Store;
 
 /// Slides what left the live window and expires what retention no longer

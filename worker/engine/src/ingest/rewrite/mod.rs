@@ -26,9 +26,9 @@ pub use cbr::Cbr;
 pub use fcrc::Fcrc;
 pub use lbw::Lbw;
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
+// Re-exported: the settings are stored with a series (`config`), the policies they build are here.
+pub use crate::config::RewriteSettings;
+use crate::format::records::VersionHint;
 
 /// Where a duplicate's current copy is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,125 +90,7 @@ impl Policy for NoRewrite {
     fn finish(&mut self, _out: &mut Vec<bool>) {}
 }
 
-/// A series' rewrite settings (stored with the series, chosen per backup).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
-#[serde(tag = "policy", rename_all = "lowercase")]
-pub enum RewriteSettings {
-    #[default]
-    None,
-    Capping {
-        /// Segment size in containers.
-        segment: u32,
-        /// Containers a segment may read (the capping level T).
-        level: u32,
-    },
-    Cbr {
-        stream_context_mib: f64,
-        disk_context_mib: f64,
-        /// Minimal rewrite utility (0..1).
-        min_utility: f64,
-        /// Rewrite limit as a fraction of chunks seen so far.
-        limit: f64,
-    },
-    Fcrc {
-        segment: u32,
-        /// Dedup-ratio loss budget (0..1).
-        loss: f64,
-        /// Old-container reads allowed per segment.
-        cap: u32,
-    },
-    Lbw {
-        /// Window size in containers.
-        window: u32,
-        loss: f64,
-        cap: u32,
-    },
-}
-
 impl RewriteSettings {
-    pub fn name(&self) -> &'static str {
-        match self {
-            RewriteSettings::None => "none",
-            RewriteSettings::Capping { .. } => "capping",
-            RewriteSettings::Cbr { .. } => "cbr",
-            RewriteSettings::Fcrc { .. } => "fcrc",
-            RewriteSettings::Lbw { .. } => "lbw",
-        }
-    }
-
-    /// The defaults of a policy by name.
-    pub fn default_for(name: &str) -> Result<Self> {
-        Ok(match name {
-            "none" => RewriteSettings::None,
-            "capping" => RewriteSettings::Capping {
-                segment: 5,
-                level: 4,
-            },
-            "cbr" => RewriteSettings::Cbr {
-                stream_context_mib: 5.0,
-                disk_context_mib: 2.0,
-                min_utility: 0.7,
-                limit: 0.05,
-            },
-            "fcrc" => RewriteSettings::Fcrc {
-                segment: 5,
-                loss: 0.07,
-                cap: 4,
-            },
-            "lbw" => RewriteSettings::Lbw {
-                window: 8,
-                loss: 0.07,
-                cap: 4,
-            },
-            other => {
-                return Err(Error::Invalid(format!(
-                    "rewrite policy {other:?}: expected none, capping, cbr, fcrc or lbw"
-                )))
-            }
-        })
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(Error::Invalid(format!("{} rewrite: {m}", self.name())));
-        match *self {
-            RewriteSettings::None => Ok(()),
-            RewriteSettings::Capping { segment, level } => {
-                if segment == 0 || level == 0 {
-                    return bad("segment and level must be at least 1");
-                }
-                Ok(())
-            }
-            RewriteSettings::Cbr {
-                stream_context_mib,
-                disk_context_mib,
-                min_utility,
-                limit,
-            } => {
-                if !(stream_context_mib > 0.0 && disk_context_mib > 0.0) {
-                    return bad("contexts must be positive");
-                }
-                if !(0.0..=1.0).contains(&min_utility) || !(0.0..=1.0).contains(&limit) {
-                    return bad("min utility and limit are fractions between 0 and 1");
-                }
-                Ok(())
-            }
-            RewriteSettings::Fcrc { segment, loss, cap }
-            | RewriteSettings::Lbw {
-                window: segment,
-                loss,
-                cap,
-            } => {
-                if segment == 0 || cap == 0 {
-                    return bad("segment/window and cap must be at least 1");
-                }
-                if !(0.0..1.0).contains(&loss) {
-                    return bad("the dedup-ratio loss is a fraction between 0 and 1");
-                }
-                Ok(())
-            }
-        }
-    }
-
     /// Builds the policy. `container_bytes` sizes segments and windows;
     /// `hint` describes the series' previous version for FCRC and LBW budgets.
     pub fn build(&self, container_bytes: u64, hint: VersionHint) -> Box<dyn Policy> {
@@ -240,28 +122,6 @@ impl RewriteSettings {
                 Box::new(Lbw::new(window as usize, container_bytes, loss, cap, hint))
             }
         }
-    }
-}
-
-/// What the series' previous version looked like: FCRC and LBW size their
-/// rewrite budgets from it (Cao et al. use the previous version's unique
-/// chunks as the estimate for the current one).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VersionHint {
-    pub chunks: u64,
-    pub unique_chunks: u64,
-    pub logical_bytes: u64,
-}
-
-impl VersionHint {
-    /// Whether the previous version's unique chunks estimate this one's, as
-    /// FCRC's budget assumes. Not when most of it was new (a series' first
-    /// backup, or a complete change): an incremental version after a first
-    /// full backup would get a budget the size of the whole first version.
-    /// The budget then comes from this backup's own running counts, the
-    /// paper's estimate for streams without a previous version.
-    pub fn estimates_an_increment(&self) -> bool {
-        self.unique_chunks > 0 && self.logical_bytes > 0 && self.unique_chunks * 2 <= self.chunks
     }
 }
 

@@ -387,7 +387,7 @@ impl<R> TarSource<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{read_all, TarWriter, TreeSource};
+    use crate::source::tree::{read_all, TarWriter, TreeSource};
     use std::io::Write;
 
     #[test]

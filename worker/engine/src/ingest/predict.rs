@@ -33,13 +33,13 @@ use std::collections::VecDeque;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 
-use crate::chunker::Chunker;
 use crate::config::DedupUnit;
 use crate::error::Result;
 use crate::format::container::CHUNK_ZERO;
 use crate::format::fp::{is_zero, Fp};
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::ingest::chunker::Chunker;
 use crate::meta::MetaRead;
 use crate::store::{Store, UnitCopy};
 
