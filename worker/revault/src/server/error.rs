@@ -125,3 +125,223 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::io;
+    use std::path::PathBuf;
+
+    use revault_engine::objects::ObjectError;
+    use revault_engine::Error;
+
+    use super::*;
+
+    /// The variant's name; a variant this does not list fails to compile,
+    /// so the table below cannot miss one.
+    fn variant(e: &Error) -> &'static str {
+        match e {
+            Error::NotInitialised(_) => "NotInitialised",
+            Error::AlreadyInitialised(_) => "AlreadyInitialised",
+            Error::NotEmpty { .. } => "NotEmpty",
+            Error::Locked { .. } => "Locked",
+            Error::BadSeriesName(_) => "BadSeriesName",
+            Error::UnknownSeries(_) => "UnknownSeries",
+            Error::UnknownVersion { .. } => "UnknownVersion",
+            Error::SeriesBusy { .. } => "SeriesBusy",
+            Error::UnitMismatch { .. } => "UnitMismatch",
+            Error::CorruptContainer { .. } => "CorruptContainer",
+            Error::CorruptMetadata { .. } => "CorruptMetadata",
+            Error::MissingContainer { .. } => "MissingContainer",
+            Error::Invalid(_) => "Invalid",
+            Error::BadGzip(_) => "BadGzip",
+            Error::Io { .. } => "Io",
+            Error::Db(_) => "Db",
+            Error::Cancelled => "Cancelled",
+            Error::Internal(_) => "Internal",
+        }
+    }
+
+    const VARIANTS: usize = 18;
+
+    fn io(context: &str, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// A real RocksDB error: opening a database below a file.
+    fn db_error() -> rocksdb::Error {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        rocksdb::DB::open_default(f.path().join("db")).unwrap_err()
+    }
+
+    /// Every engine error (and each way an I/O error can be a full disk),
+    /// with the status and code the server answers it with.
+    fn table() -> Vec<(Error, u16, &'static str)> {
+        let s = || "default/db".to_string();
+        let p = || PathBuf::from("/store");
+        vec![
+            (Error::NotInitialised(p()), 500, "not_initialised"),
+            (Error::AlreadyInitialised(p()), 500, "already_initialised"),
+            (
+                Error::NotEmpty {
+                    path: p(),
+                    found: "files".into(),
+                },
+                500,
+                "not_empty",
+            ),
+            (
+                Error::Locked {
+                    path: p(),
+                    holder: "pid 1".into(),
+                },
+                409,
+                "locked",
+            ),
+            (Error::BadSeriesName("X".into()), 400, "bad_series_name"),
+            (Error::UnknownSeries(s()), 404, "unknown_series"),
+            (
+                Error::UnknownVersion {
+                    series: s(),
+                    version: "7".into(),
+                    latest: Some(5),
+                },
+                404,
+                "unknown_version",
+            ),
+            (Error::SeriesBusy { series: s() }, 409, "series_busy"),
+            (
+                Error::UnitMismatch {
+                    series: s(),
+                    existing: "segment".into(),
+                    requested: "chunk".into(),
+                },
+                400,
+                "unit_mismatch",
+            ),
+            (
+                Error::CorruptContainer {
+                    container: "c1".into(),
+                    detail: "bad checksum".into(),
+                },
+                500,
+                "corrupt_container",
+            ),
+            (
+                Error::CorruptMetadata {
+                    what: "unit 1".into(),
+                    detail: "short".into(),
+                },
+                500,
+                "corrupt_metadata",
+            ),
+            (
+                Error::MissingContainer {
+                    container: "c1".into(),
+                    path: p(),
+                },
+                500,
+                "missing_container",
+            ),
+            (Error::Invalid("x".into()), 400, "invalid_argument"),
+            (Error::BadGzip("x".into()), 400, "bad_gzip"),
+            (
+                io("reading", io::Error::from_raw_os_error(libc::ENOENT)),
+                500,
+                "io_error",
+            ),
+            (
+                io("writing", io::Error::from_raw_os_error(libc::ENOSPC)),
+                507,
+                "no_space",
+            ),
+            (
+                io("writing", io::Error::from_raw_os_error(libc::EDQUOT)),
+                507,
+                "no_space",
+            ),
+            (
+                io("writing", io::Error::from(io::ErrorKind::StorageFull)),
+                507,
+                "no_space",
+            ),
+            (Error::Db(db_error()), 500, "metadata_error"),
+            (Error::Cancelled, 400, "cancelled"),
+            (Error::Internal("x".into()), 500, "internal"),
+        ]
+    }
+
+    #[test]
+    fn every_engine_error_keeps_its_status_and_code() {
+        let covered: BTreeSet<_> = table().iter().map(|(e, ..)| variant(e)).collect();
+        assert_eq!(
+            covered.len(),
+            VARIANTS,
+            "the table misses a variant: {covered:?}"
+        );
+        // Three copies: an engine error is not Clone.
+        let answers = table().into_iter().zip(table()).zip(table());
+        for (((e, status, code), (e2, ..)), (e3, ..)) in answers {
+            let want = (status, code.to_string());
+            let msg = e.to_string();
+            let a = ApiError::from_engine(&e);
+            assert_eq!((a.status.as_u16(), a.code.to_string()), want, "{e:?}");
+            if code == "no_space" {
+                assert!(a.message.contains("disk is full"), "{}", a.message);
+                assert!(a.message.contains(&msg), "{}", a.message);
+            } else {
+                assert_eq!(a.message, msg);
+            }
+            // Through `?` (a cancelled backup says what became of it) and
+            // wrapped in an object error: the same status and code.
+            let b = ApiError::from(e2);
+            assert_eq!((b.status.as_u16(), b.code.to_string()), want, "{msg}");
+            if code == "cancelled" {
+                assert!(
+                    b.message.contains("no version was created"),
+                    "{}",
+                    b.message
+                );
+            } else {
+                assert_eq!(b.message, a.message);
+            }
+            let c = ApiError::from(ObjectError::Engine(e3));
+            assert_eq!((c.status.as_u16(), c.code.to_string()), want, "{msg}");
+            assert_eq!(c.message, a.message);
+        }
+    }
+
+    #[test]
+    fn object_errors_keep_their_status_and_code() {
+        let (b, k) = (|| "velero/bsl".to_string(), || "k".to_string());
+        for (e, status, code) in [
+            (
+                ObjectError::NotFound {
+                    bucket: b(),
+                    key: k(),
+                },
+                404,
+                "unknown_object",
+            ),
+            (ObjectError::NoBucket(b()), 404, "unknown_bucket"),
+            (ObjectError::NotABucket(b()), 409, "not_a_bucket"),
+            (
+                ObjectError::BadKey {
+                    key: k(),
+                    why: "empty".into(),
+                },
+                400,
+                "bad_key",
+            ),
+            (ObjectError::BadGzip("truncated".into()), 400, "bad_gzip"),
+        ] {
+            let msg = e.to_string();
+            let a = ApiError::from(e);
+            let got = (a.status.as_u16(), a.code.to_string(), a.message);
+            assert_eq!(got, (status, code.to_string(), msg));
+        }
+    }
+}
