@@ -28,6 +28,7 @@ use revault_engine::transfer;
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
 use super::stream::{BodyPump, BodyReader, ChannelWriter};
+use super::wire::ApiCode;
 use super::{App, InflightBackup, RestoreEntry};
 use crate::cli::format_time;
 
@@ -51,11 +52,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 pub(crate) fn path_err(e: PathRejection) -> ApiError {
-    ApiError::bad_request("bad_path", format!("bad path: {}", e.body_text()))
+    ApiError::bad_request(ApiCode::BadPath, format!("bad path: {}", e.body_text()))
 }
 
 pub(crate) fn query_err(e: QueryRejection) -> ApiError {
-    ApiError::bad_request("bad_query", format!("bad query: {}", e.body_text()))
+    ApiError::bad_request(ApiCode::BadQuery, format!("bad query: {}", e.body_text()))
 }
 
 fn check_namespace(ns: &str) -> ApiResult<()> {
@@ -63,7 +64,7 @@ fn check_namespace(ns: &str) -> ApiResult<()> {
         return Ok(());
     }
     Err(ApiError::bad_request(
-        "bad_series_name",
+        ApiCode::BadSeriesName,
         format!(
             "invalid namespace {ns:?}: expected a DNS label (lowercase letters, digits and '-')"
         ),
@@ -86,7 +87,7 @@ fn series_of(p: &Principal, ns: &str, name: &str) -> ApiResult<String> {
 fn version_sel(v: &str) -> ApiResult<VersionSel> {
     if v.len() > 10 {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("version {v:?}: expected a version number (1, 2, ...) or `latest`"),
         ));
     }
@@ -103,7 +104,7 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
         let essence = ct.split(';').next().unwrap_or("").trim();
         if !essence.eq_ignore_ascii_case("application/json") {
             return Err(ApiError::bad_request(
-                "bad_content_type",
+                ApiCode::BadContentType,
                 format!("expected Content-Type application/json, got {ct:?}"),
             ));
         }
@@ -113,7 +114,7 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
             return ApiError::body_timeout(t, "nothing was done");
         }
         ApiError::bad_request(
-            "bad_body",
+            ApiCode::BadBody,
             format!("cannot read the request body (at most {JSON_LIMIT} bytes of JSON): {e}"),
         )
     })?;
@@ -122,7 +123,7 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
     }
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| ApiError::bad_request("bad_json", format!("invalid JSON body: {e}")))
+        .map_err(|e| ApiError::bad_request(ApiCode::BadJson, format!("invalid JSON body: {e}")))
 }
 
 /// The Content-Length a request declared, if any: a body that ends short of
@@ -202,11 +203,11 @@ where
     pump.settle().await;
     if let Some(t) = timed_out.filter(|_| err.status.is_client_error()) {
         err = ApiError::body_timeout(&t, lost);
-    } else if err.code == "cancelled" && app.draining.load(Ordering::SeqCst) {
+    } else if err.code == ApiCode::Cancelled && app.draining.load(Ordering::SeqCst) {
         err = ApiError::unavailable(format!(
             "the server shut down before the {what} completed; {lost}"
         ));
-    } else if err.code == "cancelled" && app.health.refusal().is_some() {
+    } else if err.code == ApiCode::Cancelled && app.health.refusal().is_some() {
         err = ApiError::unavailable(format!(
             "the server reopened its store (recovering from a full disk) before the {what} completed; {lost}"
         ));
@@ -281,7 +282,7 @@ fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
         .map(|t| t.unix_timestamp())
         .map_err(|_| {
             ApiError::bad_request(
-                "invalid_argument",
+                ApiCode::InvalidArgument,
                 format!("{what} {s:?}: expected an RFC 3339 time, e.g. 2026-01-31T02:00:00Z"),
             )
         })
@@ -474,7 +475,7 @@ pub async fn gc(
     let compact_below = req.compact_below.unwrap_or(0.5);
     if !(0.0..=1.0).contains(&compact_below) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             "compactBelow is a fraction between 0 and 1",
         ));
     }
@@ -676,13 +677,13 @@ pub async fn put_retention(
     let name = series_name(&p, path)?;
     let Some(r) = json_body::<RetentionJson>(&headers, body).await? else {
         return Err(ApiError::bad_request(
-            "bad_json",
+            ApiCode::BadJson,
             "expected a JSON retention, e.g. {\"keep\": 7, \"live\": 1, \"auto\": true}",
         ));
     };
     if r.keep_within_seconds.is_some_and(|s| s > MAX_KEEP_WITHIN) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("keepWithinSeconds is at most {MAX_KEEP_WITHIN}"),
         ));
     }
@@ -729,7 +730,7 @@ pub async fn post_expire(
     let req: Option<ExpireJson> = json_body(&headers, body).await?;
     let bad = || {
         ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             "give exactly one of {\"version\": N}, {\"before\": \"RFC 3339 time\"} or {\"applyRetention\": true}",
         )
     };
@@ -804,7 +805,7 @@ pub async fn put_version(
         _ => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ApiCode::UnsupportedMediaType,
                 format!("Content-Type {ct:?}: send application/octet-stream (a byte stream) or application/x-tar (a directory tree)"),
             ))
         }
@@ -821,7 +822,7 @@ pub async fn put_version(
         if blocking(move || Ok(revault_engine::objects::is_bucket(st.meta(), &n)?)).await? {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "bucket_series",
+                ApiCode::BucketSeries,
                 format!("series {name} is an object bucket: objects go through /v1/buckets/{name}/object"),
             ));
         }
@@ -831,7 +832,7 @@ pub async fn put_version(
         if backups.contains_key(&name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "series_busy",
+                ApiCode::SeriesBusy,
                 format!("series {name} already has a backup in progress"),
             ));
         }
@@ -939,7 +940,7 @@ pub async fn get_version(
     let cache_mib = q.cache_mib.unwrap_or(64);
     if !(1..=16384).contains(&cache_mib) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             "cache_mib must be between 1 and 16384",
         ));
     }
@@ -1069,12 +1070,12 @@ pub async fn get_restore(
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("restore id {id:?}: expected up to 32 lowercase hex digits"),
         ));
     }
     let not_found = || {
-        ApiError::not_found("unknown_restore", format!("no restore {id} (reports are kept for recent restores, for the token that started them)"))
+        ApiError::not_found(ApiCode::UnknownRestore, format!("no restore {id} (reports are kept for recent restores, for the token that started them)"))
     };
     let Some(mut rx) = app.reports.lock().unwrap().get(&id, &p.owner) else {
         return Err(not_found());
@@ -1094,13 +1095,13 @@ pub async fn get_restore(
 // ---- fallbacks -----------------------------------------------------------------------
 
 pub async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found("not_found", format!("no route for {}", uri.path()))
+    ApiError::not_found(ApiCode::NotFound, format!("no route for {}", uri.path()))
 }
 
 pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ApiCode::MethodNotAllowed,
         format!("{method} is not allowed on {}", uri.path()),
     )
 }

@@ -5,83 +5,109 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use revault_engine::error::ErrorKind;
+use revault_engine::objects::ObjectError;
+
+use super::wire::{ApiCode, ErrorBody};
+
 /// Set on error responses so the request middleware can count errors by code.
-#[derive(Clone, Debug)]
-pub struct ErrorCode(pub String);
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub ApiCode);
 
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: String,
+    pub code: ApiCode,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ApiCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
-            code: code.to_string(),
+            code,
             message: message.into(),
         }
     }
 
-    pub fn bad_request(code: &str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: ApiCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
-    pub fn not_found(code: &str, message: impl Into<String>) -> Self {
+    pub fn not_found(code: ApiCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+        Self::new(StatusCode::FORBIDDEN, ApiCode::Forbidden, message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::new(StatusCode::UNAUTHORIZED, ApiCode::Unauthorized, message)
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ApiCode::Unavailable,
+            message,
+        )
     }
 
     /// 408: the request body came too slowly (see `limits::PacedBody`).
     pub fn body_timeout(t: &super::limits::BodyTimeout, what_happened: &str) -> Self {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ApiCode::RequestTimeout,
             format!("{t}; {what_happened}"),
         )
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ApiCode::Internal,
+            message,
+        )
     }
 }
 
-/// The status for an engine error: the caller's mistakes are 4xx, storage
-/// faults 5xx.
-fn engine_status(e: &revault_engine::Error) -> StatusCode {
-    match e.code() {
-        "unknown_series" | "unknown_version" => StatusCode::NOT_FOUND,
-        "bad_series_name" | "invalid_argument" | "bad_gzip" | "unit_mismatch" | "cancelled" => {
-            StatusCode::BAD_REQUEST
+/// The status for each kind of engine error: the caller's mistakes are 4xx,
+/// a busy series or store 409, a full disk 507, storage faults and the
+/// engine's own failures 500. No default: a new kind must be placed here.
+fn engine_status(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::UnknownSeries | ErrorKind::UnknownVersion => StatusCode::NOT_FOUND,
+        ErrorKind::BadSeriesName
+        | ErrorKind::InvalidArgument
+        | ErrorKind::BadGzip
+        | ErrorKind::UnitMismatch
+        | ErrorKind::Cancelled => StatusCode::BAD_REQUEST,
+        ErrorKind::SeriesBusy | ErrorKind::Locked => StatusCode::CONFLICT,
+        ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        ErrorKind::CorruptContainer
+        | ErrorKind::CorruptMetadata
+        | ErrorKind::MissingContainer
+        | ErrorKind::Io
+        | ErrorKind::Metadata
+        | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        // The server opens its store before it serves: a store missing or
+        // in the way of `init` cannot reach a request.
+        ErrorKind::NotInitialised | ErrorKind::AlreadyInitialised | ErrorKind::NotEmpty => {
+            StatusCode::INTERNAL_SERVER_ERROR
         }
-        "series_busy" | "locked" => StatusCode::CONFLICT,
-        "no_space" => StatusCode::INSUFFICIENT_STORAGE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 impl ApiError {
     /// An engine error as it is: its status, code and message.
     pub fn from_engine(e: &revault_engine::Error) -> Self {
-        let message = if e.is_no_space() {
-            no_space_message(e)
-        } else {
-            e.to_string()
+        let kind = e.kind();
+        let message = match kind {
+            ErrorKind::NoSpace => no_space_message(e),
+            _ => e.to_string(),
         };
-        ApiError::new(engine_status(e), e.code(), message)
+        ApiError::new(engine_status(kind), ApiCode::from(kind), message)
     }
 }
 
@@ -105,21 +131,36 @@ fn no_space_message(e: &revault_engine::Error) -> String {
 impl From<revault_engine::Error> for ApiError {
     fn from(e: revault_engine::Error) -> Self {
         let mut err = ApiError::from_engine(&e);
-        if matches!(e, revault_engine::Error::Cancelled) {
+        if err.code == ApiCode::Cancelled {
             err.message = "the request body ended before it was complete (or the backup was cancelled); no version was created".to_string();
         }
         err
     }
 }
 
+impl From<ObjectError> for ApiError {
+    fn from(e: ObjectError) -> Self {
+        let (status, code) = match &e {
+            ObjectError::NotFound { .. } => (StatusCode::NOT_FOUND, ApiCode::UnknownObject),
+            ObjectError::NoBucket(_) => (StatusCode::NOT_FOUND, ApiCode::UnknownBucket),
+            ObjectError::NotABucket(_) => (StatusCode::CONFLICT, ApiCode::NotABucket),
+            ObjectError::BadKey { .. } => (StatusCode::BAD_REQUEST, ApiCode::BadKey),
+            ObjectError::BadGzip(_) => (StatusCode::BAD_REQUEST, ApiCode::BadGzip),
+            ObjectError::Engine(inner) => return ApiError::from_engine(inner),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = (
-            self.status,
-            Json(serde_json::json!({ "code": self.code, "message": self.message })),
-        )
-            .into_response();
-        r.extensions_mut().insert(ErrorCode(self.code));
+        let code = self.code;
+        let body = ErrorBody {
+            code,
+            message: self.message,
+        };
+        let mut r = (self.status, Json(body)).into_response();
+        r.extensions_mut().insert(ErrorCode(code));
         r
     }
 }
@@ -132,7 +173,6 @@ mod tests {
     use std::io;
     use std::path::PathBuf;
 
-    use revault_engine::objects::ObjectError;
     use revault_engine::Error;
 
     use super::*;

@@ -17,6 +17,7 @@ pub mod objects;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
+pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -22,6 +22,7 @@ use super::api::{
 };
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
+use super::wire::ApiCode;
 use super::App;
 use crate::cli::format_time;
 
@@ -35,18 +36,6 @@ const DEFAULT_URL_TTL: u64 = 600;
 const MAX_LIST: usize = 10_000;
 const DEFAULT_LIST: usize = 1000;
 
-impl From<ObjectError> for ApiError {
-    fn from(e: ObjectError) -> Self {
-        let status = match &e {
-            ObjectError::NotFound { .. } | ObjectError::NoBucket(_) => StatusCode::NOT_FOUND,
-            ObjectError::NotABucket(_) => StatusCode::CONFLICT,
-            ObjectError::BadKey { .. } | ObjectError::BadGzip(_) => StatusCode::BAD_REQUEST,
-            ObjectError::Engine(inner) => return ApiError::from_engine(inner),
-        };
-        ApiError::new(status, e.code(), e.to_string())
-    }
-}
-
 /// `NS/BUCKET` for a request, after checking names and the caller's scope.
 fn bucket_of(p: &Principal, path: BucketPath) -> ApiResult<String> {
     let (ns, bucket) = bucket_parts(path)?;
@@ -59,7 +48,7 @@ fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
     let Path((ns, bucket)) = path.map_err(path_err)?;
     check_series_name(&format!("{ns}/{bucket}")).map_err(|_| {
         ApiError::bad_request(
-            "bad_series_name",
+            ApiCode::BadSeriesName,
             format!("invalid bucket {ns}/{bucket}: the namespace is a DNS label, the bucket lowercase letters, digits, '-' and '.'"),
         )
     })?;
@@ -156,7 +145,7 @@ pub async fn list_objects(
     let limit = q.limit.unwrap_or(DEFAULT_LIST);
     if !(1..=MAX_LIST).contains(&limit) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("limit must be between 1 and {MAX_LIST}"),
         ));
     }
@@ -167,7 +156,7 @@ pub async fn list_objects(
     ] {
         if v.is_some_and(|v| v.len() > objects::MAX_KEY_BYTES) {
             return Err(ApiError::bad_request(
-                "invalid_argument",
+                ApiCode::InvalidArgument,
                 format!("{what} is at most {} bytes", objects::MAX_KEY_BYTES),
             ));
         }
@@ -229,7 +218,7 @@ pub async fn put_object(
         None => Encoding::Identity,
         Some(e) => e
             .parse::<Encoding>()
-            .map_err(|m| ApiError::bad_request("invalid_argument", m))?,
+            .map_err(|m| ApiError::bad_request(ApiCode::InvalidArgument, m))?,
     };
     let store = app.store()?;
     let key = q.key;
@@ -409,7 +398,7 @@ pub async fn sign_url(
     p.check_ns(&ns)?;
     let Some(req) = json_body::<SignJson>(&headers, body).await? else {
         return Err(ApiError::bad_request(
-            "bad_json",
+            ApiCode::BadJson,
             "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
         ));
     };
@@ -417,7 +406,7 @@ pub async fn sign_url(
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
     if !(1..=MAX_URL_TTL).contains(&ttl) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("ttlSeconds must be between 1 and {MAX_URL_TTL}"),
         ));
     }
@@ -461,7 +450,7 @@ pub async fn get_signed(
             .all(|b| b.is_ascii_hexdigit());
     if !valid_form {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             "id and sig must be the hex values of a signed URL",
         ));
     }

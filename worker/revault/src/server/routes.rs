@@ -160,7 +160,7 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     }
     let m = &app.metrics;
     if let Some(ErrorCode(code)) = resp.extensions().get::<ErrorCode>() {
-        m.error(code);
+        m.error(code.as_str());
     }
     m.requests
         .get_or_create(&RequestLabel {
