@@ -12,13 +12,12 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::caches::CachePolicy;
 use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::expire::{expire, ExpireReport, ExpireSel};
-use revault_engine::meta::{Retention, SeriesRecord, VersionKind, VersionRecord};
+use revault_engine::meta::{Retention, VersionKind};
 use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{check_series_name, Store, VersionSel};
@@ -28,7 +27,7 @@ use revault_engine::transfer;
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
 use super::stream::{BodyPump, BodyReader, ChannelWriter};
-use super::wire::ApiCode;
+use super::wire::{self, ApiCode};
 use super::{App, InflightBackup, RestoreEntry};
 use crate::cli::format_time;
 
@@ -288,97 +287,8 @@ fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
         })
 }
 
-// ---- JSON shapes (see worker/api/openapi.yaml) -----------------------------
-
-#[derive(Serialize, Deserialize, Clone, Debug)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RetentionJson {
-    #[serde(default)]
-    pub keep: Option<u32>,
-    #[serde(default)]
-    pub keep_within_seconds: Option<u64>,
-    #[serde(default = "one")]
-    pub live: u32,
-    #[serde(default)]
-    pub auto: bool,
-}
-
-fn one() -> u32 {
-    1
-}
-
 /// Keep-within limit: about 300 years.
 const MAX_KEEP_WITHIN: u64 = 10_000_000_000;
-
-impl From<&Retention> for RetentionJson {
-    fn from(r: &Retention) -> Self {
-        RetentionJson {
-            keep: r.keep,
-            keep_within_seconds: r.keep_within_secs,
-            live: r.live,
-            auto: r.auto,
-        }
-    }
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SeriesJson {
-    series: String,
-    unit: String,
-    versions: usize,
-    latest: Option<u32>,
-    latest_time: Option<String>,
-    logical_bytes: u64,
-    retention: RetentionJson,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VersionJson {
-    number: u32,
-    time: String,
-    kind: String,
-    form: String,
-    logical_bytes: u64,
-    new_bytes: u64,
-    stored_bytes: u64,
-    chunks: u64,
-}
-
-impl From<&VersionRecord> for VersionJson {
-    fn from(v: &VersionRecord) -> Self {
-        VersionJson {
-            number: v.number,
-            time: format_time(v.time_unix),
-            kind: kind_name(v.kind).to_string(),
-            form: format!("{:?}", v.form).to_lowercase(),
-            logical_bytes: v.logical_bytes,
-            new_bytes: v.new_vbytes,
-            stored_bytes: v.new_container_bytes,
-            chunks: v.chunks,
-        }
-    }
-}
-
-fn kind_name(k: VersionKind) -> &'static str {
-    match k {
-        VersionKind::Stream => "stream",
-        VersionKind::Tree => "tree",
-    }
-}
-
-fn series_json(s: &SeriesRecord, vs: &[VersionRecord]) -> SeriesJson {
-    SeriesJson {
-        series: s.name.clone(),
-        unit: s.unit.to_string(),
-        versions: vs.len(),
-        latest: vs.last().map(|v| v.number),
-        latest_time: vs.last().map(|v| format_time(v.time_unix)),
-        logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
-        retention: RetentionJson::from(&s.retention),
-    }
-}
 
 // ---- health, readiness, metrics ---------------------------------------------
 
@@ -434,34 +344,11 @@ pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
 
 // ---- store-wide ----------------------------------------------------------------
 
-#[derive(Serialize)]
-struct StatsJson {
-    #[serde(flatten)]
-    totals: revault_engine::meta::Totals,
-    dedup_ratio: f64,
-    total_ratio: f64,
-}
-
 pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     p.check_all("store totals")?;
     let store = app.store_to_read()?;
     let t = blocking(move || Ok(store.totals()?)).await?;
-    let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
-    Ok(Json(StatsJson {
-        totals: t,
-        dedup_ratio: ratio(t.logical_bytes, t.unit_vbytes),
-        total_ratio: ratio(t.logical_bytes, t.container_bytes),
-    })
-    .into_response())
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GcJson {
-    #[serde(default)]
-    full: bool,
-    #[serde(default)]
-    compact_below: Option<f64>,
+    Ok(Json(wire::Stats::from(t)).into_response())
 }
 
 pub async fn gc(
@@ -471,7 +358,7 @@ pub async fn gc(
     body: Body,
 ) -> ApiResult<Response> {
     p.check_all("gc")?;
-    let req: GcJson = json_body(&headers, body).await?.unwrap_or_default();
+    let req: wire::GcRequest = json_body(&headers, body).await?.unwrap_or_default();
     let compact_below = req.compact_below.unwrap_or(0.5);
     if !(0.0..=1.0).contains(&compact_below) {
         return Err(ApiError::bad_request(
@@ -489,21 +376,15 @@ pub async fn gc(
         Ok(rep)
     })
     .await?;
-    Ok(Json(rep).into_response())
+    Ok(Json(wire::GcReport::from(rep)).into_response())
 }
 
 // ---- series ---------------------------------------------------------------------
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    namespace: Option<String>,
-}
-
 pub async fn list_series(
     State(app): AppState,
     p: Principal,
-    q: Result<Query<ListQuery>, QueryRejection>,
+    q: Result<Query<wire::SeriesListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = q.map_err(query_err)?;
     if let Some(ns) = &q.namespace {
@@ -519,20 +400,12 @@ pub async fn list_series(
                 continue;
             }
             let vs = store.versions(&s)?;
-            rows.push(series_json(&s, &vs));
+            rows.push(wire::Series::new(&s, &vs));
         }
         Ok(rows)
     })
     .await?;
     Ok(Json(rows).into_response())
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SeriesDetailJson {
-    #[serde(flatten)]
-    series: SeriesJson,
-    version_list: Vec<VersionJson>,
 }
 
 pub async fn get_series(
@@ -545,9 +418,9 @@ pub async fn get_series(
     let detail = blocking(move || {
         let s = store.series(&name)?;
         let vs = store.versions(&s)?;
-        Ok(SeriesDetailJson {
-            series: series_json(&s, &vs),
-            version_list: vs.iter().map(VersionJson::from).collect(),
+        Ok(wire::SeriesDetail {
+            series: wire::Series::new(&s, &vs),
+            version_list: vs.iter().map(wire::Version::from).collect(),
         })
     })
     .await?;
@@ -566,7 +439,7 @@ pub async fn list_versions(
         Ok(store
             .versions(&s)?
             .iter()
-            .map(VersionJson::from)
+            .map(wire::Version::from)
             .collect::<Vec<_>>())
     })
     .await?;
@@ -628,18 +501,7 @@ pub async fn delete_series(
         Ok(())
     })
     .await?;
-    Ok(Json(rep).into_response())
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct InflightJson {
-    series: String,
-    running: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    logical_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    started_at: Option<String>,
+    Ok(Json(wire::ExpireReport::from(rep)).into_response())
 }
 
 /// The backup of a series in progress on this worker, if any: how far it got.
@@ -651,13 +513,13 @@ pub async fn get_backup_progress(
     let name = series_name(&p, path)?;
     let cur = app.backups.lock().unwrap().get(&name).cloned();
     Ok(Json(match cur {
-        Some(b) => InflightJson {
+        Some(b) => wire::BackupProgress {
             series: name,
             running: true,
             logical_bytes: Some(b.logical_bytes.load(Ordering::Relaxed)),
             started_at: Some(format_time(b.started_unix)),
         },
-        None => InflightJson {
+        None => wire::BackupProgress {
             series: name,
             running: false,
             logical_bytes: None,
@@ -675,7 +537,7 @@ pub async fn put_retention(
     body: Body,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let Some(r) = json_body::<RetentionJson>(&headers, body).await? else {
+    let Some(r) = json_body::<wire::Retention>(&headers, body).await? else {
         return Err(ApiError::bad_request(
             ApiCode::BadJson,
             "expected a JSON retention, e.g. {\"keep\": 7, \"live\": 1, \"auto\": true}",
@@ -688,16 +550,11 @@ pub async fn put_retention(
         ));
     }
     let s = guarded(&app, move |_, store| {
-        let ret = Retention {
-            keep: r.keep,
-            keep_within_secs: r.keep_within_seconds,
-            live: r.live,
-            auto: r.auto,
-        };
+        let ret = Retention::from(&r);
         Ok(revault_engine::retention::set_retention(store, &name, ret)?)
     })
     .await?;
-    Ok(Json(RetentionJson::from(&s.retention)).into_response())
+    Ok(Json(wire::Retention::from(&s.retention)).into_response())
 }
 
 pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiResult<Response> {
@@ -708,15 +565,7 @@ pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiR
         Ok(rep)
     })
     .await?;
-    Ok(Json(rep).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ExpireJson {
-    version: Option<u32>,
-    before: Option<String>,
-    apply_retention: Option<bool>,
+    Ok(Json(wire::SlideReport::from(rep)).into_response())
 }
 
 pub async fn post_expire(
@@ -727,7 +576,7 @@ pub async fn post_expire(
     body: Body,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let req: Option<ExpireJson> = json_body(&headers, body).await?;
+    let req: Option<wire::ExpireRequest> = json_body(&headers, body).await?;
     let bad = || {
         ApiError::bad_request(
             ApiCode::InvalidArgument,
@@ -735,17 +584,17 @@ pub async fn post_expire(
         )
     };
     let sel = match req {
-        Some(ExpireJson {
+        Some(wire::ExpireRequest {
             version: Some(v),
             before: None,
             apply_retention: None,
         }) if v > 0 => ExpireSel::Version(v),
-        Some(ExpireJson {
+        Some(wire::ExpireRequest {
             version: None,
             before: Some(t),
             apply_retention: None,
         }) => ExpireSel::Before(parse_rfc3339("before", &t)?),
-        Some(ExpireJson {
+        Some(wire::ExpireRequest {
             version: None,
             before: None,
             apply_retention: Some(true),
@@ -753,17 +602,10 @@ pub async fn post_expire(
         _ => return Err(bad()),
     };
     let rep = run_expire(&app, name, vec![sel]).await?;
-    Ok(Json(rep).into_response())
+    Ok(Json(wire::ExpireReport::from(rep)).into_response())
 }
 
 // ---- backup ------------------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PutQuery {
-    unit: Option<String>,
-    time: Option<String>,
-}
 
 #[derive(Clone, Copy)]
 enum Upload {
@@ -789,7 +631,7 @@ pub async fn put_version(
     State(app): AppState,
     p: Principal,
     path: SeriesPath,
-    q: Result<Query<PutQuery>, QueryRejection>,
+    q: Result<Query<wire::PutVersionQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -898,17 +740,10 @@ pub async fn put_version(
         r
     })
     .await?;
-    Ok((StatusCode::CREATED, Json(rep)).into_response())
+    Ok((StatusCode::CREATED, Json(wire::BackupReport::from(rep))).into_response())
 }
 
 // ---- restore --------------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GetQuery {
-    cache: Option<String>,
-    cache_mib: Option<u64>,
-}
 
 /// Whether the client asked for a block-transfer stream (`Accept`).
 fn wants_blocks(headers: &HeaderMap) -> bool {
@@ -925,7 +760,7 @@ pub async fn get_version(
     p: Principal,
     path: VersionPath,
     headers: HeaderMap,
-    q: Result<Query<GetQuery>, QueryRejection>,
+    q: Result<Query<wire::GetVersionQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Path((ns, n, v)) = path.map_err(path_err)?;
     let name = series_of(&p, &ns, &n)?;
@@ -995,17 +830,22 @@ pub async fn get_version(
                         a.metrics.speed_factor.observe(sf);
                     }
                     tracing::info!(series = %name, version = number, restore = %rid, bytes = rep.logical_bytes, reads = rep.container_reads, secs = rep.seconds, "restore finished");
-                    let mut j = serde_json::to_value(&rep).unwrap_or_default();
-                    j["state"] = "done".into();
-                    j["id"] = rid.into();
-                    j
+                    wire::RestoreReport::Done {
+                        id: rid,
+                        figures: rep.into(),
+                    }
                 }
                 Err(e) => {
                     tracing::info!(series = %name, version = number, restore = %rid, error = %e, "restore failed");
-                    serde_json::json!({
-                        "id": rid, "series": name, "version": number, "state": "failed",
-                        "error": { "code": e.code(), "message": e.to_string() },
-                    })
+                    wire::RestoreReport::Failed {
+                        id: rid,
+                        series: Some(name),
+                        version: Some(number),
+                        error: wire::ErrorBody {
+                            code: e.kind().into(),
+                            message: e.to_string(),
+                        },
+                    }
                 }
             };
             let _ = report_tx.send(Some(report));
@@ -1023,7 +863,7 @@ pub async fn get_version(
     h.insert("x-revault-version", HeaderValue::from(number));
     h.insert(
         "x-revault-kind",
-        HeaderValue::from_static(kind_name(v.kind)),
+        HeaderValue::from_static(wire::VersionKind::from(v.kind).as_str()),
     );
     h.insert(
         "x-revault-restore-id",
@@ -1054,7 +894,7 @@ pub async fn delete_version(
     })
     .await?;
     let rep = run_expire(&app, name, vec![ExpireSel::Version(number)]).await?;
-    Ok(Json(rep).into_response())
+    Ok(Json(wire::ExpireReport::from(rep)).into_response())
 }
 
 pub async fn get_restore(
@@ -1083,12 +923,19 @@ pub async fn get_restore(
     // The body may have ended a moment before the report was filed.
     let got = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|r| r.is_some())).await;
     let report = match got {
-        Ok(Ok(r)) => r.clone().unwrap_or_default(),
-        Ok(Err(_)) => {
-            serde_json::json!({ "id": id, "state": "failed", "error": { "code": "internal", "message": "the restore task ended without a report" } })
-        }
-        Err(_) => serde_json::json!({ "id": id, "state": "running" }),
+        Ok(Ok(r)) => r.clone(),
+        Ok(Err(_)) => None,
+        Err(_) => Some(wire::RestoreReport::Running { id: id.clone() }),
     };
+    let report = report.unwrap_or_else(|| wire::RestoreReport::Failed {
+        id,
+        series: None,
+        version: None,
+        error: wire::ErrorBody {
+            code: ApiCode::Internal,
+            message: "the restore task ended without a report".into(),
+        },
+    });
     Ok(Json(report).into_response())
 }
 

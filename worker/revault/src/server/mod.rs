@@ -129,7 +129,7 @@ const MAX_REPORTS: usize = 1024;
 
 pub struct RestoreEntry {
     pub owner: String,
-    pub report: watch::Receiver<Option<serde_json::Value>>,
+    pub report: watch::Receiver<Option<wire::RestoreReport>>,
 }
 
 #[derive(Default)]
@@ -149,7 +149,11 @@ impl Reports {
         self.map.insert(id, e);
     }
 
-    pub fn get(&self, id: &str, owner: &str) -> Option<watch::Receiver<Option<serde_json::Value>>> {
+    pub fn get(
+        &self,
+        id: &str,
+        owner: &str,
+    ) -> Option<watch::Receiver<Option<wire::RestoreReport>>> {
         self.map
             .get(id)
             .filter(|e| e.owner == owner)

@@ -11,7 +11,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
 
 use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOptions};
 use revault_engine::restore::RestoreOptions;
@@ -22,7 +21,7 @@ use super::api::{
 };
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
-use super::wire::ApiCode;
+use super::wire::{self, ApiCode};
 use super::App;
 use crate::cli::format_time;
 
@@ -55,46 +54,7 @@ fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
     Ok((ns, bucket))
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectJson {
-    key: String,
-    size: u64,
-    encoding: Encoding,
-    uploaded_bytes: u64,
-    etag: String,
-    version: u32,
-    time: String,
-    tar_members: u64,
-}
-
-impl From<&ObjectInfo> for ObjectJson {
-    fn from(o: &ObjectInfo) -> Self {
-        ObjectJson {
-            key: o.key.clone(),
-            size: o.record.size,
-            encoding: o.record.encoding,
-            uploaded_bytes: o.record.uploaded_bytes,
-            etag: o.record.etag.clone(),
-            version: o.record.version,
-            time: format_time(o.record.time_unix),
-            tar_members: o.record.tar_members,
-        }
-    }
-}
-
 // ---- bucket -------------------------------------------------------------------
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct BucketJson {
-    bucket: String,
-    created: String,
-    objects: u64,
-    size: u64,
-    uploaded_bytes: u64,
-    stored_bytes: u64,
-}
 
 pub async fn get_bucket(
     State(app): AppState,
@@ -104,41 +64,14 @@ pub async fn get_bucket(
     let bucket = bucket_of(&p, path)?;
     let store = app.store_to_read()?;
     let s = blocking(move || Ok(objects::summary(&store, &bucket)?)).await?;
-    Ok(Json(BucketJson {
-        bucket: s.bucket,
-        created: format_time(s.created_unix),
-        objects: s.objects,
-        size: s.size,
-        uploaded_bytes: s.uploaded_bytes,
-        stored_bytes: s.stored_bytes,
-    })
-    .into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    delimiter: Option<String>,
-    start_after: Option<String>,
-    limit: Option<usize>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListJson {
-    objects: Vec<ObjectJson>,
-    common_prefixes: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_start_after: Option<String>,
+    Ok(Json(wire::Bucket::from(s)).into_response())
 }
 
 pub async fn list_objects(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<ListQuery>, QueryRejection>,
+    q: Result<Query<wire::ObjectListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -173,41 +106,16 @@ pub async fn list_objects(
         )?)
     })
     .await?;
-    Ok(Json(ListJson {
-        objects: l.objects.iter().map(ObjectJson::from).collect(),
-        common_prefixes: l.common_prefixes,
-        next_start_after: l.next_start_after,
-    })
-    .into_response())
+    Ok(Json(wire::ObjectList::from(l)).into_response())
 }
 
 // ---- one object ---------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyQuery {
-    key: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PutQuery {
-    key: String,
-    encoding: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GetQuery {
-    key: String,
-    decoded: Option<bool>,
-}
 
 pub async fn put_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<PutQuery>, QueryRejection>,
+    q: Result<Query<wire::PutObjectQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -258,10 +166,12 @@ pub async fn put_object(
         r
     })
     .await?;
-    let mut j = serde_json::to_value(ObjectJson::from(&rep.object)).unwrap_or_default();
-    j["newBytes"] = rep.backup.new_vbytes.into();
-    j["storedBytes"] = rep.backup.new_container_bytes.into();
-    Ok((StatusCode::CREATED, Json(j)).into_response())
+    let stored = wire::StoredObject {
+        object: wire::Object::from(&rep.object),
+        new_bytes: rep.backup.new_vbytes,
+        stored_bytes: rep.backup.new_container_bytes,
+    };
+    Ok((StatusCode::CREATED, Json(stored)).into_response())
 }
 
 async fn lookup(app: &Arc<App>, bucket: String, key: String) -> ApiResult<ObjectInfo> {
@@ -273,20 +183,20 @@ pub async fn object_meta(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<KeyQuery>, QueryRejection>,
+    q: Result<Query<wire::KeyQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
     objects::check_key(&q.key)?;
     let info = lookup(&app, bucket, q.key).await?;
-    Ok(Json(ObjectJson::from(&info)).into_response())
+    Ok(Json(wire::Object::from(&info)).into_response())
 }
 
 pub async fn get_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<GetQuery>, QueryRejection>,
+    q: Result<Query<wire::GetObjectQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -340,7 +250,7 @@ pub async fn delete_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<KeyQuery>, QueryRejection>,
+    q: Result<Query<wire::KeyQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -353,22 +263,15 @@ pub async fn delete_object(
         Ok(r?)
     })
     .await?;
-    Ok(Json(serde_json::json!({
-        "key": rep.key,
-        "version": rep.version,
-        "bytesFreed": rep.expired.bytes_freed,
-    }))
+    Ok(Json(wire::ObjectDeleted {
+        key: rep.key,
+        version: rep.version,
+        bytes_freed: rep.expired.bytes_freed,
+    })
     .into_response())
 }
 
 // ---- signed URLs ------------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct SignJson {
-    key: String,
-    ttl_seconds: Option<u64>,
-}
 
 fn signed_message(ns: &str, bucket: &str, key: &str, expires: i64) -> Vec<u8> {
     format!("revault signed GET v1\n{ns}\n{bucket}\n{key}\n{expires}").into_bytes()
@@ -396,7 +299,7 @@ pub async fn sign_url(
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     p.check_ns(&ns)?;
-    let Some(req) = json_body::<SignJson>(&headers, body).await? else {
+    let Some(req) = json_body::<wire::SignRequest>(&headers, body).await? else {
         return Err(ApiError::bad_request(
             ApiCode::BadJson,
             "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
@@ -420,16 +323,11 @@ pub async fn sign_url(
         "/v1/signed/{ns}/{bucket}?key={}&expires={expires}&id={id}&sig={sig}",
         pct(&req.key)
     );
-    Ok(Json(serde_json::json!({ "url": url, "expiresAt": format_time(expires) })).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SignedQuery {
-    key: String,
-    expires: i64,
-    id: String,
-    sig: String,
+    Ok(Json(wire::SignedUrl {
+        url,
+        expires_at: format_time(expires),
+    })
+    .into_response())
 }
 
 /// `GET /v1/signed/{ns}/{bucket}?key&expires&id&sig`: no token; the signature
@@ -437,7 +335,7 @@ pub struct SignedQuery {
 pub async fn get_signed(
     State(app): AppState,
     path: BucketPath,
-    q: Result<Query<SignedQuery>, QueryRejection>,
+    q: Result<Query<wire::SignedQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     let Query(q) = q.map_err(query_err)?;

@@ -1,14 +1,8 @@
-//! The wire contract: every JSON body the server reads or writes, and the
-//! error codes it answers with (`worker/api/openapi.yaml` describes them;
-//! its tests compare the two). Handlers build these types and nothing
-//! else: no engine struct is serialised on the wire, so a change inside the
-//! engine cannot change what clients parse.
+//! Error codes and the error body.
 
 use serde::{Serialize, Serializer};
 
 use revault_engine::error::ErrorKind;
-
-// ---- errors -------------------------------------------------------------------
 
 /// Every `code` an error body can carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
