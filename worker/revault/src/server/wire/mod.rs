@@ -15,6 +15,8 @@
 mod error;
 mod objects;
 mod reports;
+#[cfg(test)]
+mod schema_tests;
 mod series;
 
 use serde::Serialize;
