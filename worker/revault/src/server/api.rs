@@ -1,62 +1,35 @@
-//! Route handlers. Engine calls run on the blocking pool; every failure is an
-//! [`ApiError`] (JSON `{code, message}`).
+//! Route handlers for the probes, the store and its series (backups and
+//! restores of versions are in [`super::backup`] and [`super::restore`],
+//! objects in [`super::objects`]). Engine calls run on the blocking pool;
+//! every failure is an [`ApiError`] (JSON `{code, message}`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::de::DeserializeOwned;
 
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::expire::{expire, ExpireReport, ExpireSel};
-use revault_engine::meta::{Retention, VersionKind};
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::source::{Source, StreamSource};
-use revault_engine::store::{check_series_name, Store, VersionSel};
-use revault_engine::tarsource::TarSource;
-use revault_engine::transfer;
+use revault_engine::meta::Retention;
+use revault_engine::store::{check_series_name, VersionSel};
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
-use super::stream::{BodyPump, BodyReader, ChannelWriter};
+use super::request::{json_body, path_err, query_err};
 use super::wire::{self, ApiCode};
-use super::{App, InflightBackup, RestoreEntry};
+use super::work::{blocking, guarded};
+use super::App;
 use crate::cli::format_time;
 
-type AppState = State<Arc<App>>;
-type SeriesPath = Result<Path<(String, String)>, PathRejection>;
-type VersionPath = Result<Path<(String, String, String)>, PathRejection>;
-
-/// Largest JSON request body accepted.
-const JSON_LIMIT: usize = 64 << 10;
-/// How long an upload waits for a slide or expiry of its series to finish.
-const BUSY_WAIT: Duration = Duration::from_secs(120);
+pub(crate) type AppState = State<Arc<App>>;
+pub(crate) type SeriesPath = Result<Path<(String, String)>, PathRejection>;
+pub(crate) type VersionPath = Result<Path<(String, String, String)>, PathRejection>;
 
 // ---- helpers ---------------------------------------------------------------
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("a worker task failed: {e}")))?
-}
-
-pub(crate) fn path_err(e: PathRejection) -> ApiError {
-    ApiError::bad_request(ApiCode::BadPath, format!("bad path: {}", e.body_text()))
-}
-
-pub(crate) fn query_err(e: QueryRejection) -> ApiError {
-    ApiError::bad_request(ApiCode::BadQuery, format!("bad query: {}", e.body_text()))
-}
 
 fn check_namespace(ns: &str) -> ApiResult<()> {
     if auth::is_namespace(ns) {
@@ -71,19 +44,19 @@ fn check_namespace(ns: &str) -> ApiResult<()> {
 }
 
 /// Validates `{ns}/{name}` and the caller's access to `ns`.
-fn series_name(p: &Principal, path: SeriesPath) -> ApiResult<String> {
+pub(crate) fn series_name(p: &Principal, path: SeriesPath) -> ApiResult<String> {
     let Path((ns, name)) = path.map_err(path_err)?;
     series_of(p, &ns, &name)
 }
 
-fn series_of(p: &Principal, ns: &str, name: &str) -> ApiResult<String> {
+pub(crate) fn series_of(p: &Principal, ns: &str, name: &str) -> ApiResult<String> {
     let full = format!("{ns}/{name}");
     check_series_name(&full)?;
     p.check_ns(ns)?;
     Ok(full)
 }
 
-fn version_sel(v: &str) -> ApiResult<VersionSel> {
+pub(crate) fn version_sel(v: &str) -> ApiResult<VersionSel> {
     if v.len() > 10 {
         return Err(ApiError::bad_request(
             ApiCode::InvalidArgument,
@@ -93,190 +66,7 @@ fn version_sel(v: &str) -> ApiResult<VersionSel> {
     Ok(v.parse::<VersionSel>()?)
 }
 
-/// Reads a JSON body (bounded); an empty body is `None`.
-pub(crate) async fn json_body<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-) -> ApiResult<Option<T>> {
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("");
-        let essence = ct.split(';').next().unwrap_or("").trim();
-        if !essence.eq_ignore_ascii_case("application/json") {
-            return Err(ApiError::bad_request(
-                ApiCode::BadContentType,
-                format!("expected Content-Type application/json, got {ct:?}"),
-            ));
-        }
-    }
-    let bytes = axum::body::to_bytes(body, JSON_LIMIT).await.map_err(|e| {
-        if let Some(t) = super::limits::body_timeout(&e) {
-            return ApiError::body_timeout(t, "nothing was done");
-        }
-        ApiError::bad_request(
-            ApiCode::BadBody,
-            format!("cannot read the request body (at most {JSON_LIMIT} bytes of JSON): {e}"),
-        )
-    })?;
-    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-        return Ok(None);
-    }
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| ApiError::bad_request(ApiCode::BadJson, format!("invalid JSON body: {e}")))
-}
-
-/// The Content-Length a request declared, if any: a body that ends short of
-/// it is cut, not complete.
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-}
-
-/// Runs an upload's `attempt` again while a slide or expiry holds its series
-/// (`busy`), for at most [`BUSY_WAIT`]: only while nothing of the body has been
-/// read (retries share one body reader) and not once the server drains.
-pub(crate) fn retry_while_busy<T, E>(
-    app: &App,
-    reader: &BodyReader,
-    busy: impl Fn(&E) -> bool,
-    mut attempt: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let waited = Instant::now();
-    loop {
-        match attempt() {
-            Err(e)
-                if busy(&e)
-                    && !reader.started()
-                    && waited.elapsed() < BUSY_WAIT
-                    && !app.draining.load(Ordering::SeqCst) =>
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => return r,
-        }
-    }
-}
-
-/// Runs an upload (`what`: "backup", "upload") on the blocking pool, counted
-/// as in flight: `run` gets a reader of the request body and the flag that
-/// shutdown sets to cancel it.
-///
-/// A failure is answered once the rest of the body was let in (bounded), so
-/// the client reads the error instead of a reset connection; an upload
-/// cancelled by shutdown answers 503, and one whose body came too slowly
-/// 408, saying what was `lost`.
-pub(crate) async fn run_upload<T, E>(
-    app: &Arc<App>,
-    headers: &HeaderMap,
-    body: Body,
-    what: &str,
-    lost: &str,
-    run: impl FnOnce(&App, BodyReader, Arc<AtomicBool>) -> Result<T, E> + Send + 'static,
-) -> ApiResult<T>
-where
-    T: Send + 'static,
-    E: Into<ApiError> + Send + 'static,
-{
-    let (pump, reader) = BodyPump::start(
-        body,
-        content_length(headers),
-        app.abort.subscribe(),
-        app.metrics.clone(),
-    );
-    let cancel = Arc::new(AtomicBool::new(false));
-    let guard = app.begin(Some(cancel.clone()));
-    let a = app.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let _g = guard;
-        run(&a, reader, cancel)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("the {what} task failed: {e}")))?;
-    let mut err: ApiError = match result {
-        Ok(t) => return Ok(t),
-        Err(e) => e.into(),
-    };
-    let timed_out = pump.timed_out();
-    pump.settle().await;
-    if let Some(t) = timed_out.filter(|_| err.status.is_client_error()) {
-        err = ApiError::body_timeout(&t, lost);
-    } else if err.code == ApiCode::Cancelled && app.draining.load(Ordering::SeqCst) {
-        err = ApiError::unavailable(format!(
-            "the server shut down before the {what} completed; {lost}"
-        ));
-    } else if err.code == ApiCode::Cancelled && app.health.refusal().is_some() {
-        err = ApiError::unavailable(format!(
-            "the server reopened its store (recovering from a full disk) before the {what} completed; {lost}"
-        ));
-    }
-    Err(err)
-}
-
-/// Runs engine work on the blocking pool, counted as in flight (shutdown
-/// waits for it): `f` gets the app and the store.
-pub(crate) async fn guarded<T: Send + 'static>(
-    app: &Arc<App>,
-    f: impl FnOnce(&App, &Store) -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    let store = app.store()?;
-    let guard = app.begin(None);
-    let a = app.clone();
-    blocking(move || {
-        let _g = guard;
-        f(&a, &store)
-    })
-    .await
-}
-
-/// Streams a restore (`run`, on the blocking pool) into a response body. A
-/// failure ends the body with an error, so a client never takes a short body
-/// for a whole one; `done` sees the outcome after that (reports, logs).
-pub(crate) fn restore_body(
-    app: &Arc<App>,
-    mut opts: RestoreOptions,
-    sending: &'static str,
-    run: impl FnOnce(&RestoreOptions, &mut ChannelWriter) -> revault_engine::Result<RestoreReport>
-        + Send
-        + 'static,
-    done: impl FnOnce(&App, revault_engine::Result<RestoreReport>) + Send + 'static,
-) -> Body {
-    let (mut writer, body) =
-        ChannelWriter::new(app.metrics.clone(), opts.cache_bytes, app.abort.subscribe());
-    let cancel = Arc::new(AtomicBool::new(false));
-    opts.cancel = Some(cancel.clone());
-    let guard = app.begin(Some(cancel));
-    let a = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let _g = guard;
-        // A panic is an internal error like any other: the body ends in it
-        // and `done` still runs (it releases the restore's gauges).
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let rep = run(&opts, &mut writer)?;
-            writer.complete().map_err(|e| revault_engine::Error::Io {
-                context: sending.into(),
-                source: e,
-            })?;
-            Ok(rep)
-        }))
-        .unwrap_or_else(|p| Err(revault_engine::error::panicked("restore", p)));
-        match &r {
-            Ok(rep) => {
-                a.metrics.container_reads.inc_by(rep.container_reads);
-                a.metrics.restore_bytes_read.inc_by(rep.bytes_read);
-            }
-            Err(e) => {
-                a.metrics.error(e.code());
-                writer.fail(e.to_string());
-            }
-        }
-        done(&a, r);
-    });
-    body
-}
-
-fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
+pub(crate) fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
         .map(|t| t.unix_timestamp())
         .map_err(|_| {
@@ -605,279 +395,6 @@ pub async fn post_expire(
     Ok(Json(wire::ExpireReport::from(rep)).into_response())
 }
 
-// ---- backup ------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-enum Upload {
-    Stream,
-    Tar,
-}
-
-/// The server's one-backup-per-series claim (an entry of `App::backups`),
-/// released when dropped.
-struct WriterClaim {
-    app: Arc<App>,
-    name: String,
-    progress: Arc<InflightBackup>,
-}
-
-impl Drop for WriterClaim {
-    fn drop(&mut self) {
-        self.app.backups.lock().unwrap().remove(&self.name);
-    }
-}
-
-pub async fn put_version(
-    State(app): AppState,
-    p: Principal,
-    path: SeriesPath,
-    q: Result<Query<wire::PutVersionQuery>, QueryRejection>,
-    headers: HeaderMap,
-    body: Body,
-) -> ApiResult<Response> {
-    let name = series_name(&p, path)?;
-    let Query(q) = q.map_err(query_err)?;
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .map(|v| v.to_str().unwrap_or("?").to_string())
-        .unwrap_or_default();
-    let upload = match ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase().as_str() {
-        "application/octet-stream" => Upload::Stream,
-        "application/x-tar" => Upload::Tar,
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                ApiCode::UnsupportedMediaType,
-                format!("Content-Type {ct:?}: send application/octet-stream (a byte stream) or application/x-tar (a directory tree)"),
-            ))
-        }
-    };
-    let unit = q.unit.as_deref().map(str::parse::<DedupUnit>).transpose()?;
-    let time_unix = q
-        .time
-        .as_deref()
-        .map(|t| parse_rfc3339("time", t))
-        .transpose()?;
-    let store = app.store()?;
-    {
-        let (st, n) = (store.clone(), name.clone());
-        if blocking(move || Ok(revault_engine::objects::is_bucket(st.meta(), &n)?)).await? {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ApiCode::BucketSeries,
-                format!("series {name} is an object bucket: objects go through /v1/buckets/{name}/object"),
-            ));
-        }
-    }
-    let claim = {
-        let mut backups = app.backups.lock().unwrap();
-        if backups.contains_key(&name) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ApiCode::SeriesBusy,
-                format!("series {name} already has a backup in progress"),
-            ));
-        }
-        let progress = Arc::new(InflightBackup {
-            started_unix: revault_engine::store::now_unix(),
-            logical_bytes: std::sync::atomic::AtomicU64::new(0),
-        });
-        backups.insert(name.clone(), progress.clone());
-        WriterClaim {
-            app: app.clone(),
-            name: name.clone(),
-            progress,
-        }
-    };
-    app.metrics.inflight_backups.inc();
-    let lost = "no version was created";
-    let rep = run_upload(&app, &headers, body, "backup", lost, move |a, reader, cancel| {
-        let progress = claim.progress.clone();
-        let _claim = claim;
-        let opts = BackupOptions {
-            unit,
-            time_unix,
-            cancel: Some(cancel),
-            progress: Some(Arc::new(move |n| {
-                progress.logical_bytes.store(n, Ordering::Relaxed)
-            })),
-            ..Default::default()
-        };
-        let r = retry_while_busy(
-            a,
-            &reader,
-            |e| matches!(e, revault_engine::Error::SeriesBusy { .. }),
-            || {
-                let what = format!("the upload of {name}");
-                let src: Box<dyn Source> = match upload {
-                    Upload::Stream => Box::new(StreamSource::new(what, reader.clone())),
-                    Upload::Tar => Box::new(TarSource::new(what, reader.clone())),
-                };
-                backup(&store, &name, src, &opts)
-            },
-        );
-        drop(reader);
-        a.metrics.inflight_backups.dec();
-        match &r {
-            Ok(rep) => {
-                a.metrics.backup_logical_bytes.inc_by(rep.logical_bytes);
-                a.metrics.backup_new_bytes.inc_by(rep.new_vbytes);
-                if let Some(s) = &rep.slide {
-                    a.metrics.maintenance("slide", s.seconds);
-                }
-                if let Some(e) = &rep.expire {
-                    a.metrics.maintenance("expire", e.seconds);
-                }
-                if rep.retention_error.is_some() {
-                    a.health.kick(); // a full disk, say: let the watcher look
-                }
-                a.refresh_series(&store, &name);
-                tracing::info!(series = %name, version = rep.version, bytes = rep.logical_bytes, new = rep.new_vbytes, secs = rep.seconds, "backup committed");
-            }
-            Err(e) => tracing::info!(series = %name, error = %e, "backup failed; no version created"),
-        }
-        super::metrics::Metrics::result(&a.metrics.backups, r.is_ok());
-        r
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(wire::BackupReport::from(rep))).into_response())
-}
-
-// ---- restore --------------------------------------------------------------------
-
-/// Whether the client asked for a block-transfer stream (`Accept`).
-fn wants_blocks(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.split(';').next().map(str::trim) == Some(transfer::MEDIA_TYPE))
-}
-
-pub async fn get_version(
-    State(app): AppState,
-    p: Principal,
-    path: VersionPath,
-    headers: HeaderMap,
-    q: Result<Query<wire::GetVersionQuery>, QueryRejection>,
-) -> ApiResult<Response> {
-    let Path((ns, n, v)) = path.map_err(path_err)?;
-    let name = series_of(&p, &ns, &n)?;
-    let sel = version_sel(&v)?;
-    let Query(q) = q.map_err(query_err)?;
-    let cache = q
-        .cache
-        .as_deref()
-        .map(str::parse::<CachePolicy>)
-        .transpose()?
-        .unwrap_or_default();
-    let cache_mib = q.cache_mib.unwrap_or(64);
-    if !(1..=16384).contains(&cache_mib) {
-        return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
-            "cache_mib must be between 1 and 16384",
-        ));
-    }
-    let cache_mib = cache_mib.min(app.max_cache_mib);
-    let store = app.store_to_read()?;
-    let (st, n2) = (store.clone(), name.clone());
-    let v = blocking(move || {
-        let s = st.series(&n2)?;
-        Ok(st.resolve_version(&s, &sel)?)
-    })
-    .await?;
-
-    let id = format!("{:032x}", rand::random::<u128>());
-    let (report_tx, report_rx) = tokio::sync::watch::channel(None);
-    app.reports.lock().unwrap().insert(
-        id.clone(),
-        RestoreEntry {
-            owner: p.owner.clone(),
-            report: report_rx,
-        },
-    );
-    let number = v.number;
-    let rid = id.clone();
-    let opts = RestoreOptions {
-        cache,
-        cache_bytes: cache_mib * MIB,
-        ..Default::default()
-    };
-    let n2 = name.clone();
-    // Block transfer: stored blocks go out and the client assembles the
-    // version (restore memory = its assembly window, policy always faa).
-    let blocks = wants_blocks(&headers);
-    app.metrics.inflight_restores.inc();
-    let body = restore_body(
-        &app,
-        opts,
-        "sending restored data",
-        move |opts, w| {
-            let sel = VersionSel::Number(number);
-            if blocks {
-                transfer::send(&store, &n2, sel, opts, w)
-            } else {
-                restore(&store, &n2, sel, opts, RestoreTarget::Writer(w))
-            }
-        },
-        move |a, r| {
-            a.metrics.inflight_restores.dec();
-            super::metrics::Metrics::result(&a.metrics.restores, r.is_ok());
-            let report = match r {
-                Ok(rep) => {
-                    if let Some(sf) = rep.speed_factor {
-                        a.metrics.speed_factor.observe(sf);
-                    }
-                    tracing::info!(series = %name, version = number, restore = %rid, bytes = rep.logical_bytes, reads = rep.container_reads, secs = rep.seconds, "restore finished");
-                    wire::RestoreReport::Done {
-                        id: rid,
-                        figures: rep.into(),
-                    }
-                }
-                Err(e) => {
-                    tracing::info!(series = %name, version = number, restore = %rid, error = %e, "restore failed");
-                    wire::RestoreReport::Failed {
-                        id: rid,
-                        series: Some(name),
-                        version: Some(number),
-                        error: wire::ErrorBody {
-                            code: e.kind().into(),
-                            message: e.to_string(),
-                        },
-                    }
-                }
-            };
-            let _ = report_tx.send(Some(report));
-        },
-    );
-
-    let ct = match v.kind {
-        _ if blocks => transfer::MEDIA_TYPE,
-        VersionKind::Stream => "application/octet-stream",
-        VersionKind::Tree => "application/x-tar",
-    };
-    let mut resp = Response::new(body);
-    let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    h.insert("x-revault-version", HeaderValue::from(number));
-    h.insert(
-        "x-revault-kind",
-        HeaderValue::from_static(wire::VersionKind::from(v.kind).as_str()),
-    );
-    h.insert(
-        "x-revault-restore-id",
-        HeaderValue::from_str(&id).expect("hex is a valid header"),
-    );
-    h.insert(header::VARY, HeaderValue::from_static("accept"));
-    if v.kind == VersionKind::Stream && !blocks {
-        // A known length lets clients tell a complete body from a cut one
-        // (a block stream ends with its own end frame).
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(v.logical_bytes));
-    }
-    Ok(resp)
-}
-
 pub async fn delete_version(
     State(app): AppState,
     p: Principal,
@@ -895,48 +412,6 @@ pub async fn delete_version(
     .await?;
     let rep = run_expire(&app, name, vec![ExpireSel::Version(number)]).await?;
     Ok(Json(wire::ExpireReport::from(rep)).into_response())
-}
-
-pub async fn get_restore(
-    State(app): AppState,
-    p: Principal,
-    path: Result<Path<String>, PathRejection>,
-) -> ApiResult<Response> {
-    let Path(id) = path.map_err(path_err)?;
-    if id.is_empty()
-        || id.len() > 32
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
-            format!("restore id {id:?}: expected up to 32 lowercase hex digits"),
-        ));
-    }
-    let not_found = || {
-        ApiError::not_found(ApiCode::UnknownRestore, format!("no restore {id} (reports are kept for recent restores, for the token that started them)"))
-    };
-    let Some(mut rx) = app.reports.lock().unwrap().get(&id, &p.owner) else {
-        return Err(not_found());
-    };
-    // The body may have ended a moment before the report was filed.
-    let got = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|r| r.is_some())).await;
-    let report = match got {
-        Ok(Ok(r)) => r.clone(),
-        Ok(Err(_)) => None,
-        Err(_) => Some(wire::RestoreReport::Running { id: id.clone() }),
-    };
-    let report = report.unwrap_or_else(|| wire::RestoreReport::Failed {
-        id,
-        series: None,
-        version: None,
-        error: wire::ErrorBody {
-            code: ApiCode::Internal,
-            message: "the restore task ended without a report".into(),
-        },
-    });
-    Ok(Json(report).into_response())
 }
 
 // ---- fallbacks -----------------------------------------------------------------------

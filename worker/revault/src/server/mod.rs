@@ -8,16 +8,20 @@
 
 pub mod api;
 pub mod auth;
+pub mod backup;
 pub mod conn;
 pub mod error;
 pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod objects;
+pub mod request;
+pub mod restore;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
 pub mod wire;
+pub mod work;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -16,12 +16,11 @@ use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOption
 use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
 
-use super::api::{
-    blocking, guarded, json_body, path_err, query_err, restore_body, retry_while_busy, run_upload,
-};
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
+use super::request::{json_body, path_err, query_err};
 use super::wire::{self, ApiCode};
+use super::work::{blocking, guarded, restore_body, retry_while_busy, run_upload};
 use super::App;
 use crate::cli::format_time;
 

@@ -14,9 +14,11 @@ use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 
 use super::api;
+use super::backup;
 use super::error::ErrorCode;
 use super::metrics::{RequestLabel, RouteLabel};
 use super::objects;
+use super::restore;
 use super::App;
 
 pub struct Route {
@@ -92,13 +94,13 @@ pub fn table() -> Vec<Route> {
             M::PUT,
             "/v1/series/{ns}/{name}/versions",
             "putVersion",
-            api::put_version,
+            backup::put_version,
         ),
         route(
             M::GET,
             "/v1/series/{ns}/{name}/versions/{version}",
             "getVersion",
-            api::get_version,
+            restore::get_version,
         ),
         route(
             M::DELETE,
@@ -116,7 +118,7 @@ pub fn table() -> Vec<Route> {
             M::GET,
             "/v1/restores/{id}",
             "getRestoreReport",
-            api::get_restore,
+            restore::get_restore,
         ),
         route(
             M::GET,
