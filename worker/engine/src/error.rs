@@ -83,33 +83,145 @@ pub enum Error {
     Internal(String),
 }
 
+/// What kind of failure an [`Error`] is, one kind per machine-readable code.
+/// Callers that act on errors (the server's status for each, the CLI's JSON)
+/// match on the kind, so a new variant must pick a kind here and a new kind
+/// must be placed by each of them: neither can fall into a default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    NotInitialised,
+    AlreadyInitialised,
+    NotEmpty,
+    Locked,
+    BadSeriesName,
+    UnknownSeries,
+    UnknownVersion,
+    SeriesBusy,
+    UnitMismatch,
+    CorruptContainer,
+    CorruptMetadata,
+    MissingContainer,
+    InvalidArgument,
+    BadGzip,
+    /// A file operation failed (not a full disk).
+    Io,
+    /// The metadata store failed (not a full disk).
+    Metadata,
+    /// A disk or quota was full (see [`Error::is_no_space`]).
+    NoSpace,
+    Cancelled,
+    /// A failure of the engine itself, never the caller's fault.
+    Internal,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 19] = [
+        ErrorKind::NotInitialised,
+        ErrorKind::AlreadyInitialised,
+        ErrorKind::NotEmpty,
+        ErrorKind::Locked,
+        ErrorKind::BadSeriesName,
+        ErrorKind::UnknownSeries,
+        ErrorKind::UnknownVersion,
+        ErrorKind::SeriesBusy,
+        ErrorKind::UnitMismatch,
+        ErrorKind::CorruptContainer,
+        ErrorKind::CorruptMetadata,
+        ErrorKind::MissingContainer,
+        ErrorKind::InvalidArgument,
+        ErrorKind::BadGzip,
+        ErrorKind::Io,
+        ErrorKind::Metadata,
+        ErrorKind::NoSpace,
+        ErrorKind::Cancelled,
+        ErrorKind::Internal,
+    ];
+
+    /// The stable machine-readable code, used by the CLI's `--json` output
+    /// and the server's error bodies.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::NotInitialised => "not_initialised",
+            ErrorKind::AlreadyInitialised => "already_initialised",
+            ErrorKind::NotEmpty => "not_empty",
+            ErrorKind::Locked => "locked",
+            ErrorKind::BadSeriesName => "bad_series_name",
+            ErrorKind::UnknownSeries => "unknown_series",
+            ErrorKind::UnknownVersion => "unknown_version",
+            ErrorKind::SeriesBusy => "series_busy",
+            ErrorKind::UnitMismatch => "unit_mismatch",
+            ErrorKind::CorruptContainer => "corrupt_container",
+            ErrorKind::CorruptMetadata => "corrupt_metadata",
+            ErrorKind::MissingContainer => "missing_container",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::BadGzip => "bad_gzip",
+            ErrorKind::Io => "io_error",
+            ErrorKind::Metadata => "metadata_error",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
+    /// True when the error is the caller's fault (bad name, unknown
+    /// version, ...), as opposed to a storage fault or a busy store.
+    pub fn is_user_error(self) -> bool {
+        match self {
+            ErrorKind::NotInitialised
+            | ErrorKind::AlreadyInitialised
+            | ErrorKind::NotEmpty
+            | ErrorKind::BadSeriesName
+            | ErrorKind::UnknownSeries
+            | ErrorKind::UnknownVersion
+            | ErrorKind::UnitMismatch
+            | ErrorKind::InvalidArgument
+            | ErrorKind::BadGzip => true,
+            ErrorKind::Locked
+            | ErrorKind::SeriesBusy
+            | ErrorKind::CorruptContainer
+            | ErrorKind::CorruptMetadata
+            | ErrorKind::MissingContainer
+            | ErrorKind::Io
+            | ErrorKind::Metadata
+            | ErrorKind::NoSpace
+            | ErrorKind::Cancelled
+            | ErrorKind::Internal => false,
+        }
+    }
+}
+
 impl Error {
-    /// A stable machine-readable code, used by the CLI's `--json` output and the
-    /// server's error bodies.
-    pub fn code(&self) -> &'static str {
+    /// What kind of failure this is. A full disk is [`ErrorKind::NoSpace`]
+    /// whichever write found it.
+    pub fn kind(&self) -> ErrorKind {
         if self.is_no_space() {
-            return "no_space";
+            return ErrorKind::NoSpace;
         }
         match self {
-            Error::NotInitialised(_) => "not_initialised",
-            Error::AlreadyInitialised(_) => "already_initialised",
-            Error::NotEmpty { .. } => "not_empty",
-            Error::Locked { .. } => "locked",
-            Error::BadSeriesName(_) => "bad_series_name",
-            Error::UnknownSeries(_) => "unknown_series",
-            Error::UnknownVersion { .. } => "unknown_version",
-            Error::SeriesBusy { .. } => "series_busy",
-            Error::UnitMismatch { .. } => "unit_mismatch",
-            Error::CorruptContainer { .. } => "corrupt_container",
-            Error::CorruptMetadata { .. } => "corrupt_metadata",
-            Error::MissingContainer { .. } => "missing_container",
-            Error::Invalid(_) => "invalid_argument",
-            Error::BadGzip(_) => "bad_gzip",
-            Error::Io { .. } => "io_error",
-            Error::Db(_) => "metadata_error",
-            Error::Cancelled => "cancelled",
-            Error::Internal(_) => "internal",
+            Error::NotInitialised(_) => ErrorKind::NotInitialised,
+            Error::AlreadyInitialised(_) => ErrorKind::AlreadyInitialised,
+            Error::NotEmpty { .. } => ErrorKind::NotEmpty,
+            Error::Locked { .. } => ErrorKind::Locked,
+            Error::BadSeriesName(_) => ErrorKind::BadSeriesName,
+            Error::UnknownSeries(_) => ErrorKind::UnknownSeries,
+            Error::UnknownVersion { .. } => ErrorKind::UnknownVersion,
+            Error::SeriesBusy { .. } => ErrorKind::SeriesBusy,
+            Error::UnitMismatch { .. } => ErrorKind::UnitMismatch,
+            Error::CorruptContainer { .. } => ErrorKind::CorruptContainer,
+            Error::CorruptMetadata { .. } => ErrorKind::CorruptMetadata,
+            Error::MissingContainer { .. } => ErrorKind::MissingContainer,
+            Error::Invalid(_) => ErrorKind::InvalidArgument,
+            Error::BadGzip(_) => ErrorKind::BadGzip,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Db(_) => ErrorKind::Metadata,
+            Error::Cancelled => ErrorKind::Cancelled,
+            Error::Internal(_) => ErrorKind::Internal,
         }
+    }
+
+    /// A stable machine-readable code: [`ErrorKind::code`] of its kind.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// True when a disk (or quota) was full: the data directory's for a
@@ -135,21 +247,10 @@ impl Error {
         }
     }
 
-    /// True when the error is the caller's fault (bad name, unknown version, ...),
-    /// as opposed to a storage fault.
+    /// True when the error is the caller's fault (see
+    /// [`ErrorKind::is_user_error`]).
     pub fn is_user_error(&self) -> bool {
-        matches!(
-            self,
-            Error::NotInitialised(_)
-                | Error::AlreadyInitialised(_)
-                | Error::NotEmpty { .. }
-                | Error::BadSeriesName(_)
-                | Error::UnknownSeries(_)
-                | Error::UnknownVersion { .. }
-                | Error::UnitMismatch { .. }
-                | Error::Invalid(_)
-                | Error::BadGzip(_)
-        )
+        self.kind().is_user_error()
     }
 }
 
@@ -182,5 +283,39 @@ pub(crate) fn corrupt_meta(what: impl Into<String>, detail: impl Into<String>) -
     Error::CorruptMetadata {
         what: what.into(),
         detail: detail.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_code() {
+        // ALL lists every kind in declaration order (a kind added anywhere
+        // moves the last one).
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        assert_eq!(ErrorKind::Internal as usize + 1, ErrorKind::ALL.len());
+        let codes: std::collections::BTreeSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.code()).collect();
+        assert_eq!(codes.len(), ErrorKind::ALL.len(), "{codes:?}");
+    }
+
+    #[test]
+    fn a_full_disk_is_its_own_kind() {
+        let full = Error::Io {
+            context: "writing container 1".into(),
+            source: io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert_eq!(full.kind(), ErrorKind::NoSpace);
+        assert_eq!(full.code(), "no_space");
+        let other = Error::Io {
+            context: "reading container 1".into(),
+            source: io::Error::from_raw_os_error(libc::EIO),
+        };
+        assert_eq!(other.kind(), ErrorKind::Io);
+        assert!(!other.is_user_error() && !full.is_user_error());
     }
 }

@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 use super::auth::Scope;
 
@@ -107,177 +107,155 @@ pub struct Metrics {
     pub store_reopens: Counter,
 }
 
+/// The registry being filled: each metric is made, named and described in
+/// one place, and registered in the order written (the exposition's order).
+struct Registering(Registry);
+
+impl Registering {
+    fn add<M: Metric + Clone>(&mut self, name: &str, help: &str, m: M) -> M {
+        self.0.register(name, help, m.clone());
+        m
+    }
+
+    fn with_unit<M: Metric + Clone>(&mut self, name: &str, help: &str, unit: Unit, m: M) -> M {
+        self.0.register_with_unit(name, help, unit, m.clone());
+        m
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("revault");
-        let m = Metrics {
-            bytes_in: Counter::default(),
-            bytes_out: Counter::default(),
-            backups: Family::default(),
-            restores: Family::default(),
-            backup_logical_bytes: Counter::default(),
-            backup_new_bytes: Counter::default(),
-            container_reads: Counter::default(),
-            restore_bytes_read: Counter::default(),
+        let mut r = Registering(Registry::with_prefix("revault"));
+        Metrics {
+            bytes_in: r.with_unit(
+                "received",
+                "Request body bytes received (backups)",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            bytes_out: r.with_unit(
+                "sent",
+                "Response body bytes sent (restores)",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            backups: r.add("backups", "Backups finished, by result", Family::default()),
+            restores: r.add("restores", "Restores finished, by result", Family::default()),
+            backup_logical_bytes: r.with_unit(
+                "backup_logical",
+                "Logical bytes of committed backups",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            backup_new_bytes: r.with_unit(
+                "backup_new",
+                "New unique bytes (uncompressed) committed backups added",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            container_reads: r.add(
+                "container_reads",
+                "Container reads made by restores",
+                Counter::default(),
+            ),
+            restore_bytes_read: r.with_unit(
+                "restore_read",
+                "Container bytes read by restores",
+                Unit::Bytes,
+                Counter::default(),
+            ),
             // Speed factor: MiB restored per container read; 4 MiB containers
             // give at most ~4, dedup and fragmentation less.
-            speed_factor: Histogram::new([
-                0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 6.0, 8.0,
-            ]),
-            maintenance_seconds: Family::new_with_constructor(maintenance_histogram),
-            maintenance_runs: Family::default(),
-            errors: Family::default(),
-            requests: Family::default(),
-            request_seconds: Family::new_with_constructor(duration_histogram),
-            inflight_backups: Gauge::default(),
-            inflight_restores: Gauge::default(),
-            stored_bytes: Gauge::default(),
-            logical_bytes: Gauge::default(),
-            unique_bytes: Gauge::default(),
-            versions: Gauge::default(),
-            containers: Gauge::default(),
-            dedup_ratio: Gauge::default(),
+            speed_factor: r.add(
+                "restore_speed_factor",
+                "Speed factor of restores (MiB restored per container read)",
+                Histogram::new([
+                    0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 6.0, 8.0,
+                ]),
+            ),
+            maintenance_seconds: r.with_unit(
+                "maintenance_duration",
+                "Duration of slides, expiries and gc runs",
+                Unit::Seconds,
+                Family::new_with_constructor(maintenance_histogram as fn() -> Histogram),
+            ),
+            maintenance_runs: r.add(
+                "maintenance_runs",
+                "Scheduled maintenance runs, by result",
+                Family::default(),
+            ),
+            errors: r.add("errors", "Error responses, by code", Family::default()),
+            requests: r.add(
+                "http_requests",
+                "HTTP requests, by method, route and status",
+                Family::default(),
+            ),
+            request_seconds: r.with_unit(
+                "http_request_duration",
+                "Time to the response head (bodies stream after)",
+                Unit::Seconds,
+                Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            ),
+            inflight_backups: r.add("inflight_backups", "Backups in progress", Gauge::default()),
+            inflight_restores: r.add(
+                "inflight_restores",
+                "Restores in progress",
+                Gauge::default(),
+            ),
+            stored_bytes: r.with_unit(
+                "stored",
+                "Container bytes on disk (compressed)",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            logical_bytes: r.with_unit(
+                "logical",
+                "Logical bytes of every stored version",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            unique_bytes: r.with_unit(
+                "unique",
+                "Unique bytes held by live units (uncompressed)",
+                Unit::Bytes,
+                Gauge::default(),
+            ),
+            versions: r.add("versions", "Stored versions", Gauge::default()),
+            containers: r.add("containers", "Container files", Gauge::default()),
+            dedup_ratio: r.add(
+                "dedup_ratio",
+                "Store dedup ratio: logical bytes / unique bytes",
+                Gauge::default(),
+            ),
+            tokens: r.add("tokens", "Bearer tokens loaded", Gauge::default()),
+            store_degraded: r.add(
+                "store_degraded",
+                "1 while the store's metadata takes no writes (a full disk): new work is refused, reads are served",
+                Gauge::default(),
+            ),
+            store_reopens: r.add(
+                "store_reopens",
+                "Times the server closed and reopened its store to recover from a degraded state",
+                Counter::default(),
+            ),
+            open_connections: r.add(
+                "open_connections",
+                "Open client connections",
+                Gauge::default(),
+            ),
+            rejected_connections: r.add(
+                "rejected_connections",
+                "Connections closed at once for a connection cap, by reason",
+                Family::default(),
+            ),
+            timeouts: r.add(
+                "timeouts",
+                "Connections and requests cut by a timeout, by kind",
+                Family::default(),
+            ),
             series: Mutex::new(BTreeMap::new()),
-            tokens: Gauge::default(),
-            open_connections: Gauge::default(),
-            rejected_connections: Family::default(),
-            timeouts: Family::default(),
-            store_degraded: Gauge::default(),
-            store_reopens: Counter::default(),
-            registry: Registry::default(),
-        };
-        let r = &mut registry;
-        r.register_with_unit(
-            "received",
-            "Request body bytes received (backups)",
-            Unit::Bytes,
-            m.bytes_in.clone(),
-        );
-        r.register_with_unit(
-            "sent",
-            "Response body bytes sent (restores)",
-            Unit::Bytes,
-            m.bytes_out.clone(),
-        );
-        r.register("backups", "Backups finished, by result", m.backups.clone());
-        r.register(
-            "restores",
-            "Restores finished, by result",
-            m.restores.clone(),
-        );
-        r.register_with_unit(
-            "backup_logical",
-            "Logical bytes of committed backups",
-            Unit::Bytes,
-            m.backup_logical_bytes.clone(),
-        );
-        r.register_with_unit(
-            "backup_new",
-            "New unique bytes (uncompressed) committed backups added",
-            Unit::Bytes,
-            m.backup_new_bytes.clone(),
-        );
-        r.register(
-            "container_reads",
-            "Container reads made by restores",
-            m.container_reads.clone(),
-        );
-        r.register_with_unit(
-            "restore_read",
-            "Container bytes read by restores",
-            Unit::Bytes,
-            m.restore_bytes_read.clone(),
-        );
-        r.register(
-            "restore_speed_factor",
-            "Speed factor of restores (MiB restored per container read)",
-            m.speed_factor.clone(),
-        );
-        r.register_with_unit(
-            "maintenance_duration",
-            "Duration of slides, expiries and gc runs",
-            Unit::Seconds,
-            m.maintenance_seconds.clone(),
-        );
-        r.register(
-            "maintenance_runs",
-            "Scheduled maintenance runs, by result",
-            m.maintenance_runs.clone(),
-        );
-        r.register("errors", "Error responses, by code", m.errors.clone());
-        r.register(
-            "http_requests",
-            "HTTP requests, by method, route and status",
-            m.requests.clone(),
-        );
-        r.register_with_unit(
-            "http_request_duration",
-            "Time to the response head (bodies stream after)",
-            Unit::Seconds,
-            m.request_seconds.clone(),
-        );
-        r.register(
-            "inflight_backups",
-            "Backups in progress",
-            m.inflight_backups.clone(),
-        );
-        r.register(
-            "inflight_restores",
-            "Restores in progress",
-            m.inflight_restores.clone(),
-        );
-        r.register_with_unit(
-            "stored",
-            "Container bytes on disk (compressed)",
-            Unit::Bytes,
-            m.stored_bytes.clone(),
-        );
-        r.register_with_unit(
-            "logical",
-            "Logical bytes of every stored version",
-            Unit::Bytes,
-            m.logical_bytes.clone(),
-        );
-        r.register_with_unit(
-            "unique",
-            "Unique bytes held by live units (uncompressed)",
-            Unit::Bytes,
-            m.unique_bytes.clone(),
-        );
-        r.register("versions", "Stored versions", m.versions.clone());
-        r.register("containers", "Container files", m.containers.clone());
-        r.register(
-            "dedup_ratio",
-            "Store dedup ratio: logical bytes / unique bytes",
-            m.dedup_ratio.clone(),
-        );
-        r.register("tokens", "Bearer tokens loaded", m.tokens.clone());
-        r.register(
-            "store_degraded",
-            "1 while the store's metadata takes no writes (a full disk): new work is refused, reads are served",
-            m.store_degraded.clone(),
-        );
-        r.register(
-            "store_reopens",
-            "Times the server closed and reopened its store to recover from a degraded state",
-            m.store_reopens.clone(),
-        );
-        r.register(
-            "open_connections",
-            "Open client connections",
-            m.open_connections.clone(),
-        );
-        r.register(
-            "rejected_connections",
-            "Connections closed at once for a connection cap, by reason",
-            m.rejected_connections.clone(),
-        );
-        r.register(
-            "timeouts",
-            "Connections and requests cut by a timeout, by kind",
-            m.timeouts.clone(),
-        );
-        Metrics { registry, ..m }
+            registry: r.0,
+        }
     }
 
     /// The exposition for a caller who may see the series of `scope`

@@ -8,19 +8,24 @@
 
 pub mod api;
 pub mod auth;
+pub mod backup;
 pub mod conn;
 pub mod error;
 pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod objects;
+pub mod request;
+pub mod restore;
 pub mod routes;
 pub mod scheduler;
 pub mod stream;
+pub mod wire;
+pub mod work;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -128,7 +133,7 @@ const MAX_REPORTS: usize = 1024;
 
 pub struct RestoreEntry {
     pub owner: String,
-    pub report: watch::Receiver<Option<serde_json::Value>>,
+    pub report: watch::Receiver<Option<wire::RestoreReport>>,
 }
 
 #[derive(Default)]
@@ -148,7 +153,11 @@ impl Reports {
         self.map.insert(id, e);
     }
 
-    pub fn get(&self, id: &str, owner: &str) -> Option<watch::Receiver<Option<serde_json::Value>>> {
+    pub fn get(
+        &self,
+        id: &str,
+        owner: &str,
+    ) -> Option<watch::Receiver<Option<wire::RestoreReport>>> {
         self.map
             .get(id)
             .filter(|e| e.owner == owner)
@@ -379,15 +388,62 @@ pub fn run(a: ServeArgs) -> Result<()> {
     r
 }
 
+/// The connection-serving task (see [`conn::serve`]).
+type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
+
+/// The server's life: listen, open the store (ready from then on), serve
+/// until a signal, then drain.
 async fn serve(a: ServeArgs) -> Result<()> {
     let auth = Auth::load(a.token_file.clone())?;
     let app = App::new(auth, a.max_cache_mib.max(1));
     app.metrics.tokens.set(app.auth.count() as i64);
+    let (mut server, handle) = listen(&a, &app)?;
+    let store = tokio::task::spawn_blocking({
+        let (root, init, lock_wait) = (a.store.clone(), a.init, a.lock_wait);
+        move || open_store(&root, init, lock_wait)
+    })
+    .await
+    .context("opening the store")??;
+    become_ready(&app, Arc::new(store)).await?;
+
+    auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
+    let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
+    let watcher = health::spawn(app.clone(), a.store.clone(), a.reopen_grace);
+    spawn_memory_release(app.clone());
+
+    // Run until a signal (or the server fails).
+    tokio::select! {
+        r = &mut server => {
+            app.ready.store(false, Ordering::SeqCst);
+            return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(anyhow::Error::new(e).context("the server failed")),
+                Err(e) => Err(anyhow::Error::new(e).context("the server task failed")),
+            };
+        }
+        sig = shutdown_signal() => tracing::info!(signal = sig, "shutting down: readiness off"),
+    }
+    app.ready.store(false, Ordering::SeqCst);
+    if !a.shutdown_delay.is_zero() {
+        tokio::time::sleep(a.shutdown_delay).await;
+    }
+    // Stop accepting; let in-flight requests finish within the grace period.
+    app.draining.store(true, Ordering::SeqCst);
+    sched.abort();
+    // The watcher is not aborted: it stops by itself when draining, and a
+    // reopen under way hands the store back instead of dropping it here.
+    drop(watcher);
+    drain(&app, server, handle, a.grace_period).await;
+    Ok(())
+}
+
+/// Binds the listening socket and starts serving connections (readiness
+/// stays false until the store is open); writes `--addr-file`.
+fn listen(a: &ServeArgs, app: &Arc<App>) -> Result<(ServerTask, conn::Shutdown)> {
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(tls_config(c, k)?),
         _ => None,
     };
-
     // Connections and the store's files share the open-file limit.
     let open_files = limits::raise_open_files();
     let caps = limits::connection_caps(&a.limits, open_files);
@@ -412,8 +468,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         app.metrics.clone(),
     );
     // Request heads over 64 KiB or with over 100 headers get 431.
-    let (server, handle) =
-        conn::serve(listener, router, tls, &a.limits, caps, app.metrics.clone())?;
+    let served = conn::serve(listener, router, tls, &a.limits, caps, app.metrics.clone())?;
     tracing::info!(
         %addr,
         tls = a.tls_cert.is_some(),
@@ -427,40 +482,41 @@ async fn serve(a: ServeArgs) -> Result<()> {
             .and_then(|_| std::fs::rename(&tmp, f))
             .with_context(|| format!("cannot write {}", f.display()))?;
     }
+    Ok(served)
+}
 
-    // Open the store (readiness stays false until then).
-    let root = a.store.clone();
-    let init = a.init;
-    let lock_wait = a.lock_wait;
-    let opened = tokio::task::spawn_blocking(move || -> Result<Store> {
-        if init && !root.join("revault.store").exists() {
-            Store::init(&root, &InitOptions::default())?;
-            tracing::info!(store = %root.display(), "initialised a new store");
-        }
-        let deadline = std::time::Instant::now() + lock_wait;
-        let mut said = false;
-        loop {
-            match Store::open(&root, OpenMode::ReadWrite, "revault serve") {
-                Err(revault_engine::error::Error::Locked { holder, .. })
-                    if std::time::Instant::now() < deadline =>
-                {
-                    if !said {
-                        tracing::warn!(%holder, wait = ?lock_wait, "the store is locked; waiting for its holder to exit");
-                        said = true;
-                    }
-                    std::thread::sleep(Duration::from_millis(250));
+/// Opens the store read-write (creating it with `init`), waiting up to
+/// `lock_wait` for another process that holds it to exit.
+fn open_store(root: &Path, init: bool, lock_wait: Duration) -> Result<Store> {
+    if init && !root.join("revault.store").exists() {
+        Store::init(root, &InitOptions::default())?;
+        tracing::info!(store = %root.display(), "initialised a new store");
+    }
+    let deadline = std::time::Instant::now() + lock_wait;
+    let mut said = false;
+    loop {
+        match Store::open(root, OpenMode::ReadWrite, "revault serve") {
+            Err(revault_engine::error::Error::Locked { holder, .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                if !said {
+                    tracing::warn!(%holder, wait = ?lock_wait, "the store is locked; waiting for its holder to exit");
+                    said = true;
                 }
-                r => {
-                    let st = r?;
-                    st.settle();
-                    return Ok(st);
-                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            r => {
+                let st = r?;
+                st.settle();
+                return Ok(st);
             }
         }
-    })
-    .await
-    .context("opening the store")??;
-    let store = Arc::new(opened);
+    }
+}
+
+/// Hands the open store to the app, with its series' gauges filled in:
+/// from now on the server is ready.
+async fn become_ready(app: &Arc<App>, store: Arc<Store>) -> Result<()> {
     {
         let st = store.clone();
         let app2 = app.clone();
@@ -469,39 +525,16 @@ async fn serve(a: ServeArgs) -> Result<()> {
     app.put_store(store);
     app.ready.store(true, Ordering::SeqCst);
     tracing::info!("store open; ready");
+    Ok(())
+}
 
-    auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
-    let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
-    let watcher = health::spawn(app.clone(), a.store.clone(), a.reopen_grace);
-    spawn_memory_release(app.clone());
-
-    // Run until a signal (or the server fails).
-    let mut server = server;
-    let signal = shutdown_signal();
-    tokio::select! {
-        r = &mut server => {
-            app.ready.store(false, Ordering::SeqCst);
-            return match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(anyhow::Error::new(e).context("the server failed")),
-                Err(e) => Err(anyhow::Error::new(e).context("the server task failed")),
-            };
-        }
-        sig = signal => tracing::info!(signal = sig, "shutting down: readiness off"),
-    }
-    app.ready.store(false, Ordering::SeqCst);
-    if !a.shutdown_delay.is_zero() {
-        tokio::time::sleep(a.shutdown_delay).await;
-    }
-    // Stop accepting; let in-flight requests finish within the grace period.
-    app.draining.store(true, Ordering::SeqCst);
-    sched.abort();
-    // The watcher is not aborted: it stops by itself when draining, and a
-    // reopen under way hands the store back instead of dropping it here.
-    drop(watcher);
-    tracing::info!(grace = ?a.grace_period, "draining in-flight requests");
+/// Lets in-flight requests finish for at most `grace`, then cuts what is
+/// left (unfinished backups are discarded, never half-visible) and waits
+/// for engine work to end before the store closes.
+async fn drain(app: &Arc<App>, mut server: ServerTask, handle: conn::Shutdown, grace: Duration) {
+    tracing::info!(grace = ?grace, "draining in-flight requests");
     handle.graceful();
-    let grace = tokio::time::sleep(a.grace_period);
+    let grace = tokio::time::sleep(grace);
     tokio::pin!(grace);
     tokio::select! {
         _ = &mut server => {}
@@ -525,7 +558,6 @@ async fn serve(a: ServeArgs) -> Result<()> {
         tracing::warn!("engine work still running after shutdown; exiting anyway");
     }
     tracing::info!("stopped");
-    Ok(())
 }
 
 /// Hands the memory the allocator kept for reuse (see `crate::alloc`) back

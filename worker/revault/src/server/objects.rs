@@ -11,17 +11,16 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
 
 use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOptions};
 use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
 
-use super::api::{
-    blocking, guarded, json_body, path_err, query_err, restore_body, retry_while_busy, run_upload,
-};
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
+use super::request::{json_body, path_err, query_err};
+use super::wire::{self, ApiCode};
+use super::work::{blocking, guarded, restore_body, retry_while_busy, run_upload};
 use super::App;
 use crate::cli::format_time;
 
@@ -35,18 +34,6 @@ const DEFAULT_URL_TTL: u64 = 600;
 const MAX_LIST: usize = 10_000;
 const DEFAULT_LIST: usize = 1000;
 
-impl From<ObjectError> for ApiError {
-    fn from(e: ObjectError) -> Self {
-        let status = match &e {
-            ObjectError::NotFound { .. } | ObjectError::NoBucket(_) => StatusCode::NOT_FOUND,
-            ObjectError::NotABucket(_) => StatusCode::CONFLICT,
-            ObjectError::BadKey { .. } | ObjectError::BadGzip(_) => StatusCode::BAD_REQUEST,
-            ObjectError::Engine(inner) => return ApiError::from_engine(inner),
-        };
-        ApiError::new(status, e.code(), e.to_string())
-    }
-}
-
 /// `NS/BUCKET` for a request, after checking names and the caller's scope.
 fn bucket_of(p: &Principal, path: BucketPath) -> ApiResult<String> {
     let (ns, bucket) = bucket_parts(path)?;
@@ -59,53 +46,14 @@ fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
     let Path((ns, bucket)) = path.map_err(path_err)?;
     check_series_name(&format!("{ns}/{bucket}")).map_err(|_| {
         ApiError::bad_request(
-            "bad_series_name",
+            ApiCode::BadSeriesName,
             format!("invalid bucket {ns}/{bucket}: the namespace is a DNS label, the bucket lowercase letters, digits, '-' and '.'"),
         )
     })?;
     Ok((ns, bucket))
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectJson {
-    key: String,
-    size: u64,
-    encoding: Encoding,
-    uploaded_bytes: u64,
-    etag: String,
-    version: u32,
-    time: String,
-    tar_members: u64,
-}
-
-impl From<&ObjectInfo> for ObjectJson {
-    fn from(o: &ObjectInfo) -> Self {
-        ObjectJson {
-            key: o.key.clone(),
-            size: o.record.size,
-            encoding: o.record.encoding,
-            uploaded_bytes: o.record.uploaded_bytes,
-            etag: o.record.etag.clone(),
-            version: o.record.version,
-            time: format_time(o.record.time_unix),
-            tar_members: o.record.tar_members,
-        }
-    }
-}
-
 // ---- bucket -------------------------------------------------------------------
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct BucketJson {
-    bucket: String,
-    created: String,
-    objects: u64,
-    size: u64,
-    uploaded_bytes: u64,
-    stored_bytes: u64,
-}
 
 pub async fn get_bucket(
     State(app): AppState,
@@ -115,48 +63,21 @@ pub async fn get_bucket(
     let bucket = bucket_of(&p, path)?;
     let store = app.store_to_read()?;
     let s = blocking(move || Ok(objects::summary(&store, &bucket)?)).await?;
-    Ok(Json(BucketJson {
-        bucket: s.bucket,
-        created: format_time(s.created_unix),
-        objects: s.objects,
-        size: s.size,
-        uploaded_bytes: s.uploaded_bytes,
-        stored_bytes: s.stored_bytes,
-    })
-    .into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    delimiter: Option<String>,
-    start_after: Option<String>,
-    limit: Option<usize>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListJson {
-    objects: Vec<ObjectJson>,
-    common_prefixes: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_start_after: Option<String>,
+    Ok(Json(wire::Bucket::from(s)).into_response())
 }
 
 pub async fn list_objects(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<ListQuery>, QueryRejection>,
+    q: Result<Query<wire::ObjectListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIST);
     if !(1..=MAX_LIST).contains(&limit) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("limit must be between 1 and {MAX_LIST}"),
         ));
     }
@@ -167,7 +88,7 @@ pub async fn list_objects(
     ] {
         if v.is_some_and(|v| v.len() > objects::MAX_KEY_BYTES) {
             return Err(ApiError::bad_request(
-                "invalid_argument",
+                ApiCode::InvalidArgument,
                 format!("{what} is at most {} bytes", objects::MAX_KEY_BYTES),
             ));
         }
@@ -184,41 +105,16 @@ pub async fn list_objects(
         )?)
     })
     .await?;
-    Ok(Json(ListJson {
-        objects: l.objects.iter().map(ObjectJson::from).collect(),
-        common_prefixes: l.common_prefixes,
-        next_start_after: l.next_start_after,
-    })
-    .into_response())
+    Ok(Json(wire::ObjectList::from(l)).into_response())
 }
 
 // ---- one object ---------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyQuery {
-    key: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PutQuery {
-    key: String,
-    encoding: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GetQuery {
-    key: String,
-    decoded: Option<bool>,
-}
 
 pub async fn put_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<PutQuery>, QueryRejection>,
+    q: Result<Query<wire::PutObjectQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -229,7 +125,7 @@ pub async fn put_object(
         None => Encoding::Identity,
         Some(e) => e
             .parse::<Encoding>()
-            .map_err(|m| ApiError::bad_request("invalid_argument", m))?,
+            .map_err(|m| ApiError::bad_request(ApiCode::InvalidArgument, m))?,
     };
     let store = app.store()?;
     let key = q.key;
@@ -269,10 +165,12 @@ pub async fn put_object(
         r
     })
     .await?;
-    let mut j = serde_json::to_value(ObjectJson::from(&rep.object)).unwrap_or_default();
-    j["newBytes"] = rep.backup.new_vbytes.into();
-    j["storedBytes"] = rep.backup.new_container_bytes.into();
-    Ok((StatusCode::CREATED, Json(j)).into_response())
+    let stored = wire::StoredObject {
+        object: wire::Object::from(&rep.object),
+        new_bytes: rep.backup.new_vbytes,
+        stored_bytes: rep.backup.new_container_bytes,
+    };
+    Ok((StatusCode::CREATED, Json(stored)).into_response())
 }
 
 async fn lookup(app: &Arc<App>, bucket: String, key: String) -> ApiResult<ObjectInfo> {
@@ -284,20 +182,20 @@ pub async fn object_meta(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<KeyQuery>, QueryRejection>,
+    q: Result<Query<wire::KeyQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
     objects::check_key(&q.key)?;
     let info = lookup(&app, bucket, q.key).await?;
-    Ok(Json(ObjectJson::from(&info)).into_response())
+    Ok(Json(wire::Object::from(&info)).into_response())
 }
 
 pub async fn get_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<GetQuery>, QueryRejection>,
+    q: Result<Query<wire::GetObjectQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -351,7 +249,7 @@ pub async fn delete_object(
     State(app): AppState,
     p: Principal,
     path: BucketPath,
-    q: Result<Query<KeyQuery>, QueryRejection>,
+    q: Result<Query<wire::KeyQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -364,22 +262,15 @@ pub async fn delete_object(
         Ok(r?)
     })
     .await?;
-    Ok(Json(serde_json::json!({
-        "key": rep.key,
-        "version": rep.version,
-        "bytesFreed": rep.expired.bytes_freed,
-    }))
+    Ok(Json(wire::ObjectDeleted {
+        key: rep.key,
+        version: rep.version,
+        bytes_freed: rep.expired.bytes_freed,
+    })
     .into_response())
 }
 
 // ---- signed URLs ------------------------------------------------------------------
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct SignJson {
-    key: String,
-    ttl_seconds: Option<u64>,
-}
 
 fn signed_message(ns: &str, bucket: &str, key: &str, expires: i64) -> Vec<u8> {
     format!("revault signed GET v1\n{ns}\n{bucket}\n{key}\n{expires}").into_bytes()
@@ -407,9 +298,9 @@ pub async fn sign_url(
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     p.check_ns(&ns)?;
-    let Some(req) = json_body::<SignJson>(&headers, body).await? else {
+    let Some(req) = json_body::<wire::SignRequest>(&headers, body).await? else {
         return Err(ApiError::bad_request(
-            "bad_json",
+            ApiCode::BadJson,
             "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
         ));
     };
@@ -417,7 +308,7 @@ pub async fn sign_url(
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
     if !(1..=MAX_URL_TTL).contains(&ttl) {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             format!("ttlSeconds must be between 1 and {MAX_URL_TTL}"),
         ));
     }
@@ -431,16 +322,11 @@ pub async fn sign_url(
         "/v1/signed/{ns}/{bucket}?key={}&expires={expires}&id={id}&sig={sig}",
         pct(&req.key)
     );
-    Ok(Json(serde_json::json!({ "url": url, "expiresAt": format_time(expires) })).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SignedQuery {
-    key: String,
-    expires: i64,
-    id: String,
-    sig: String,
+    Ok(Json(wire::SignedUrl {
+        url,
+        expires_at: format_time(expires),
+    })
+    .into_response())
 }
 
 /// `GET /v1/signed/{ns}/{bucket}?key&expires&id&sig`: no token; the signature
@@ -448,7 +334,7 @@ pub struct SignedQuery {
 pub async fn get_signed(
     State(app): AppState,
     path: BucketPath,
-    q: Result<Query<SignedQuery>, QueryRejection>,
+    q: Result<Query<wire::SignedQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     let Query(q) = q.map_err(query_err)?;
@@ -461,7 +347,7 @@ pub async fn get_signed(
             .all(|b| b.is_ascii_hexdigit());
     if !valid_form {
         return Err(ApiError::bad_request(
-            "invalid_argument",
+            ApiCode::InvalidArgument,
             "id and sig must be the hex values of a signed URL",
         ));
     }

@@ -14,18 +14,23 @@ use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 
 use super::api;
+use super::backup;
 use super::error::ErrorCode;
 use super::metrics::{RequestLabel, RouteLabel};
 use super::objects;
+use super::restore;
 use super::App;
 
 pub struct Route {
     pub method: Method,
     pub path: &'static str,
+    /// The operation's `operationId` in the spec (and the generated
+    /// clients' name for it).
+    pub id: &'static str,
     pub handler: MethodRouter<Arc<App>>,
 }
 
-fn route<H, T>(method: Method, path: &'static str, h: H) -> Route
+fn route<H, T>(method: Method, path: &'static str, id: &'static str, h: H) -> Route
 where
     H: Handler<T, Arc<App>>,
     T: 'static,
@@ -34,6 +39,7 @@ where
     Route {
         method,
         path,
+        id,
         handler: on(filter, h),
     }
 }
@@ -42,81 +48,133 @@ where
 pub fn table() -> Vec<Route> {
     use Method as M;
     vec![
-        route(M::GET, "/healthz", api::healthz),
-        route(M::GET, "/readyz", api::readyz),
-        route(M::GET, "/metrics", api::metrics),
-        route(M::GET, "/v1/stats", api::stats),
-        route(M::POST, "/v1/gc", api::gc),
-        route(M::GET, "/v1/series", api::list_series),
-        route(M::GET, "/v1/series/{ns}/{name}", api::get_series),
-        route(M::DELETE, "/v1/series/{ns}/{name}", api::delete_series),
+        route(M::GET, "/healthz", "getHealth", api::healthz),
+        route(M::GET, "/readyz", "getReady", api::readyz),
+        route(M::GET, "/metrics", "getMetrics", api::metrics),
+        route(M::GET, "/v1/stats", "getStats", api::stats),
+        route(M::POST, "/v1/gc", "runGc", api::gc),
+        route(M::GET, "/v1/series", "listSeries", api::list_series),
+        route(
+            M::GET,
+            "/v1/series/{ns}/{name}",
+            "getSeries",
+            api::get_series,
+        ),
+        route(
+            M::DELETE,
+            "/v1/series/{ns}/{name}",
+            "deleteSeries",
+            api::delete_series,
+        ),
         route(
             M::PUT,
             "/v1/series/{ns}/{name}/retention",
+            "putRetention",
             api::put_retention,
         ),
-        route(M::POST, "/v1/series/{ns}/{name}/slide", api::slide),
-        route(M::POST, "/v1/series/{ns}/{name}/expire", api::post_expire),
+        route(
+            M::POST,
+            "/v1/series/{ns}/{name}/slide",
+            "slideSeries",
+            api::slide,
+        ),
+        route(
+            M::POST,
+            "/v1/series/{ns}/{name}/expire",
+            "expireVersions",
+            api::post_expire,
+        ),
         route(
             M::GET,
             "/v1/series/{ns}/{name}/versions",
+            "listVersions",
             api::list_versions,
         ),
-        route(M::PUT, "/v1/series/{ns}/{name}/versions", api::put_version),
+        route(
+            M::PUT,
+            "/v1/series/{ns}/{name}/versions",
+            "putVersion",
+            backup::put_version,
+        ),
         route(
             M::GET,
             "/v1/series/{ns}/{name}/versions/{version}",
-            api::get_version,
+            "getVersion",
+            restore::get_version,
         ),
         route(
             M::DELETE,
             "/v1/series/{ns}/{name}/versions/{version}",
+            "deleteVersion",
             api::delete_version,
         ),
         route(
             M::GET,
             "/v1/series/{ns}/{name}/backup",
+            "getBackupProgress",
             api::get_backup_progress,
         ),
-        route(M::GET, "/v1/restores/{id}", api::get_restore),
-        route(M::GET, "/v1/buckets/{ns}/{bucket}", objects::get_bucket),
+        route(
+            M::GET,
+            "/v1/restores/{id}",
+            "getRestoreReport",
+            restore::get_restore,
+        ),
+        route(
+            M::GET,
+            "/v1/buckets/{ns}/{bucket}",
+            "getBucket",
+            objects::get_bucket,
+        ),
         route(
             M::GET,
             "/v1/buckets/{ns}/{bucket}/objects",
+            "listObjects",
             objects::list_objects,
         ),
         route(
             M::PUT,
             "/v1/buckets/{ns}/{bucket}/object",
+            "putObject",
             objects::put_object,
         ),
         route(
             M::GET,
             "/v1/buckets/{ns}/{bucket}/object",
+            "getObject",
             objects::get_object,
         ),
         route(
             M::DELETE,
             "/v1/buckets/{ns}/{bucket}/object",
+            "deleteObject",
             objects::delete_object,
         ),
         route(
             M::GET,
             "/v1/buckets/{ns}/{bucket}/object/meta",
+            "getObjectMeta",
             objects::object_meta,
         ),
         route(
             M::POST,
             "/v1/buckets/{ns}/{bucket}/signed-url",
+            "signObjectUrl",
             objects::sign_url,
         ),
-        route(M::GET, "/v1/signed/{ns}/{bucket}", objects::get_signed),
+        route(
+            M::GET,
+            "/v1/signed/{ns}/{bucket}",
+            "getSignedObject",
+            objects::get_signed,
+        ),
     ]
 }
 
 pub fn router(app: Arc<App>) -> Router {
     let mut by_path: BTreeMap<&'static str, MethodRouter<Arc<App>>> = BTreeMap::new();
     let mut seen = std::collections::BTreeSet::new();
+    let mut ids = std::collections::BTreeSet::new();
     for r in table() {
         assert!(
             seen.insert((r.method.to_string(), r.path)),
@@ -124,6 +182,7 @@ pub fn router(app: Arc<App>) -> Router {
             r.method,
             r.path
         );
+        assert!(ids.insert(r.id), "operationId {} is used twice", r.id);
         let mr = match by_path.remove(r.path) {
             Some(existing) => existing.merge(r.handler),
             None => r.handler,
@@ -160,7 +219,7 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     }
     let m = &app.metrics;
     if let Some(ErrorCode(code)) = resp.extensions().get::<ErrorCode>() {
-        m.error(code);
+        m.error(code.as_str());
     }
     m.requests
         .get_or_create(&RequestLabel {
@@ -189,8 +248,8 @@ mod tests {
 
     use super::*;
 
-    /// (METHOD, path) pairs of worker/api/openapi.yaml.
-    fn spec_routes() -> BTreeSet<(String, String)> {
+    /// (METHOD, path, operationId) of every operation in worker/api/openapi.yaml.
+    fn spec_routes() -> BTreeSet<(String, String, String)> {
         let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../api/openapi.yaml");
         let text = std::fs::read_to_string(p).expect("read openapi.yaml");
         let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("openapi.yaml parses");
@@ -198,13 +257,14 @@ mod tests {
         let mut out = BTreeSet::new();
         for (path, ops) in paths {
             let path = path.as_str().expect("path is a string");
-            for (k, _) in ops.as_mapping().expect("path item is a mapping") {
+            for (k, op) in ops.as_mapping().expect("path item is a mapping") {
                 let k = k.as_str().unwrap_or_default();
                 if matches!(
                     k,
                     "get" | "put" | "post" | "delete" | "patch" | "head" | "options" | "trace"
                 ) {
-                    out.insert((k.to_uppercase(), path.to_string()));
+                    let id = op["operationId"].as_str().unwrap_or("(no operationId)");
+                    out.insert((k.to_uppercase(), path.to_string(), id.to_string()));
                 }
             }
         }
@@ -213,9 +273,9 @@ mod tests {
 
     #[test]
     fn routes_match_the_openapi_spec() {
-        let ours: BTreeSet<(String, String)> = table()
+        let ours: BTreeSet<(String, String, String)> = table()
             .into_iter()
-            .map(|r| (r.method.to_string(), r.path.to_string()))
+            .map(|r| (r.method.to_string(), r.path.to_string(), r.id.to_string()))
             .collect();
         let spec = spec_routes();
         let missing: Vec<_> = spec.difference(&ours).collect();
@@ -225,6 +285,8 @@ mod tests {
             "routes and worker/api/openapi.yaml differ:\n  in the spec, not served: {missing:?}\n  served, not in the spec: {extra:?}"
         );
         assert_eq!(ours.len(), table().len(), "a route is listed twice");
+        let ids: BTreeSet<&str> = table().iter().map(|r| r.id).collect();
+        assert_eq!(ids.len(), table().len(), "an operationId is used twice");
     }
 
     #[test]

@@ -1,0 +1,591 @@
+//! The wire types against `worker/api/openapi.yaml`: a sample of every
+//! response body, serialised, must match the schema of the response it is
+//! sent as (keys, required keys, types, enums); every JSON response of the
+//! spec must have a sample here; every request body and query string must
+//! accept exactly the fields the spec lists. The spec is what clients are
+//! generated from, so it cannot drift from what the server sends.
+
+use std::collections::BTreeSet;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use revault_engine::error::ErrorKind;
+
+use super::objects::Encoding;
+use super::reports::{OrphanReport, RestoreFigures};
+use super::*;
+
+fn spec() -> Value {
+    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../api/openapi.yaml");
+    let text = std::fs::read_to_string(p).expect("read openapi.yaml");
+    serde_yaml::from_str(&text).expect("openapi.yaml parses")
+}
+
+/// Follows a `$ref` (local ones only: the spec has no others).
+fn resolve<'a>(spec: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(r) => {
+            let ptr = r.strip_prefix('#').expect("a local $ref");
+            resolve(spec, spec.pointer(ptr).unwrap_or_else(|| panic!("no {r}")))
+        }
+        None => schema,
+    }
+}
+
+/// Where `value` breaks `schema` (the part of OpenAPI 3.0 the spec uses).
+fn check(spec: &Value, schema: &Value, value: &Value, at: &str, errs: &mut Vec<String>) {
+    let schema = resolve(spec, schema);
+    if value.is_null() && schema["nullable"] == true {
+        return;
+    }
+    if let Some(all) = schema["allOf"].as_array() {
+        for s in all {
+            check(spec, s, value, at, errs);
+        }
+    }
+    if let Some(one) = schema["oneOf"].as_array() {
+        let fits = one
+            .iter()
+            .filter(|s| {
+                let mut e = Vec::new();
+                check(spec, s, value, at, &mut e);
+                e.is_empty()
+            })
+            .count();
+        if fits != 1 {
+            errs.push(format!("{at}: fits {fits} of the oneOf schemas: {value}"));
+        }
+    }
+    if let Some(allowed) = schema["enum"].as_array() {
+        if !allowed.contains(value) {
+            errs.push(format!("{at}: {value} is not one of {allowed:?}"));
+        }
+    }
+    let Some(ty) = schema["type"].as_str() else {
+        return;
+    };
+    let fits = match ty {
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        other => panic!("{at}: schema type {other} not handled"),
+    };
+    if !fits {
+        errs.push(format!("{at}: {value} is not of type {ty}"));
+        return;
+    }
+    if let Some(items) = value.as_array() {
+        for (i, v) in items.iter().enumerate() {
+            check(spec, &schema["items"], v, &format!("{at}[{i}]"), errs);
+        }
+    }
+    if let Some(obj) = value.as_object() {
+        let props = schema["properties"].as_object();
+        for (k, v) in obj {
+            match props.and_then(|p| p.get(k)) {
+                Some(s) => check(spec, s, v, &format!("{at}.{k}"), errs),
+                None if schema["additionalProperties"] == false => {
+                    errs.push(format!("{at}: key {k:?} is not in the schema"))
+                }
+                None => {}
+            }
+        }
+        for r in schema["required"].as_array().into_iter().flatten() {
+            let r = r.as_str().unwrap();
+            if !obj.contains_key(r) {
+                errs.push(format!("{at}: required key {r:?} is missing"));
+            }
+        }
+    }
+}
+
+/// Every operation: (operationId, the operation).
+fn operations(spec: &Value) -> Vec<(String, &Value)> {
+    let mut out = Vec::new();
+    for (_, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            if matches!(method.as_str(), "get" | "put" | "post" | "delete") {
+                let id = op["operationId"].as_str().expect("an operationId");
+                out.push((id.to_string(), op));
+            }
+        }
+    }
+    out
+}
+
+fn operation<'a>(spec: &'a Value, id: &str) -> &'a Value {
+    operations(spec)
+        .into_iter()
+        .find(|(i, _)| i == id)
+        .unwrap_or_else(|| panic!("no operation {id} in the spec"))
+        .1
+}
+
+/// The JSON schema of an operation's response with `status`, if it has one.
+fn response_schema<'a>(spec: &'a Value, op: &'a Value, status: &str) -> Option<&'a Value> {
+    let resp = resolve(spec, &op["responses"][status]);
+    resp["content"]["application/json"]
+        .get("schema")
+        .map(|s| resolve(spec, s))
+}
+
+fn to_json(v: impl Serialize) -> Value {
+    serde_json::to_value(v).unwrap()
+}
+
+// ---- samples ----------------------------------------------------------------------
+
+const TIME: &str = "2026-01-31T02:00:00Z";
+
+fn retention() -> Retention {
+    Retention {
+        keep: Some(7),
+        keep_within_seconds: None,
+        live: 1,
+        auto: true,
+    }
+}
+
+fn series() -> Series {
+    Series {
+        series: "default/db".into(),
+        unit: DedupUnit::Segment,
+        versions: 2,
+        latest: Some(2),
+        latest_time: Some(TIME.into()),
+        logical_bytes: 1 << 20,
+        retention: retention(),
+    }
+}
+
+fn version() -> Version {
+    Version {
+        number: 2,
+        time: TIME.into(),
+        kind: VersionKind::Tree,
+        form: RecipeForm::Archival,
+        logical_bytes: 1 << 20,
+        new_bytes: 4096,
+        stored_bytes: 2048,
+        chunks: 100,
+    }
+}
+
+fn slide() -> SlideReport {
+    revault_engine::slide::SlideReport {
+        series: "default/db".into(),
+        slid: vec![1],
+        ..Default::default()
+    }
+    .into()
+}
+
+fn expire() -> ExpireReport {
+    revault_engine::expire::ExpireReport {
+        series: "default/db".into(),
+        expired: vec![1, 2],
+        spliced: vec![3],
+        ..Default::default()
+    }
+    .into()
+}
+
+fn backup(auto: bool) -> BackupReport {
+    BackupReport {
+        series: "default/db".into(),
+        version: 3,
+        kind: VersionKind::Stream,
+        unit: DedupUnit::Chunk,
+        time_unix: 1_769_824_800,
+        logical_bytes: 1 << 20,
+        chunks: 10,
+        units: 9,
+        new_units: 1,
+        new_vbytes: 4096,
+        new_container_bytes: 2048,
+        zero_bytes: 0,
+        catalog_entries: 0,
+        recipe_bytes: 120,
+        catalog_bytes: 0,
+        seconds: 0.25,
+        rewrite: "none".into(),
+        rewritten_units: 0,
+        rewritten_chunks: 0,
+        rewritten_bytes: 0,
+        predicted_bytes: 0,
+        slide: auto.then(slide),
+        expire: auto.then(expire),
+        retention_error: auto.then(|| "the disk is full".into()),
+    }
+}
+
+fn restore_figures() -> RestoreFigures {
+    revault_engine::restore::RestoreReport {
+        series: "default/db".into(),
+        version: 3,
+        kind: Some(revault_engine::format::records::VersionKind::Stream),
+        speed_factor: Some(2.5),
+        cache: "faa".into(),
+        warnings: vec!["a warning".into()],
+        ..Default::default()
+    }
+    .into()
+}
+
+fn object() -> Object {
+    Object {
+        key: "backups/a".into(),
+        size: 5,
+        encoding: Encoding::Gzip,
+        uploaded_bytes: 30,
+        etag: "ab".repeat(32),
+        version: 4,
+        time: TIME.into(),
+        tar_members: 0,
+    }
+}
+
+fn error(code: ApiCode) -> ErrorBody {
+    ErrorBody {
+        code,
+        message: "what went wrong".into(),
+    }
+}
+
+/// (operationId, status, a body the server may send as that response).
+fn samples() -> Vec<(&'static str, &'static str, Value)> {
+    let gc = revault_engine::gc::GcReport {
+        orphans: revault_engine::orphans::OrphanReport {
+            orphan_files: 1,
+            ..Default::default()
+        },
+        seconds: 1.5,
+        ..Default::default()
+    };
+    let totals = revault_engine::format::records::Totals {
+        logical_bytes: 10,
+        unit_vbytes: 5,
+        ..Default::default()
+    };
+    let progress = |running: bool| BackupProgress {
+        series: "default/db".into(),
+        running,
+        logical_bytes: running.then_some(1 << 20),
+        started_at: running.then(|| TIME.into()),
+    };
+    let list = |next: Option<&str>| ObjectList {
+        objects: vec![object()],
+        common_prefixes: vec!["backups/".into()],
+        next_start_after: next.map(str::to_string),
+    };
+    vec![
+        ("getStats", "200", to_json(Stats::from(totals))),
+        ("runGc", "200", to_json(GcReport::from(gc))),
+        ("listSeries", "200", to_json(vec![series()])),
+        (
+            "getSeries",
+            "200",
+            to_json(SeriesDetail {
+                series: series(),
+                version_list: vec![version()],
+            }),
+        ),
+        ("deleteSeries", "200", to_json(expire())),
+        ("putRetention", "200", to_json(retention())),
+        ("slideSeries", "200", to_json(slide())),
+        ("expireVersions", "200", to_json(expire())),
+        ("listVersions", "200", to_json(vec![version()])),
+        ("putVersion", "201", to_json(backup(false))),
+        ("putVersion", "201", to_json(backup(true))),
+        ("deleteVersion", "200", to_json(expire())),
+        ("getBackupProgress", "200", to_json(progress(false))),
+        ("getBackupProgress", "200", to_json(progress(true))),
+        (
+            "getRestoreReport",
+            "200",
+            to_json(RestoreReport::Done {
+                id: "ab12".into(),
+                figures: restore_figures(),
+            }),
+        ),
+        (
+            "getRestoreReport",
+            "200",
+            to_json(RestoreReport::Failed {
+                id: "ab12".into(),
+                series: Some("default/db".into()),
+                version: Some(3),
+                error: error(ApiCode::CorruptContainer),
+            }),
+        ),
+        (
+            "getRestoreReport",
+            "200",
+            to_json(RestoreReport::Failed {
+                id: "ab12".into(),
+                series: None,
+                version: None,
+                error: error(ApiCode::Internal),
+            }),
+        ),
+        (
+            "getRestoreReport",
+            "200",
+            to_json(RestoreReport::Running { id: "ab12".into() }),
+        ),
+        (
+            "getBucket",
+            "200",
+            to_json(Bucket::from(revault_engine::objects::BucketSummary {
+                bucket: "velero/bsl".into(),
+                ..Default::default()
+            })),
+        ),
+        ("listObjects", "200", to_json(list(Some("backups/a")))),
+        ("listObjects", "200", to_json(list(None))),
+        (
+            "putObject",
+            "201",
+            to_json(StoredObject {
+                object: object(),
+                new_bytes: 5,
+                stored_bytes: 3,
+            }),
+        ),
+        ("getObjectMeta", "200", to_json(object())),
+        (
+            "deleteObject",
+            "200",
+            to_json(ObjectDeleted {
+                key: "backups/a".into(),
+                version: 4,
+                bytes_freed: 100,
+            }),
+        ),
+        (
+            "signObjectUrl",
+            "200",
+            to_json(SignedUrl {
+                url: "/v1/signed/velero/bsl?key=a".into(),
+                expires_at: TIME.into(),
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn every_response_body_matches_its_schema() {
+    let spec = spec();
+    let mut errs = Vec::new();
+    for (id, status, body) in samples() {
+        let op = operation(&spec, id);
+        let schema = response_schema(&spec, op, status)
+            .unwrap_or_else(|| panic!("{id} {status} has no JSON schema"));
+        check(&spec, schema, &body, &format!("{id} {status}"), &mut errs);
+    }
+    assert!(
+        errs.is_empty(),
+        "bodies and openapi.yaml differ:\n{}",
+        errs.join("\n")
+    );
+}
+
+#[test]
+fn every_json_response_of_the_spec_has_a_sample() {
+    let spec = spec();
+    let have: BTreeSet<(&str, &str)> = samples().iter().map(|(i, s, _)| (*i, *s)).collect();
+    for (id, op) in operations(&spec) {
+        for (status, _) in op["responses"].as_object().unwrap() {
+            let is_error = status.starts_with('4') || status.starts_with('5');
+            if !is_error && response_schema(&spec, op, status).is_some() {
+                assert!(
+                    have.contains(&(id.as_str(), status.as_str())),
+                    "{id} {status}: a JSON response without a sample here"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_error_code_is_in_the_spec_and_no_other() {
+    let spec = spec();
+    let schema = &spec["components"]["schemas"]["Error"];
+    let mut errs = Vec::new();
+    for code in ApiCode::ALL {
+        check(
+            &spec,
+            schema,
+            &to_json(error(code)),
+            code.as_str(),
+            &mut errs,
+        );
+    }
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+    let listed: BTreeSet<&str> = schema["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let ours: BTreeSet<&str> = ApiCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(listed, ours, "Error.code's enum and ApiCode differ");
+    // Every error response of every operation is an Error.
+    for (id, op) in operations(&spec) {
+        for (status, _) in op["responses"].as_object().unwrap() {
+            if status.starts_with('4') || status.starts_with('5') {
+                let s = response_schema(&spec, op, status)
+                    .unwrap_or_else(|| panic!("{id} {status}: no JSON body"));
+                assert_eq!(s, schema, "{id} {status}: not the Error schema");
+            }
+        }
+    }
+}
+
+/// The fields `T` accepts, from the error a field it does not know gets
+/// (`deny_unknown_fields` lists the expected ones).
+fn accepted_fields<T: DeserializeOwned + std::fmt::Debug>() -> BTreeSet<String> {
+    let e = serde_json::from_value::<T>(json!({ "zz-not-a-field": 0 }))
+        .expect_err("a request type denies unknown fields");
+    let msg = e.to_string();
+    let expected = msg
+        .split_once("expected ")
+        .unwrap_or_else(|| panic!("no field list in {msg:?}"))
+        .1;
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The property names of a request body schema (all branches of a oneOf).
+fn schema_fields(spec: &Value, schema: &Value) -> BTreeSet<String> {
+    let schema = resolve(spec, schema);
+    let mut out: BTreeSet<String> = schema["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    for s in schema["oneOf"].as_array().into_iter().flatten() {
+        out.extend(schema_fields(spec, s));
+    }
+    out
+}
+
+#[test]
+fn request_bodies_take_exactly_the_fields_of_their_schema() {
+    let spec = spec();
+    let ours = [
+        ("runGc", accepted_fields::<GcRequest>()),
+        ("putRetention", accepted_fields::<Retention>()),
+        ("expireVersions", accepted_fields::<ExpireRequest>()),
+        ("signObjectUrl", accepted_fields::<SignRequest>()),
+    ];
+    let mut with_body = BTreeSet::new();
+    for (id, op) in operations(&spec) {
+        if let Some(s) = op["requestBody"]["content"]["application/json"].get("schema") {
+            with_body.insert(id.clone());
+            let fields = ours
+                .iter()
+                .find(|(i, _)| *i == id)
+                .unwrap_or_else(|| panic!("{id} takes a JSON body: list its type here"));
+            assert_eq!(fields.1, schema_fields(&spec, s), "{id}'s request body");
+        }
+    }
+    assert_eq!(
+        with_body.len(),
+        ours.len(),
+        "a type here has no JSON body in the spec"
+    );
+    // Bodies the spec gives as examples parse.
+    let gc: GcRequest = serde_json::from_value(json!({"full": true, "compactBelow": 0.3})).unwrap();
+    assert!(gc.full && gc.compact_below == Some(0.3));
+}
+
+#[test]
+fn query_strings_take_exactly_the_parameters_of_the_spec() {
+    let spec = spec();
+    let ours = [
+        ("listSeries", accepted_fields::<SeriesListQuery>()),
+        ("putVersion", accepted_fields::<PutVersionQuery>()),
+        ("getVersion", accepted_fields::<GetVersionQuery>()),
+        ("listObjects", accepted_fields::<ObjectListQuery>()),
+        ("putObject", accepted_fields::<PutObjectQuery>()),
+        ("getObject", accepted_fields::<GetObjectQuery>()),
+        ("deleteObject", accepted_fields::<KeyQuery>()),
+        ("getObjectMeta", accepted_fields::<KeyQuery>()),
+        ("getSignedObject", accepted_fields::<SignedQuery>()),
+    ];
+    for (id, op) in operations(&spec) {
+        let params: BTreeSet<String> = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| resolve(&spec, p))
+            .filter(|p| p["in"] == "query")
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect();
+        match ours.iter().find(|(i, _)| *i == id) {
+            Some((_, fields)) => assert_eq!(*fields, params, "{id}'s query parameters"),
+            None => assert!(
+                params.is_empty(),
+                "{id} takes {params:?}: list its type here"
+            ),
+        }
+    }
+}
+
+#[test]
+fn engine_error_kinds_keep_their_codes_on_the_wire() {
+    for k in ErrorKind::ALL {
+        assert_eq!(to_json(ApiCode::from(k)), json!(k.code()));
+    }
+}
+
+#[test]
+fn the_mirrors_serialise_like_the_engine_structs_they_replace() {
+    // The engine's own Serialize (the CLI's --json) and the wire's give the
+    // same keys and values, for the reports that were sent as they were.
+    let gc = revault_engine::gc::GcReport {
+        groups: 3,
+        bytes_freed: 7,
+        ..Default::default()
+    };
+    assert_eq!(to_json(&gc), to_json(GcReport::from(gc.clone())));
+    let o = revault_engine::orphans::OrphanReport {
+        empty_dirs: 2,
+        ..Default::default()
+    };
+    assert_eq!(to_json(&o), to_json(OrphanReport::from(o.clone())));
+    let s = revault_engine::slide::SlideReport {
+        slid: vec![1, 2],
+        ..Default::default()
+    };
+    assert_eq!(to_json(&s), to_json(SlideReport::from(s.clone())));
+    let e = revault_engine::expire::ExpireReport {
+        expired: vec![4],
+        ..Default::default()
+    };
+    assert_eq!(to_json(&e), to_json(ExpireReport::from(e.clone())));
+    let r = revault_engine::restore::RestoreReport {
+        kind: Some(revault_engine::format::records::VersionKind::Tree),
+        speed_factor: None,
+        ..Default::default()
+    };
+    assert_eq!(to_json(&r), to_json(RestoreFigures::from(r.clone())));
+    let mut t = to_json(revault_engine::format::records::Totals::default());
+    t["dedup_ratio"] = json!(0.0);
+    t["total_ratio"] = json!(0.0);
+    assert_eq!(
+        t,
+        to_json(Stats::from(
+            revault_engine::format::records::Totals::default()
+        ))
+    );
+}

@@ -1,0 +1,174 @@
+//! Series, their versions and retention, and the requests that act on
+//! them (`/v1/series/...`, `/v1/gc`).
+
+use serde::{Deserialize, Serialize};
+
+use revault_engine::format::records::{Retention as EngineRetention, SeriesRecord, VersionRecord};
+
+use super::{DedupUnit, RecipeForm, VersionKind};
+use crate::cli::format_time;
+
+/// A series' retention: `PUT …/retention` takes it and answers it.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retention {
+    #[serde(default)]
+    pub keep: Option<u32>,
+    #[serde(default)]
+    pub keep_within_seconds: Option<u64>,
+    #[serde(default = "one")]
+    pub live: u32,
+    #[serde(default)]
+    pub auto: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl From<&EngineRetention> for Retention {
+    fn from(r: &EngineRetention) -> Self {
+        Retention {
+            keep: r.keep,
+            keep_within_seconds: r.keep_within_secs,
+            live: r.live,
+            auto: r.auto,
+        }
+    }
+}
+
+impl From<&Retention> for EngineRetention {
+    fn from(r: &Retention) -> Self {
+        EngineRetention {
+            keep: r.keep,
+            keep_within_secs: r.keep_within_seconds,
+            live: r.live,
+            auto: r.auto,
+        }
+    }
+}
+
+/// A series as listed (`GET /v1/series`).
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct Series {
+    pub series: String,
+    pub unit: DedupUnit,
+    pub versions: usize,
+    pub latest: Option<u32>,
+    pub latest_time: Option<String>,
+    pub logical_bytes: u64,
+    pub retention: Retention,
+}
+
+impl Series {
+    /// The series `s` whose versions are `vs` (oldest first).
+    pub fn new(s: &SeriesRecord, vs: &[VersionRecord]) -> Self {
+        Series {
+            series: s.name.clone(),
+            unit: s.unit.into(),
+            versions: vs.len(),
+            latest: vs.last().map(|v| v.number),
+            latest_time: vs.last().map(|v| format_time(v.time_unix)),
+            logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
+            retention: Retention::from(&s.retention),
+        }
+    }
+}
+
+/// One series with its versions (`GET /v1/series/{ns}/{name}`).
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct SeriesDetail {
+    #[serde(flatten)]
+    pub series: Series,
+    pub version_list: Vec<Version>,
+}
+
+/// A version as listed.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct Version {
+    pub number: u32,
+    pub time: String,
+    pub kind: VersionKind,
+    pub form: RecipeForm,
+    pub logical_bytes: u64,
+    /// Unique data the backup added (uncompressed).
+    pub new_bytes: u64,
+    /// Container bytes the backup wrote (compressed).
+    pub stored_bytes: u64,
+    pub chunks: u64,
+}
+
+impl From<&VersionRecord> for Version {
+    fn from(v: &VersionRecord) -> Self {
+        Version {
+            number: v.number,
+            time: format_time(v.time_unix),
+            kind: v.kind.into(),
+            form: v.form.into(),
+            logical_bytes: v.logical_bytes,
+            new_bytes: v.new_vbytes,
+            stored_bytes: v.new_container_bytes,
+            chunks: v.chunks,
+        }
+    }
+}
+
+/// The backup of a series in progress on this worker, if any
+/// (`GET …/backup`): how far it got.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupProgress {
+    pub series: String,
+    pub running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logical_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+}
+
+// ---- requests ---------------------------------------------------------------------
+
+/// `GET /v1/series?namespace=`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesListQuery {
+    pub namespace: Option<String>,
+}
+
+/// `POST …/expire`: exactly one of the three (the handler checks).
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExpireRequest {
+    pub version: Option<u32>,
+    pub before: Option<String>,
+    pub apply_retention: Option<bool>,
+}
+
+/// `POST /v1/gc` (an empty body is all defaults).
+#[derive(Deserialize, Default, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GcRequest {
+    #[serde(default)]
+    pub full: bool,
+    #[serde(default)]
+    pub compact_below: Option<f64>,
+}
+
+/// `PUT …/versions?unit=&time=`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct PutVersionQuery {
+    pub unit: Option<String>,
+    pub time: Option<String>,
+}
+
+/// `GET …/versions/{version}?cache=&cache_mib=`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct GetVersionQuery {
+    pub cache: Option<String>,
+    pub cache_mib: Option<u64>,
+}
