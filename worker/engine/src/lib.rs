@@ -24,7 +24,6 @@ pub mod gc;
 pub mod gen;
 pub mod index;
 pub mod meta;
-pub mod objects;
 mod predict;
 pub mod progress;
 pub mod recipe;

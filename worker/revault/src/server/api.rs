@@ -621,7 +621,7 @@ pub async fn delete_series(
     // A bucket deleted as a series loses its keys too (counted in flight, so
     // a shutdown that begins now waits for it).
     guarded(&app, move |a, store| {
-        if revault_engine::objects::is_bucket(store.meta(), &name)? {
+        if revault_objects::is_bucket(store.meta(), &name)? {
             a.objects.forget_bucket(store, &name)?;
         }
         Ok(())
@@ -818,7 +818,7 @@ pub async fn put_version(
     let store = app.store()?;
     {
         let (st, n) = (store.clone(), name.clone());
-        if blocking(move || Ok(revault_engine::objects::is_bucket(st.meta(), &n)?)).await? {
+        if blocking(move || Ok(revault_objects::is_bucket(st.meta(), &n)?)).await? {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "bucket_series",

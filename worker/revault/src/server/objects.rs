@@ -1,5 +1,5 @@
 //! The object API (`/v1/buckets/...`): keys in a bucket, stored through the
-//! engine's [`revault_engine::objects`] (deduplicated like every backup), and
+//! [`revault_objects`] crate (deduplicated like every backup), and
 //! short-lived signed URLs for reading one object without a token. This is
 //! what Velero's ObjectStore plugin talks to.
 
@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOptions};
 use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
+use revault_objects::{self as objects, Encoding, ObjectError, ObjectInfo, PutOptions};
 
 use super::api::{
     blocking, guarded, json_body, path_err, query_err, restore_body, retry_while_busy, run_upload,

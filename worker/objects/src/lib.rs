@@ -43,19 +43,19 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::backup::{backup, BackupOptions, BackupReport, CommitHook};
-use crate::config::DedupUnit;
-use crate::error::{Error, Result};
-use crate::expire::{expire, ExpireReport, ExpireSel};
-use crate::format::catalog;
-use crate::format::keys::{bucket_key, bucket_objects_prefix, object_key};
-use crate::format::records::{SeriesRecord, VersionRecord};
-use crate::meta::MetaRead;
-use crate::progress::Progress;
-use crate::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use crate::source::{input_error, Source};
-use crate::store::{check_series_name, now_unix, Store, VersionSel};
-use crate::tarsource::{header_sum, pad};
+use revault_engine::backup::{backup, BackupOptions, BackupReport, CommitHook};
+use revault_engine::config::DedupUnit;
+use revault_engine::expire::{expire, ExpireReport, ExpireSel};
+use revault_engine::format::catalog;
+use revault_engine::format::keys::{bucket_key, bucket_objects_prefix, object_key};
+use revault_engine::format::records::{SeriesRecord, VersionRecord};
+use revault_engine::meta::MetaRead;
+use revault_engine::progress::Progress;
+use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
+use revault_engine::source::{input_error, Source};
+use revault_engine::store::{check_series_name, now_unix, Store, VersionSel};
+use revault_engine::tarsource::{header_sum, pad};
+use revault_engine::{Error, Result};
 
 /// Longest key accepted (as S3).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -301,17 +301,9 @@ pub fn list(
             from = after;
         }
     }
-    let it = meta.db().iterator_cf(
-        meta.cf(CF),
-        rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
-    );
     let mut out = Listing::default();
     let mut last: Option<String> = None;
-    for item in it {
-        let (k, v) = item.map_err(Error::from)?;
-        if !k.starts_with(&scan_prefix) {
-            break;
-        }
+    meta.for_each_from(CF, &from, &scan_prefix, |k, v| {
         let key = String::from_utf8_lossy(&k[base.len()..]).into_owned();
         if let Some(s) = start_after {
             // Skip the start key itself, and everything under a common prefix
@@ -319,7 +311,7 @@ pub fn list(
             if key.as_str() <= s
                 || (delimiter.is_some_and(|d| s.ends_with(d)) && key.starts_with(s))
             {
-                continue;
+                return Ok(true);
             }
         }
         let rest = &key[prefix.len()..];
@@ -327,24 +319,24 @@ pub fn list(
             if let Some(i) = rest.find(d) {
                 let cp = format!("{prefix}{}", &rest[..i + d.len()]);
                 if out.common_prefixes.last() == Some(&cp) {
-                    continue;
+                    return Ok(true);
                 }
                 if out.objects.len() + out.common_prefixes.len() == limit {
-                    out.next_start_after = last;
-                    return Ok(out);
+                    out.next_start_after = last.take();
+                    return Ok(false);
                 }
                 last = Some(cp.clone());
                 out.common_prefixes.push(cp);
-                continue;
+                return Ok(true);
             }
         }
-        let rec = decode_record(bucket, &k, &v)?;
+        let rec = decode_record(bucket, k, v)?;
         if !version_exists(meta, series.as_ref(), rec.version)? {
-            continue;
+            return Ok(true);
         }
         if out.objects.len() + out.common_prefixes.len() == limit {
-            out.next_start_after = last;
-            return Ok(out);
+            out.next_start_after = last.take();
+            return Ok(false);
         }
         last = Some(key.clone());
         out.objects.push(ObjectInfo {
@@ -352,7 +344,8 @@ pub fn list(
             key,
             record: rec,
         });
-    }
+        Ok(true)
+    })?;
     Ok(out)
 }
 
@@ -684,7 +677,7 @@ const BLOCK: usize = 512;
 
 /// The data bytes (padding included) after a valid tar header, or `None`
 /// when the block is not a tar header. Read with the `tar` crate's header
-/// fields and checked as [`crate::tarsource`] checks them.
+/// fields and checked as [`revault_engine::tarsource`] checks them.
 fn tar_header(block: &[u8]) -> Option<u64> {
     let block: &[u8; BLOCK] = block.try_into().ok()?;
     if block.iter().all(|&b| b == 0) {
@@ -906,7 +899,7 @@ impl Source for ObjectSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{InitOptions, OpenMode};
+    use revault_engine::store::{InitOptions, OpenMode};
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
@@ -1234,10 +1227,10 @@ mod tests {
     fn buckets_and_backup_series_do_not_mix_and_sweep_removes_orphans() {
         let (_d, s) = store();
         let o = Objects::new();
-        crate::backup::backup(
+        revault_engine::backup::backup(
             &s,
             "team/db",
-            Box::new(crate::source::StreamSource::new(
+            Box::new(revault_engine::source::StreamSource::new(
                 "x",
                 io::Cursor::new(b"backup".to_vec()),
             )),
