@@ -18,7 +18,6 @@ pub mod index;
 pub mod ingest;
 pub mod maintenance;
 pub mod meta;
-pub mod objects;
 pub mod progress;
 pub mod recipe;
 pub mod restore;

@@ -236,14 +236,42 @@ impl Meta {
         &self,
         cf: &str,
         prefix: &[u8],
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+        f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
     ) -> Result<()> {
         let mut ro = ReadOptions::default();
         ro.fill_cache(false);
+        self.walk_prefix(cf, ro, prefix, prefix, f)
+    }
+
+    /// Calls `f` on each entry whose key starts with `prefix` and is at least
+    /// `from`, in key order, until it returns false: one page of a listing
+    /// that resumes after the last key of the page before. A `from` below
+    /// `prefix` starts at `prefix`.
+    ///
+    /// Unlike [`Meta::for_each_prefix`] the blocks read stay in the cache: a
+    /// client lists the same pages again and again.
+    pub fn for_each_from(
+        &self,
+        cf: &str,
+        from: &[u8],
+        prefix: &[u8],
+        f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        self.walk_prefix(cf, ReadOptions::default(), from.max(prefix), prefix, f)
+    }
+
+    fn walk_prefix(
+        &self,
+        cf: &str,
+        ro: ReadOptions,
+        from: &[u8],
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<()> {
         let it = self.db.iterator_cf_opt(
             self.cf(cf),
             ro,
-            IteratorMode::From(prefix, Direction::Forward),
+            IteratorMode::From(from, Direction::Forward),
         );
         for item in it {
             let (k, v) = item?;
@@ -447,6 +475,36 @@ impl Batch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn for_each_from_walks_a_prefix_from_a_key_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta::create(dir.path()).unwrap();
+        let mut b = meta.batch();
+        for k in ["a/1", "b/1", "b/2", "b/3", "b/4", "c/1"] {
+            b.put("default", k.as_bytes(), k.to_uppercase().as_bytes());
+        }
+        meta.write(b, false).unwrap();
+        let walk = |from: &str, prefix: &str, stop_after: usize| {
+            let mut seen = Vec::new();
+            meta.for_each_from("default", from.as_bytes(), prefix.as_bytes(), |k, v| {
+                assert_eq!(v, k.to_ascii_uppercase(), "the value of its key");
+                seen.push(String::from_utf8(k.to_vec()).unwrap());
+                Ok(seen.len() < stop_after)
+            })
+            .unwrap();
+            seen
+        };
+        assert_eq!(walk("b/", "b/", 10), ["b/1", "b/2", "b/3", "b/4"]);
+        // From a key on, including that key; between keys, from the next.
+        assert_eq!(walk("b/2", "b/", 10), ["b/2", "b/3", "b/4"]);
+        assert_eq!(walk("b/25", "b/", 10), ["b/3", "b/4"]);
+        // A start below the prefix starts at the prefix, not before it.
+        assert_eq!(walk("a/", "b/", 10), ["b/1", "b/2", "b/3", "b/4"]);
+        assert!(walk("b/5", "b/", 10).is_empty());
+        // `f` returning false ends the walk.
+        assert_eq!(walk("b/", "b/", 2), ["b/1", "b/2"]);
+    }
 
     #[test]
     fn records_by_id_read_alike_by_iterator_and_by_point_lookups() {

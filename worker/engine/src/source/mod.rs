@@ -58,8 +58,9 @@ impl<R: Read + Send> Source for StreamSource<R> {
 
 /// An error reading a source's input `name`: a reader whose producer went
 /// away ([`CancelledInput`]) cancels the backup; anything else is an I/O
-/// error on the input.
-pub(crate) fn input_error(name: &str, e: std::io::Error) -> Error {
+/// error on the input. A [`Source`] written outside the engine maps its read
+/// errors with this too, so a cancelled upload cancels its backup alike.
+pub fn input_error(name: &str, e: std::io::Error) -> Error {
     if e.get_ref()
         .is_some_and(|inner| inner.is::<CancelledInput>())
     {

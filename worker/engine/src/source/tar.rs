@@ -153,13 +153,13 @@ impl<R: Read + Send> TarSource<R> {
 }
 
 /// Zero bytes after `n` bytes of member data, up to the next 512-byte block.
-pub(crate) fn pad(n: u64) -> u64 {
+pub fn pad(n: u64) -> u64 {
     (512 - n % 512) % 512
 }
 
 /// The checksum a header block should carry: the sum of its bytes, with the
 /// checksum field itself counted as spaces.
-pub(crate) fn header_sum(block: &[u8; 512]) -> u32 {
+pub fn header_sum(block: &[u8; 512]) -> u32 {
     block
         .iter()
         .enumerate()

@@ -285,7 +285,7 @@ pub async fn delete_series(
     // A bucket deleted as a series loses its keys too (counted in flight, so
     // a shutdown that begins now waits for it).
     guarded(&app, move |a, store| {
-        if revault_engine::objects::is_bucket(store.meta(), &name)? {
+        if revault_objects::is_bucket(store.meta(), &name)? {
             a.objects.forget_bucket(store, &name)?;
         }
         Ok(())

@@ -155,7 +155,7 @@ fn parse_backup(
 /// A bucket's series takes objects, not backups (409).
 async fn refuse_buckets(store: &Arc<Store>, name: &str) -> ApiResult<()> {
     let (st, n) = (store.clone(), name.to_string());
-    if blocking(move || Ok(revault_engine::objects::is_bucket(st.meta(), &n)?)).await? {
+    if blocking(move || Ok(revault_objects::is_bucket(st.meta(), &n)?)).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ApiCode::BucketSeries,

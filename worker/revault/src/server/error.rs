@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use revault_engine::error::ErrorKind;
-use revault_engine::objects::ObjectError;
+use revault_objects::ObjectError;
 
 use super::wire::{ApiCode, ErrorBody};
 

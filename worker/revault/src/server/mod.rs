@@ -211,7 +211,7 @@ pub struct App {
     /// with how far each got.
     pub backups: Mutex<HashMap<String, Arc<InflightBackup>>>,
     /// Object buckets (one writer per bucket).
-    pub objects: revault_engine::objects::Objects,
+    pub objects: revault_objects::Objects,
     pub inflight: Inflight,
     pub max_cache_mib: u64,
     /// Bumped whenever the server gives up on in-flight work (shutdown's
@@ -231,7 +231,7 @@ impl App {
             draining: AtomicBool::new(false),
             reports: Mutex::new(Reports::default()),
             backups: Mutex::new(HashMap::new()),
-            objects: revault_engine::objects::Objects::new(),
+            objects: revault_objects::Objects::new(),
             inflight: Inflight::default(),
             max_cache_mib,
             abort: watch::Sender::new(0),

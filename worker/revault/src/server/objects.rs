@@ -1,5 +1,5 @@
 //! The object API (`/v1/buckets/...`): keys in a bucket, stored through the
-//! engine's [`revault_engine::objects`] (deduplicated like every backup), and
+//! [`revault_objects`] crate (deduplicated like every backup), and
 //! short-lived signed URLs for reading one object without a token. This is
 //! what Velero's ObjectStore plugin talks to.
 
@@ -12,9 +12,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::objects::{self, Encoding, ObjectError, ObjectInfo, PutOptions};
 use revault_engine::restore::RestoreOptions;
 use revault_engine::store::check_series_name;
+use revault_objects::{self as objects, Encoding, ObjectError, ObjectInfo, PutOptions};
 
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};

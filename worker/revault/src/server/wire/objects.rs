@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use revault_engine::objects::{BucketSummary, Encoding as EngineEncoding, Listing, ObjectInfo};
+use revault_objects::{BucketSummary, Encoding as EngineEncoding, Listing, ObjectInfo};
 
 use crate::cli::format_time;
 

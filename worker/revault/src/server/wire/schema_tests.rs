@@ -341,7 +341,7 @@ fn samples() -> Vec<(&'static str, &'static str, Value)> {
         (
             "getBucket",
             "200",
-            to_json(Bucket::from(revault_engine::objects::BucketSummary {
+            to_json(Bucket::from(revault_objects::BucketSummary {
                 bucket: "velero/bsl".into(),
                 ..Default::default()
             })),
