@@ -43,10 +43,7 @@ const MAX_CIRCLE: usize = 5;
 
 /// No source file longer than this; the exceptions are being split (issue 19).
 const MAX_LINES: usize = 900;
-const LONG_FILES: &[&str] = &[
-    "revault/src/bench.rs",
-    "revault/src/cli.rs",
-];
+const LONG_FILES: &[&str] = &["revault/src/bench.rs", "revault/src/cli.rs"];
 
 fn engine_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
