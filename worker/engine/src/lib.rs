@@ -21,7 +21,6 @@ pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gc;
-pub mod gen;
 pub mod index;
 pub mod meta;
 pub mod objects;
