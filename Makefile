@@ -13,6 +13,9 @@ export PATH := $(REVAULT_CACHE)/bin:$(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 RUST_TARGET := x86_64-unknown-linux-gnu
 REVAULT_BIN := $(CARGO_TARGET_DIR)/$(RUST_TARGET)/release/revault
 export REVAULT_BIN
+# Benchmarks, synthetic series and plots: a tool of its own, not in the worker image.
+REVAULT_BENCH_BIN := $(CARGO_TARGET_DIR)/$(RUST_TARGET)/release/revault-bench
+export REVAULT_BENCH_BIN
 CARGO := cd worker && cargo
 
 # Go (the operator): module and build caches under $(REVAULT_CACHE) (the ~1 GB of Kubernetes
@@ -24,7 +27,7 @@ export GOTOOLCHAIN ?= local
 # Which dataset `make demo` uses: synthetic (default) or kube.
 DATA ?= synthetic
 
-.PHONY: help tools build demo test test-worker test-api test-fuzz fuzz lint fmt bench
+.PHONY: help tools build build-bench demo test test-worker test-api test-fuzz fuzz lint fmt bench
 .PHONY: k8s-tools manifests generate build-operator lint-operator test-operator
 .PHONY: images e2e test-e2e lint-e2e
 
@@ -32,6 +35,7 @@ help:
 	@echo "make demo        back up and restore a real series on local disk, print the figures (DATA=kube for real data)"
 	@echo "make test        everything CI runs: lint and every test suite"
 	@echo "make build       release build of the revault binary"
+	@echo "make build-bench release build of revault-bench (benchmarks, synthetic series, plots)"
 	@echo "make lint        gofmt, go vet and golangci-lint of the Go modules; rustfmt check and clippy (warnings are errors)"
 	@echo "make bench       benchmarks; figures go to docs/performance.md"
 	@echo "make fuzz        fuzz the engine's decoders, 600 s per target (FUZZ_SECONDS=...; docs/fuzzing.md)"
@@ -48,7 +52,12 @@ tools:
 build: tools
 	$(CARGO) build --release --locked -p revault
 
-demo: build
+# A cargo run of its own: one run with both -p revault and -p revault-bench unifies their
+# dependencies' features, which compiles the engine once more.
+build-bench: tools
+	$(CARGO) build --release --locked -p revault-bench
+
+demo: build build-bench
 	python3 hack/demo.py --data $(DATA)
 
 lint: tools lint-operator lint-e2e lint-velero
@@ -95,7 +104,7 @@ lint-operator:
 test-operator: build k8s-tools
 	hack/operator-test.sh
 
-bench: build
+bench: build build-bench
 	python3 hack/bench.py
 
 # ---- images and e2e -----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A long series through the CLI: metadata tables and open cost per version.
 
-Backs up a synthetic series of many small versions (`revault gen-series`),
+Backs up a synthetic series of many small versions (`revault-bench gen-series`),
 one `revault backup` per version into one store, and every tenth version
 reports the backup's wall time, the time of `revault list` (an open and a
 read: what every CLI command pays to open the store) and the number of
@@ -22,6 +22,9 @@ CACHE = os.environ.get("REVAULT_CACHE", os.path.expanduser("~/.cache/revault"))
 BIN = os.environ.get(
     "REVAULT_BIN", os.path.join(CACHE, "target/x86_64-unknown-linux-gnu/release/revault")
 )
+BENCH_BIN = os.environ.get(
+    "REVAULT_BENCH_BIN", os.path.join(CACHE, "target/x86_64-unknown-linux-gnu/release/revault-bench")
+)
 
 
 def timed(args):
@@ -37,8 +40,8 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="revault-long-") as work:
         gen, store = os.path.join(work, "gen"), os.path.join(work, "store")
-        subprocess.run([BIN, "gen-series", "--out", gen, "--versions", str(a.versions),
-                        "--initial-mib", str(a.mib), "--gamma-mib", "0", "-q"],
+        subprocess.run([BENCH_BIN, "gen-series", "--out", gen, "--versions", str(a.versions),
+                        "--initial-mib", str(a.mib), "--gamma-mib", "0"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         subprocess.run([BIN, "init", "--store", store], check=True, stdout=subprocess.DEVNULL)
         files = sorted(glob.glob(os.path.join(gen, "*.tar")))

@@ -14,7 +14,8 @@
    reported: the p50/p99 listing latency and the server's peak RSS (VmHWM).
 
 Data: the kube tars in $REVAULT_CACHE/datasets/kube if present (make demo
-DATA=kube fetches them), else a synthetic series from `revault gen-series`.
+DATA=kube fetches them), else a synthetic series from `revault-bench gen-series`
+($REVAULT_BENCH_BIN; make build-bench).
 Nothing is asserted; the numbers go to docs/service.md. Loopback only.
 
     python3 hack/bench-service.py [--versions 5] [--rounds 3] [--reps 3] [--json]
@@ -37,6 +38,9 @@ import urllib.request
 CACHE = os.environ.get("REVAULT_CACHE", os.path.expanduser("~/.cache/revault"))
 BIN = os.environ.get(
     "REVAULT_BIN", os.path.join(CACHE, "target/x86_64-unknown-linux-gnu/release/revault")
+)
+BENCH_BIN = os.environ.get(
+    "REVAULT_BENCH_BIN", os.path.join(CACHE, "target/x86_64-unknown-linux-gnu/release/revault-bench")
 )
 MIB = 1 << 20
 
@@ -86,8 +90,8 @@ def dataset(work, versions):
     if len(kube) >= versions:
         return "kube", kube[:versions]
     out = os.path.join(work, "gen")
-    run(["gen-series", "--out", out, "--versions", str(versions), "--initial-mib", "100"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([BENCH_BIN, "gen-series", "--out", out, "--versions", str(versions), "--initial-mib", "100"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return "synthetic", sorted(glob.glob(os.path.join(out, "*.tar")))
 
 

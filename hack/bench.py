@@ -9,9 +9,10 @@
    `revault restore` of the latest version, medians of several runs;
 3. the issue's Destor anchor at 2 KiB chunks (chunk mode, chunk mode with
    lbw, segment-rev; latest version at 32 MiB, with and without reuse);
-4. `revault bench schemes` (units x rewrite policies x restore caches, knob
-   sweeps, cache memory) on the kube series and on a 20-version synthetic one;
-5. `revault bench expire` (expiry cost at 10, 20, 40 versions beside a full
+4. `revault-bench schemes` (units x rewrite policies x restore caches, knob
+   sweeps, cache memory) on the kube series and on a 20-version synthetic one
+   (`revault-bench gen-series`);
+5. `revault-bench expire` (expiry cost at 10, 20, 40 versions beside a full
    mark-and-sweep).
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
@@ -33,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("REVAULT_CACHE", Path.home() / ".cache" / "revault"))
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
 BIN = os.environ.get("REVAULT_BIN", str(TARGET / "x86_64-unknown-linux-gnu" / "release" / "revault"))
+# Benchmarks and synthetic series: their own tool (make build-bench).
+BENCH_BIN = os.environ.get("REVAULT_BENCH_BIN", str(TARGET / "x86_64-unknown-linux-gnu" / "release" / "revault-bench"))
 OUT = ROOT / "docs" / "bench"
 WORK = CACHE / "bench-work"
 MIB = 1024 * 1024
@@ -42,11 +45,19 @@ def log(*a):
     print("bench:", *a, file=sys.stderr, flush=True)
 
 
-def rv(*args, capture=True):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=capture, text=True)
+def rv(*args, capture=True, exe=BIN):
+    try:
+        p = subprocess.run([exe, *map(str, args)], capture_output=capture, text=True)
+    except FileNotFoundError:
+        sys.exit(f"bench: no {Path(exe).name} at {exe}: run make build build-bench")
     if p.returncode != 0:
-        sys.exit(f"bench: revault {' '.join(map(str, args))} failed:\n{p.stderr}")
+        sys.exit(f"bench: {Path(exe).name} {' '.join(map(str, args))} failed:\n{p.stderr}")
     return json.loads(p.stdout) if capture and "--json" in args else None
+
+
+def rvb(*args, capture=True):
+    """Runs revault-bench (a benchmark, or gen-series)."""
+    return rv(*args, capture=capture, exe=BENCH_BIN)
 
 
 def timed_cpu(*args):
@@ -87,7 +98,7 @@ def dataset():
     log("kube series not present (make demo DATA=kube fetches it); using the synthetic series")
     syn = CACHE / "datasets" / "synthetic-demo-v2"
     if not (syn / ".complete").exists():
-        rv("gen-series", "--out", syn, "--versions", 10, capture=False)
+        rvb("gen-series", "--out", syn, "--versions", 10, capture=False)
         (syn / ".complete").touch()
     return "synthetic", sorted(syn.glob("v*.tar"))
 
@@ -212,11 +223,11 @@ def anchor(tars):
 def schemes(name, series_dir, quick):
     out = OUT / f"schemes-{name}"
     shutil.rmtree(out, ignore_errors=True)
-    args = ["bench", "schemes", "--series-dir", series_dir, "--out", out]
+    args = ["schemes", "--series-dir", series_dir, "--out", out]
     if quick:
         args += ["--no-sweep", "--memory", "32"]
     log(f"schemes on {name} (this takes a while)")
-    rv(*args, capture=False)
+    rvb(*args, capture=False)
     return str(out.relative_to(ROOT))
 
 
@@ -256,7 +267,7 @@ def main():
         syn20 = CACHE / "datasets" / "synthetic-20"
         if not (syn20 / ".complete").exists():
             shutil.rmtree(syn20, ignore_errors=True)
-            rv("gen-series", "--out", syn20, "--versions", 20, "--initial-mib", 64, capture=False)
+            rvb("gen-series", "--out", syn20, "--versions", 20, "--initial-mib", 64, capture=False)
             (syn20 / ".complete").touch()
         if not args.quick:
             results["schemes"]["synthetic-20"] = schemes("synthetic-20", syn20, False)
@@ -264,7 +275,7 @@ def main():
         log("expiry cost as the store grows")
         exp = OUT / "expire"
         shutil.rmtree(exp, ignore_errors=True)
-        rv("bench", "expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
+        rvb("expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
         results["expire"] = str(exp.relative_to(ROOT))
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)

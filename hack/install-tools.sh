@@ -11,7 +11,7 @@ have clang || need_apt+=(clang)
 [ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/llvm-*/lib/libclang*.so >/dev/null 2>&1 || need_apt+=(libclang-dev)
 have pkg-config || need_apt+=(pkg-config)
 have cmake || need_apt+=(cmake)
-# A font for the benchmark plots (revault bench).
+# A font for the benchmark plots (revault-bench).
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -13,7 +13,6 @@ pub mod error;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod gen;
 pub mod index;
 pub mod ingest;
 pub mod maintenance;

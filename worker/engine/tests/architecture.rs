@@ -21,7 +21,6 @@ const ROOMS: &[&str] = &[
     "bufpool",
     "config",
     "progress",
-    "gen",
     "format",
     "meta",
     "index",
@@ -41,9 +40,9 @@ const UPWARD_EDGES: &[(&str, &str)] = &[];
 /// share their reader), the engine may not.
 const MAX_CIRCLE: usize = 5;
 
-/// No source file longer than this; the exceptions are being split (issue 19).
+/// No source file longer than this (none is: list one here only with the reason it must be).
 const MAX_LINES: usize = 900;
-const LONG_FILES: &[&str] = &["revault/src/bench.rs", "revault/src/cli.rs"];
+const LONG_FILES: &[&str] = &[];
 
 fn engine_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -13,6 +13,9 @@
 //! returned to the kernel after 10 s unused rather than mimalloc's default
 //! 10 ms ([`configure`]), and `revault serve` returns it at once when it has
 //! gone idle ([`release_free`]).
+//!
+//! `revault-bench` (worker/bench) includes this file as its own module, so
+//! the benchmarks measure the engine under the same allocator and settings.
 
 use libmimalloc_sys as mi;
 

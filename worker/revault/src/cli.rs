@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::config::{Compression, DedupUnit, StoreConfig, MIB};
-use revault_engine::gen::{GenFormat, GenOptions};
 use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
@@ -259,35 +258,6 @@ pub struct GcArgs {
     pub compact_below: f64,
 }
 
-#[derive(Args)]
-pub struct GenArgs {
-    /// Output directory.
-    #[arg(long)]
-    pub out: PathBuf,
-    #[arg(long, default_value_t = 10)]
-    pub versions: u32,
-    /// Size of the first version, MiB.
-    #[arg(long, default_value_t = 40.0)]
-    pub initial_mib: f64,
-    /// Percent of files modified per version.
-    #[arg(long, default_value_t = 2.0)]
-    pub alpha: f64,
-    /// Percent of a modified file that changes.
-    #[arg(long, default_value_t = 10.0)]
-    pub beta: f64,
-    /// New data per version, MiB.
-    #[arg(long, default_value_t = 1.0)]
-    pub gamma_mib: f64,
-    /// Percent of files that are incompressible binary data.
-    #[arg(long, default_value_t = 3.0)]
-    pub binary: f64,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// `tar` (one tar per version) or `dir` (one directory per version).
-    #[arg(long, default_value = "tar")]
-    pub format: String,
-}
-
 pub fn run(cli: Cli) -> Result<()> {
     let json = cli.json;
     let quiet = cli.quiet || json;
@@ -302,8 +272,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Slide(a) => slide(a, json),
         Cmd::Expire(a) => expire(a, json),
         Cmd::Gc(a) => gc(a, json),
-        Cmd::GenSeries(a) => gen_series(a, json),
-        Cmd::Bench(c) => crate::bench::run(c, json),
     }
 }
 
@@ -905,38 +873,6 @@ fn expire(a: ExpireArgs, json: bool) -> Result<()> {
             mib(rep.bytes_freed),
             rep.seconds
         );
-    }
-    Ok(())
-}
-
-fn gen_series(a: GenArgs, json: bool) -> Result<()> {
-    let format = match a.format.as_str() {
-        "tar" => GenFormat::Tar,
-        "dir" => GenFormat::Dir,
-        f => bail!("--format {f:?}: expected `tar` or `dir`"),
-    };
-    let opts = GenOptions {
-        versions: a.versions,
-        initial_mib: a.initial_mib,
-        alpha_pct: a.alpha,
-        beta_pct: a.beta,
-        gamma_mib: a.gamma_mib,
-        binary_pct: a.binary,
-        seed: a.seed,
-        format,
-    };
-    let vs = revault_engine::gen::generate(&a.out, &opts, |v| {
-        if !json {
-            eprintln!(
-                "  {} ({} files, {} MiB)",
-                v.path.display(),
-                v.files,
-                mib(v.bytes)
-            );
-        }
-    })?;
-    if json {
-        output::json(&vs);
     }
     Ok(())
 }

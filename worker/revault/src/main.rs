@@ -2,7 +2,6 @@
 //! clients backup and restore jobs run.
 
 mod alloc;
-mod bench;
 mod cli;
 mod client;
 mod output;
@@ -65,11 +64,6 @@ pub enum Cmd {
     Expire(cli::ExpireArgs),
     /// Grouped mark-and-sweep: orphans, dead chunks in shared units, compaction.
     Gc(cli::GcArgs),
-    /// Write a synthetic backup series (one tar or directory per version).
-    GenSeries(cli::GenArgs),
-    /// Benchmarks on a series of your own: rewrite schemes, caches, expiry cost.
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
 }
 
 fn main() {

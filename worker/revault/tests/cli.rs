@@ -449,3 +449,27 @@ fn a_closed_output_pipe_ends_a_restore_quietly() {
         out.status
     );
 }
+
+#[test]
+fn benchmarks_and_dataset_generation_are_not_revault_commands() {
+    // They live in the `revault-bench` tool: the production binary (the one the
+    // worker image ships) has neither, and says so when asked for them.
+    let help = revault(&["--help"]);
+    assert!(help.status.success());
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("backup"),
+        "the help lists the commands: {help}"
+    );
+    for gone in ["bench", "gen-series"] {
+        assert!(
+            !help.lines().any(|l| l.trim_start().starts_with(gone)),
+            "`revault --help` lists `{gone}`:\n{help}"
+        );
+        let err = fails(&[gone, "--help"]);
+        assert!(
+            err.contains("unrecognized subcommand"),
+            "`revault {gone}` is refused as unknown: {err}"
+        );
+    }
+}

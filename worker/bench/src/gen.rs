@@ -16,8 +16,9 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::config::MIB;
-use crate::error::{Error, IoContext, Result};
+use revault_engine::config::MIB;
+use revault_engine::error::IoContext;
+use revault_engine::{Error, Result};
 
 #[derive(Clone, Debug)]
 pub struct GenOptions {
