@@ -281,7 +281,7 @@ fn pieces<'a>(locs: &'a [Loc], r: &Round) -> impl Iterator<Item = (Loc, u32, u32
     })
 }
 
-pub(crate) fn run(
+pub(super) fn run(
     store: &Store,
     locs: &[Loc],
     budget: u64,
@@ -395,21 +395,6 @@ fn copy_pieces(
         area[at..at + len as usize].copy_from_slice(src);
     }
     Ok(())
-}
-
-/// Tan et al.'s DASM as a cache engine.
-pub(super) struct Dasm;
-
-impl super::CacheEngine for Dasm {
-    fn restore(
-        &self,
-        store: &Store,
-        locs: &[Loc],
-        budget: u64,
-        out: &mut dyn Write,
-    ) -> Result<CacheStats> {
-        run(store, locs, budget, out)
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use crate::store::Store;
 use super::io::{slice, too_small};
 use super::{out_err, write_zeros, CacheStats, Loader};
 
-fn lru_container(
+/// `lru-container`: whole decoded containers, least recently used out.
+pub(super) fn container(
     store: &Store,
     locs: &[Loc],
     budget: u64,
@@ -54,7 +55,13 @@ fn lru_container(
     Ok(ld.stats)
 }
 
-fn lru_chunk(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+/// `lru-chunk`: the chunks of every container read, least recently used out.
+pub(super) fn chunk(
+    store: &Store,
+    locs: &[Loc],
+    budget: u64,
+    out: &mut dyn Write,
+) -> Result<CacheStats> {
     let mut ld = Loader::new(store);
     // (container, vaddr) → chunk bytes; recency by a counter.
     let mut cache: HashMap<(ContainerId, u64), (Vec<u8>, u64)> = HashMap::new();
@@ -138,34 +145,4 @@ fn lru_chunk(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> R
         ld.stats.peak = ld.stats.peak.max(held + data.len() as u64);
     }
     Ok(ld.stats)
-}
-
-/// See the module's documentation.
-pub(super) struct LruContainer;
-
-impl super::CacheEngine for LruContainer {
-    fn restore(
-        &self,
-        store: &Store,
-        locs: &[Loc],
-        budget: u64,
-        out: &mut dyn Write,
-    ) -> Result<CacheStats> {
-        lru_container(store, locs, budget, out)
-    }
-}
-
-/// See the module's documentation.
-pub(super) struct LruChunk;
-
-impl super::CacheEngine for LruChunk {
-    fn restore(
-        &self,
-        store: &Store,
-        locs: &[Loc],
-        budget: u64,
-        out: &mut dyn Write,
-    ) -> Result<CacheStats> {
-        lru_chunk(store, locs, budget, out)
-    }
 }

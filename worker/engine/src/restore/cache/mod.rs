@@ -96,26 +96,19 @@ impl std::str::FromStr for CachePolicy {
     }
 }
 
-/// A restore cache that reads a version's chunk locations, container by container, into
-/// `out` without holding more than `budget` bytes. FAA is not one: it streams the recipe's
-/// extents instead of resolving every location first (`restore::faa`).
-pub(crate) trait CacheEngine {
-    fn restore(
-        &self,
-        store: &Store,
-        locs: &[Loc],
-        budget: u64,
-        out: &mut dyn Write,
-    ) -> Result<CacheStats>;
-}
+/// A restore cache: reads a version's chunk locations, container by container, into `out`
+/// without holding more than `budget` bytes. FAA is not one: it streams the recipe's extents
+/// instead of resolving every location first (`restore::faa`).
+pub(crate) type CacheEngine =
+    fn(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats>;
 
 /// The engine that runs `policy`; `None` for `faa` and `auto`, which the restore runs itself.
-pub(crate) fn engine(policy: CachePolicy) -> Option<&'static dyn CacheEngine> {
+pub(crate) fn engine(policy: CachePolicy) -> Option<CacheEngine> {
     match policy {
-        CachePolicy::LruContainer => Some(&lru::LruContainer),
-        CachePolicy::LruChunk => Some(&lru::LruChunk),
-        CachePolicy::Dasm => Some(&dasm::Dasm),
-        CachePolicy::Opt => Some(&opt::Opt),
+        CachePolicy::LruContainer => Some(lru::container),
+        CachePolicy::LruChunk => Some(lru::chunk),
+        CachePolicy::Dasm => Some(dasm::run),
+        CachePolicy::Opt => Some(opt::run),
         CachePolicy::Faa | CachePolicy::Auto => None,
     }
 }
@@ -128,7 +121,7 @@ pub(crate) fn run(
     out: &mut dyn Write,
 ) -> Result<CacheStats> {
     match engine(policy) {
-        Some(e) => e.restore(store, locs, budget, out),
+        Some(run) => run(store, locs, budget, out),
         None => Err(Error::Invalid(format!(
             "the {policy} cache is run by the restore itself"
         ))),

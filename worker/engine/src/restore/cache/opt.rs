@@ -11,7 +11,12 @@ use crate::store::Store;
 use super::io::slice;
 use super::{next_uses, out_err, write_zeros, CacheStats, Loader};
 
-fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<CacheStats> {
+pub(super) fn run(
+    store: &Store,
+    locs: &[Loc],
+    budget: u64,
+    out: &mut dyn Write,
+) -> Result<CacheStats> {
     let mut ld = Loader::new(store);
     let next = next_uses(locs);
     let mut cache: HashMap<ContainerId, (Vec<u8>, usize)> = HashMap::new();
@@ -102,19 +107,4 @@ fn opt(store: &Store, locs: &[Loc], budget: u64, out: &mut dyn Write) -> Result<
         }
     }
     Ok(ld.stats)
-}
-
-/// See the module's documentation.
-pub(super) struct Opt;
-
-impl super::CacheEngine for Opt {
-    fn restore(
-        &self,
-        store: &Store,
-        locs: &[Loc],
-        budget: u64,
-        out: &mut dyn Write,
-    ) -> Result<CacheStats> {
-        opt(store, locs, budget, out)
-    }
 }
