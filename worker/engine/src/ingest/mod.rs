@@ -127,20 +127,10 @@ pub fn backup(
     let cancel = opts.cancel.clone().unwrap_or_default();
     let (stages, loader) = Stages::start(store, &target, source, &cancel);
     let mut d = Dedup::new(store, &target);
-    let ended = run_dedup(store, &mut d, stages, loader, &mut pack, &cancel, opts);
+    let ended = run_dedup(&mut d, stages, loader, &mut pack, &cancel, opts);
     let pinned = std::mem::take(&mut d.pinned);
-    let outcome = ended.and_then(|sources| {
-        commit_version(
-            store,
-            series_name,
-            &target,
-            &mut d,
-            sources,
-            pack,
-            &mut session,
-            opts,
-            started,
-        )
+    let outcome = ended.and_then(|source| {
+        commit_version(&target, &mut d, source, pack, &mut session, opts, started)
     });
     store.unpin(pinned);
     let mut rep = outcome?;
@@ -150,6 +140,7 @@ pub fn backup(
 
 /// The series a backup writes to, as found under its claim, and the version it will be.
 pub(super) struct Target {
+    pub(super) name: String,
     pub(super) existing: Option<SeriesRecord>,
     pub(super) latest: Option<VersionRecord>,
     pub(super) unit: DedupUnit,
@@ -197,6 +188,7 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
             .unwrap_or_default(),
     };
     Ok(Target {
+        name: series_name.to_string(),
         existing,
         latest,
         unit: unit_kind,
@@ -211,7 +203,6 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
 /// root cause: a thread that panicked, or else a source error, rather than the knock-on (a
 /// stage that stopped because another one hung up says Cancelled).
 fn run_dedup(
-    store: &Store,
     d: &mut Dedup<'_>,
     stages: Stages,
     loader: Option<Loader>,
@@ -219,6 +210,7 @@ fn run_dedup(
     cancel: &AtomicBool,
     opts: &BackupOptions,
 ) -> Result<Box<dyn Source>> {
+    let store = d.store;
     // The units the loader pins are unpinned with the dedup stage's, even if
     // the loader panicked (the list outlives its thread).
     let loader_pins = parking_lot::Mutex::new(Vec::new());
@@ -280,10 +272,7 @@ fn run_dedup(
 
 /// Step 3: seal the containers, write the version's recipe, catalog and records, and
 /// commit them in one transaction.
-#[allow(clippy::too_many_arguments)]
 fn commit_version(
-    store: &Store,
-    series_name: &str,
     target: &Target,
     d: &mut Dedup<'_>,
     source: Box<dyn Source>,
@@ -300,6 +289,7 @@ fn commit_version(
         ..
     } = target;
     let (unit_kind, series_id, version) = (*unit_kind, *series_id, *version);
+    let (store, series_name) = (d.store, target.name.as_str());
     let catalog_entries = source.finish()?;
     let containers = pack.finish()?;
     session.sync()?;
