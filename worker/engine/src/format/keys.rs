@@ -45,7 +45,7 @@ pub const CF_UNITS: &str = "units";
 /// Per-unit reference counts of a format-1 store, until a read-write open
 /// moves them into `refcounts` (empty afterwards).
 pub const CF_REFS: &str = "refs";
-/// Reference counts in blocks of [`REFS_BLOCK`] units (format 2). A build
+/// Reference counts in blocks of [`REFS_BLOCK`](crate::format::refcounts::REFS_BLOCK) units (format 2). A build
 /// from before format 2 cannot open a store that has this family (RocksDB
 /// refuses to open a store with a column family it does not name), so it
 /// cannot misread the counts as zero.
@@ -62,7 +62,7 @@ pub const COUNTERS_KEY: &[u8] = b"counters";
 /// In the default family: the store-wide sums.
 pub const TOTALS_KEY: &[u8] = b"totals";
 
-/// In the default family: a bucket of the object API, by name (`objects` room).
+/// In the default family: a bucket of the object API (the `revault-objects` crate), by name.
 pub const BUCKET_PREFIX: &[u8] = b"objects/b/";
 /// In the default family: an object of the object API, by bucket, a zero byte and its key.
 pub const OBJECT_PREFIX: &[u8] = b"objects/k/";
@@ -90,7 +90,7 @@ pub fn freed_key(c: ContainerId) -> [u8; 9] {
 
 /// `S`+container in `marks`: the container may hold dead data (it lost
 /// units, or a unit in it lost its last link); gc's next sweep looks at it.
-pub(crate) fn sweep_key(c: ContainerId) -> [u8; 9] {
+pub fn sweep_key(c: ContainerId) -> [u8; 9] {
     prefixed(b'S', c.0)
 }
 
@@ -102,7 +102,7 @@ pub fn zombie_key(unit: u64) -> [u8; 9] {
 }
 
 /// A `marks` key: a kind byte, then an id (big-endian).
-pub(crate) fn prefixed(p: u8, id: u64) -> [u8; 9] {
+pub fn prefixed(p: u8, id: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = p;
     k[1..].copy_from_slice(&id.to_be_bytes());
@@ -119,10 +119,22 @@ pub fn prefixed_id(k: &[u8]) -> Option<u64> {
 /// read-write open (`orphans::adopt_untracked`).
 pub const MARKS_KEPT_KEY: &[u8] = b"marks-kept";
 
-/// The key [`Meta::probe_write`] deletes, in the default family; never stored.
+/// The key [`Meta::probe_write`](crate::meta::Meta::probe_write) deletes, in the default family; never stored.
 pub const PROBE_KEY: &[u8] = b"probe";
 
-pub(crate) const ALL_CFS: &[&str] = &[
+/// Every key of the default family, or the prefix of its keys (docs/format.md lists them all).
+pub const DEFAULT_KEYS: &[&[u8]] = &[
+    CONFIG_KEY,
+    COUNTERS_KEY,
+    TOTALS_KEY,
+    MARKS_KEPT_KEY,
+    PROBE_KEY,
+    BUCKET_PREFIX,
+    OBJECT_PREFIX,
+];
+
+/// Every column family besides the default one.
+pub const ALL_CFS: &[&str] = &[
     CF_SERIES,
     CF_VERSIONS,
     CF_RECIPES,
@@ -166,7 +178,7 @@ pub fn refs_block_key(block: u64) -> [u8; 8] {
     block.to_be_bytes()
 }
 
-pub(crate) fn mark_key(unit: u64, group: u32) -> [u8; 13] {
+pub fn mark_key(unit: u64, group: u32) -> [u8; 13] {
     let mut k = [0u8; 13];
     k[0] = b'M';
     k[1..9].copy_from_slice(&unit.to_be_bytes());
@@ -174,7 +186,7 @@ pub(crate) fn mark_key(unit: u64, group: u32) -> [u8; 13] {
     k
 }
 
-pub(crate) fn member_key(group: u32, unit: u64) -> [u8; 13] {
+pub fn member_key(group: u32, unit: u64) -> [u8; 13] {
     let mut k = [0u8; 13];
     k[0] = b'N';
     k[1..5].copy_from_slice(&group.to_be_bytes());
@@ -182,7 +194,7 @@ pub(crate) fn member_key(group: u32, unit: u64) -> [u8; 13] {
     k
 }
 
-pub(crate) fn group_key(group: u32) -> [u8; 5] {
+pub fn group_key(group: u32) -> [u8; 5] {
     let mut k = [0u8; 5];
     k[0] = b'G';
     k[1..].copy_from_slice(&group.to_be_bytes());

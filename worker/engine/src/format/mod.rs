@@ -1,6 +1,7 @@
 //! What Revault writes, byte for byte: the encodings of containers, recipes, catalogs and the
-//! small records in the metadata store. Nothing here does I/O on a store; the rooms above
-//! read and write these formats. docs/format.md describes them for readers of the disk.
+//! small records in the metadata store. Nothing here reads or writes the metadata store; the
+//! rooms above do (`container` writes and reads its own files). docs/format.md describes the
+//! same for readers of the disk.
 
 pub mod catalog;
 pub mod codec;

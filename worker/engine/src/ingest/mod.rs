@@ -52,7 +52,7 @@ use crate::progress::Progress;
 
 /// Extra metadata a backup commits atomically with its version: called with
 /// the new version's number and logical size just before the commit, it
-/// returns `(column family, key, value)` puts (e.g. [`crate::objects`]'s
+/// returns `(column family, key, value)` puts (e.g. the object API's (`revault-objects`)
 /// index entry, so an object and its version appear together or not at all).
 pub type CommitHook =
     Arc<dyn Fn(u32, u64) -> Result<Vec<(&'static str, Vec<u8>, Vec<u8>)>> + Send + Sync>;
