@@ -171,41 +171,6 @@ impl FromStr for DedupUnit {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compression_parses() {
-        assert_eq!("none".parse::<Compression>().unwrap(), Compression::None);
-        assert_eq!("zstd".parse::<Compression>().unwrap(), Compression::Zstd(3));
-        assert_eq!(
-            "zstd:7".parse::<Compression>().unwrap(),
-            Compression::Zstd(7)
-        );
-        let e = "zstd:99".parse::<Compression>().unwrap_err().to_string();
-        assert!(e.contains("zstd:LEVEL"), "{e}");
-        assert!("gzip".parse::<Compression>().is_err());
-    }
-
-    #[test]
-    fn defaults_are_valid_and_bad_sizes_rejected() {
-        StoreConfig::default().validate().unwrap();
-        let c = StoreConfig {
-            container_bytes: 1000,
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("container size"));
-        let mut c = StoreConfig::default();
-        c.chunk.min = c.chunk.avg + 1;
-        assert!(c.validate().is_err());
-    }
-}
-
 /// A series' rewrite settings (stored with the series, chosen per backup).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "policy", rename_all = "lowercase")]
@@ -323,5 +288,40 @@ impl RewriteSettings {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_parses() {
+        assert_eq!("none".parse::<Compression>().unwrap(), Compression::None);
+        assert_eq!("zstd".parse::<Compression>().unwrap(), Compression::Zstd(3));
+        assert_eq!(
+            "zstd:7".parse::<Compression>().unwrap(),
+            Compression::Zstd(7)
+        );
+        let e = "zstd:99".parse::<Compression>().unwrap_err().to_string();
+        assert!(e.contains("zstd:LEVEL"), "{e}");
+        assert!("gzip".parse::<Compression>().is_err());
+    }
+
+    #[test]
+    fn defaults_are_valid_and_bad_sizes_rejected() {
+        StoreConfig::default().validate().unwrap();
+        let c = StoreConfig {
+            container_bytes: 1000,
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("container size"));
+        let mut c = StoreConfig::default();
+        c.chunk.min = c.chunk.avg + 1;
+        assert!(c.validate().is_err());
     }
 }

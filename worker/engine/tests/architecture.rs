@@ -1,11 +1,13 @@
 //! The engine's layout, checked: rooms depend only on rooms below them, no import circle is
-//! larger than `MAX_CIRCLE` files, and no source file in the worker is longer than
-//! `MAX_LINES`. docs/architecture.md ("Code map") draws the same order; when a change needs
-//! an edge upwards, move the shared item down (there is no list of exceptions).
+//! larger than `MAX_CIRCLE` files, and no file under a worker crate's `src/` is longer than
+//! `MAX_LINES`. docs/architecture.md ("Code map") draws the same order; when a change needs an
+//! edge upwards, move the shared item down (there is no list of exceptions).
 //!
 //! The import graph is read from the source text, not from the compiler: every `crate::…`,
-//! `super::…`, `self::…` path and every use of a child module declared with `mod`, in the
-//! production part of each file (up to its `#[cfg(test)]` module, line comments dropped).
+//! `super::…` and `self::…` path in the production part of each file (its `#[cfg(test)]`
+//! module and line comments dropped). A `crate::` path must name a module (or `Error` and
+//! `Result`, the crate root's own items): the root's re-exports are not followed, so a path
+//! through one would hide an edge.
 //! A module's use of its own descendants is not an edge: a room's `mod.rs` declares, re-exports
 //! and dispatches to its files, which in turn implement its types (`impl Store` in
 //! `store/session.rs`); circles that count are among siblings and across rooms.
@@ -37,7 +39,8 @@ const ROOMS: &[&str] = &[
 /// other; rooms may not.
 const MAX_CIRCLE: usize = 5;
 
-/// No source file in the worker is longer than this.
+/// No file under a worker crate's `src/` is longer than this (test files under `tests/` are
+/// not counted).
 const MAX_LINES: usize = 900;
 
 fn engine_src() -> PathBuf {
@@ -68,13 +71,17 @@ fn module_of(src: &Path, file: &Path) -> String {
     parts.join("::")
 }
 
-/// The production part of a file: up to its test module, without line comments.
+/// The production part of a file: without its test module (`#[cfg(test)] mod … { … }`, as
+/// rustfmt lays it out, closing at column 0) and without line comments.
 fn production_text(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         if line.starts_with("#[cfg(test)]") && lines.peek().is_some_and(|l| l.starts_with("mod ")) {
-            break;
+            if !lines.next().is_some_and(|l| l.ends_with(';')) {
+                lines.by_ref().take_while(|l| *l != "}").for_each(drop);
+            }
+            continue;
         }
         let code = match line.find("//") {
             Some(at) if !line[..at].contains('"') => &line[..at],
@@ -137,6 +144,8 @@ fn expand(rest: &str, prefix: String, out: &mut Vec<String>) -> usize {
 struct Graph {
     /// module path → modules it uses.
     edges: BTreeMap<String, BTreeSet<String>>,
+    /// module path → names after `crate::` that name no module.
+    unknown: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Graph {
@@ -144,25 +153,36 @@ impl Graph {
         let mut files = Vec::new();
         rust_files(src, &mut files);
         let modules: BTreeSet<String> = files.iter().map(|f| module_of(src, f)).collect();
-        let mut edges = BTreeMap::new();
+        let (mut edges, mut unknown) = (BTreeMap::new(), BTreeMap::new());
         for file in &files {
             let module = module_of(src, file);
             if module.is_empty() {
                 continue; // lib.rs: the crate surface, not a room
             }
             let text = production_text(&fs::read_to_string(file).unwrap());
-            let used = uses_of(&module, &text, &modules);
+            let (used, names) = uses_and_unknown(&module, &text, &modules);
+            if !names.is_empty() {
+                unknown.insert(module.clone(), names);
+            }
             edges.insert(module, used);
         }
-        Graph { edges }
+        Graph { edges, unknown }
     }
 }
 
-/// The modules `module` uses, resolved to the longest module path each reference names.
-fn uses_of(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// Items the crate root defines (everything else there is a module or a re-export).
+const ROOT_ITEMS: &[&str] = &["Error", "Result"];
+
+/// The modules `module` uses, resolved to the longest module path each reference names, and
+/// the names after `crate::` that are neither a module nor a root item.
+fn uses_and_unknown(
+    module: &str,
+    text: &str,
+    modules: &BTreeSet<String>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
     let parent: Vec<&str> = module.split("::").collect();
-    let children = child_modules(text);
     let mut used = BTreeSet::new();
+    let mut unknown = BTreeSet::new();
     let mut i = 0;
     while i < text.len() {
         let c = text[i..].chars().next().unwrap();
@@ -173,6 +193,13 @@ fn uses_of(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<Str
         }
         for path in paths_at(text, i) {
             let segs: Vec<&str> = path.split("::").collect();
+            if segs[0] == "crate"
+                && segs.len() > 1
+                && !modules.contains(segs[1])
+                && !ROOT_ITEMS.contains(&segs[1])
+            {
+                unknown.insert(segs[1].to_string());
+            }
             let absolute: Option<Vec<&str>> = match segs[0] {
                 "crate" => Some(segs[1..].to_vec()),
                 "super" => {
@@ -181,9 +208,6 @@ fn uses_of(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<Str
                     Some(base.iter().chain(&segs[ups..]).copied().collect())
                 }
                 "self" => Some(parent.iter().chain(&segs[1..]).copied().collect()),
-                first if segs.len() > 1 && children.contains(first) => {
-                    Some(parent.iter().chain(&segs).copied().collect())
-                }
                 _ => None,
             };
             if let Some(target) = absolute.and_then(|p| longest_module(&p, modules)) {
@@ -198,7 +222,7 @@ fn uses_of(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<Str
             i += if text[i..].starts_with("::") { 2 } else { 1 };
         }
     }
-    used
+    (used, unknown)
 }
 
 /// Whether `module` lies inside `ancestor` (`store::view` inside `store`).
@@ -206,16 +230,6 @@ fn is_descendant(module: &str, ancestor: &str) -> bool {
     module
         .strip_prefix(ancestor)
         .is_some_and(|rest| rest.starts_with("::"))
-}
-
-fn child_modules(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter_map(|l| {
-            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
-            let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
-            l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
-        })
-        .collect()
 }
 
 fn longest_module(path: &[&str], modules: &BTreeSet<String>) -> Option<String> {
@@ -331,6 +345,7 @@ fn graph_of(edges: &[(&str, &[&str])]) -> Graph {
             .iter()
             .map(|(m, uses)| (m.to_string(), uses.iter().map(|u| u.to_string()).collect()))
             .collect(),
+        unknown: BTreeMap::new(),
     }
 }
 
@@ -361,6 +376,16 @@ fn the_checks_find_what_they_are_for() {
 }
 
 #[test]
+fn every_crate_path_names_a_module() {
+    let graph = Graph::read(&engine_src());
+    assert!(
+        graph.unknown.is_empty(),
+        "paths through the crate root's re-exports (use the room's path): {:#?}",
+        graph.unknown
+    );
+}
+
+#[test]
 fn no_import_circle_is_larger_than_a_room() {
     let graph = Graph::read(&engine_src());
     let found = circles(&graph);
@@ -373,18 +398,21 @@ fn no_import_circle_is_larger_than_a_room() {
 
 #[test]
 fn the_graph_reader_sees_every_kind_of_reference() {
-    let modules: BTreeSet<String> = ["a", "a::b", "a::b::h", "c", "d", "e", "a::f", "g"]
+    let modules: BTreeSet<String> = ["a", "a::b", "a::b::h", "c", "d", "e", "g", "k"]
         .into_iter()
         .map(String::from)
         .collect();
-    let text = "mod f;\nmod h;\nuse crate::{c::X, d::{Y, Z as W}};\nfn x() { super::e::go(); f::run(); h::go(); }\n\
-                // crate::g in a comment\n#[cfg(test)]\nmod tests { use crate::g; }\n";
-    let used = uses_of("a::b", &production_text(text), &modules);
-    // `super::e` and the child `f` name no module of their own: they resolve to the longest
-    // module that exists (`a`, and `a::b` itself, which is no edge). `g` is only in a comment
-    // and a test. `h` is a child: a module's use of its own files is no edge.
-    let expected: BTreeSet<String> = ["a", "c", "d"].into_iter().map(String::from).collect();
+    let text =
+        "mod h;\nuse crate::{c::X, d::{Y, Z as W}};\nfn x() { super::e::go(); self::h::go(); }\n\
+                // crate::g in a comment\n#[cfg(test)]\nmod tests {\n    use crate::g;\n}\n\
+                fn after_the_tests() { crate::k::go(); crate::gone::go(); crate::Error::x(); }\n";
+    let (used, unknown) = uses_and_unknown("a::b", &production_text(text), &modules);
+    // `super::e` names no module of its own: it resolves to the longest that exists (`a`).
+    // `g` is only in a comment and a test; code after the test module counts (`k`). `h` is a
+    // child: a module's use of its own files is no edge.
+    let expected: BTreeSet<String> = ["a", "c", "d", "k"].into_iter().map(String::from).collect();
     assert_eq!(used, expected);
+    assert_eq!(unknown, BTreeSet::from(["gone".to_string()]));
 }
 
 #[test]
