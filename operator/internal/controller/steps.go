@@ -17,7 +17,8 @@ import (
 type step[R any] func(ctx context.Context, run R) (res ctrl.Result, done bool, err error)
 
 // runSteps runs the steps in order until one is done or fails, and returns what that one
-// returned. The last step of a reconcile is expected to be done.
+// returned; when every step proceeds it returns an empty result, and the caller decides what
+// follows (WorkerPool's Reconcile then requeues on its own).
 func runSteps[R any](ctx context.Context, run R, steps ...step[R]) (ctrl.Result, error) {
 	for _, s := range steps {
 		if res, done, err := s(ctx, run); done || err != nil {
