@@ -97,11 +97,10 @@ impl std::str::FromStr for Encoding {
 }
 
 /// An object as listed or looked up.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {
     pub bucket: String,
     pub key: String,
-    #[serde(flatten)]
     pub record: ObjectRecord,
 }
 

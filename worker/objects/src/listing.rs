@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
 
 use revault_engine::format::keys::bucket_objects_prefix;
 use revault_engine::meta::MetaRead;
@@ -13,7 +12,7 @@ use crate::records::{bucket_record, bucket_versions, decode_record, version_exis
 use crate::{ObjResult, ObjectError, ObjectInfo};
 
 /// One page of a listing.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct Listing {
     pub objects: Vec<ObjectInfo>,
     /// With a delimiter: the distinct key prefixes up to and including the
@@ -98,7 +97,7 @@ pub fn list(
 }
 
 /// Totals of a bucket.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct BucketSummary {
     pub bucket: String,
     pub created_unix: i64,

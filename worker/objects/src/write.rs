@@ -7,7 +7,6 @@ use std::io::Read;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 
 use revault_engine::backup::{backup, BackupOptions, BackupReport, CommitHook};
 use revault_engine::config::DedupUnit;
@@ -29,17 +28,15 @@ pub struct PutOptions {
     pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct PutReport {
-    #[serde(flatten)]
     pub object: ObjectInfo,
     pub backup: BackupReport,
     /// The version the object had before, now expired.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub replaced: Option<ExpireReport>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct DeleteReport {
     pub bucket: String,
     pub key: String,

@@ -185,11 +185,11 @@ impl Meta {
         })
     }
 
-    pub fn db(&self) -> &DB {
+    pub(crate) fn db(&self) -> &DB {
         &self.db
     }
 
-    pub fn cf(&self, name: &str) -> &ColumnFamily {
+    pub(crate) fn cf(&self, name: &str) -> &ColumnFamily {
         // Every family is created at open; a missing one is a programming error.
         self.db.cf_handle(name).expect("column family exists")
     }
