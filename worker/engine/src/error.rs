@@ -83,86 +83,60 @@ pub enum Error {
     Internal(String),
 }
 
-/// What kind of failure an [`Error`] is, one kind per machine-readable code.
-/// Callers that act on errors (the server's status for each, the CLI's JSON)
-/// match on the kind, so a new variant must pick a kind here and a new kind
-/// must be placed by each of them: neither can fall into a default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    NotInitialised,
-    AlreadyInitialised,
-    NotEmpty,
-    Locked,
-    BadSeriesName,
-    UnknownSeries,
-    UnknownVersion,
-    SeriesBusy,
-    UnitMismatch,
-    CorruptContainer,
-    CorruptMetadata,
-    MissingContainer,
-    InvalidArgument,
-    BadGzip,
+/// Declares [`ErrorKind`] from one list of `Kind => "code"`: the enum, its `ALL` and its codes
+/// cannot disagree.
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident => $code:literal,)*) => {
+        /// What kind of failure an [`Error`] is, one kind per machine-readable code.
+        /// Callers that act on errors (the server's status for each, the CLI's JSON)
+        /// match on the kind, so a new variant must pick a kind here and a new kind
+        /// must be placed by each of them: neither can fall into a default.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ErrorKind {
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind,)*];
+
+            /// The stable machine-readable code, used by the CLI's `--json` output
+            /// and the server's error bodies.
+            pub fn code(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => $code,)*
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
+    NotInitialised => "not_initialised",
+    AlreadyInitialised => "already_initialised",
+    NotEmpty => "not_empty",
+    Locked => "locked",
+    BadSeriesName => "bad_series_name",
+    UnknownSeries => "unknown_series",
+    UnknownVersion => "unknown_version",
+    SeriesBusy => "series_busy",
+    UnitMismatch => "unit_mismatch",
+    CorruptContainer => "corrupt_container",
+    CorruptMetadata => "corrupt_metadata",
+    MissingContainer => "missing_container",
+    InvalidArgument => "invalid_argument",
+    BadGzip => "bad_gzip",
     /// A file operation failed (not a full disk).
-    Io,
+    Io => "io_error",
     /// The metadata store failed (not a full disk).
-    Metadata,
+    Metadata => "metadata_error",
     /// A disk or quota was full (see [`Error::is_no_space`]).
-    NoSpace,
-    Cancelled,
+    NoSpace => "no_space",
+    Cancelled => "cancelled",
     /// A failure of the engine itself, never the caller's fault.
-    Internal,
+    Internal => "internal",
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 19] = [
-        ErrorKind::NotInitialised,
-        ErrorKind::AlreadyInitialised,
-        ErrorKind::NotEmpty,
-        ErrorKind::Locked,
-        ErrorKind::BadSeriesName,
-        ErrorKind::UnknownSeries,
-        ErrorKind::UnknownVersion,
-        ErrorKind::SeriesBusy,
-        ErrorKind::UnitMismatch,
-        ErrorKind::CorruptContainer,
-        ErrorKind::CorruptMetadata,
-        ErrorKind::MissingContainer,
-        ErrorKind::InvalidArgument,
-        ErrorKind::BadGzip,
-        ErrorKind::Io,
-        ErrorKind::Metadata,
-        ErrorKind::NoSpace,
-        ErrorKind::Cancelled,
-        ErrorKind::Internal,
-    ];
-
-    /// The stable machine-readable code, used by the CLI's `--json` output
-    /// and the server's error bodies.
-    pub fn code(self) -> &'static str {
-        match self {
-            ErrorKind::NotInitialised => "not_initialised",
-            ErrorKind::AlreadyInitialised => "already_initialised",
-            ErrorKind::NotEmpty => "not_empty",
-            ErrorKind::Locked => "locked",
-            ErrorKind::BadSeriesName => "bad_series_name",
-            ErrorKind::UnknownSeries => "unknown_series",
-            ErrorKind::UnknownVersion => "unknown_version",
-            ErrorKind::SeriesBusy => "series_busy",
-            ErrorKind::UnitMismatch => "unit_mismatch",
-            ErrorKind::CorruptContainer => "corrupt_container",
-            ErrorKind::CorruptMetadata => "corrupt_metadata",
-            ErrorKind::MissingContainer => "missing_container",
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::BadGzip => "bad_gzip",
-            ErrorKind::Io => "io_error",
-            ErrorKind::Metadata => "metadata_error",
-            ErrorKind::NoSpace => "no_space",
-            ErrorKind::Cancelled => "cancelled",
-            ErrorKind::Internal => "internal",
-        }
-    }
-
     /// True when the error is the caller's fault (bad name, unknown
     /// version, ...), as opposed to a storage fault or a busy store.
     pub fn is_user_error(self) -> bool {
@@ -292,8 +266,7 @@ mod tests {
 
     #[test]
     fn every_kind_has_its_own_code() {
-        // ALL lists every kind in declaration order (a kind added anywhere
-        // moves the last one).
+        // ALL lists every kind in declaration order (the macro makes both from one list).
         for (i, k) in ErrorKind::ALL.iter().enumerate() {
             assert_eq!(*k as usize, i, "{k:?}");
         }

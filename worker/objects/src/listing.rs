@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-
 use revault_engine::format::keys::bucket_objects_prefix;
 use revault_engine::meta::MetaRead;
 use revault_engine::store::{check_series_name, Store};

@@ -417,7 +417,7 @@ fn every_error_code_is_in_the_spec_and_no_other() {
     let spec = spec();
     let schema = &spec["components"]["schemas"]["Error"];
     let mut errs = Vec::new();
-    for code in ApiCode::ALL {
+    for &code in ApiCode::ALL {
         check(
             &spec,
             schema,
@@ -543,7 +543,7 @@ fn query_strings_take_exactly_the_parameters_of_the_spec() {
 
 #[test]
 fn engine_error_kinds_keep_their_codes_on_the_wire() {
-    for k in ErrorKind::ALL {
+    for &k in ErrorKind::ALL {
         assert_eq!(to_json(ApiCode::from(k)), json!(k.code()));
     }
 }
