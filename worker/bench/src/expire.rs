@@ -13,12 +13,10 @@ use serde::Serialize;
 use revault_engine::backup::{backup, BackupOptions};
 use revault_engine::config::{DedupUnit, MIB};
 use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::format::records::Retention;
 use revault_engine::gc::{gc, GcOptions};
-use revault_engine::retention::set_retention;
 
 use crate::gen::{generate, GenFormat, GenOptions, GenVersion};
-use crate::harness::{fresh_store, median, progress, source, write_csv, SERIES};
+use crate::harness::{fresh_store, median, progress, reverse_dedup, source, write_csv, SERIES};
 use crate::{plot, print_json};
 
 #[derive(Args)]
@@ -31,8 +29,8 @@ pub struct ExpireArgs {
     /// Size of each synthetic version, MiB.
     #[arg(long, default_value_t = 24.0)]
     pub initial_mib: f64,
-    /// Expiries measured per store size (median reported).
-    #[arg(long, default_value_t = 3)]
+    /// Expiries measured per store size (median reported; at least 1).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
 }
 
@@ -95,15 +93,7 @@ fn measure(
     pb: &ProgressBar,
 ) -> Result<ExpireRow> {
     let store = fresh_store(dir, 4)?;
-    set_retention(
-        &store,
-        SERIES,
-        Retention {
-            live: 1,
-            auto: true,
-            ..Default::default()
-        },
-    )?;
+    reverse_dedup(&store)?;
     for v in versions {
         backup(
             &store,

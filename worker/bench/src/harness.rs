@@ -8,6 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use revault_engine::config::{StoreConfig, MIB};
+use revault_engine::format::records::Retention;
+use revault_engine::retention::set_retention;
 use revault_engine::source::{Source, StreamSource};
 use revault_engine::store::{InitOptions, OpenMode, Store};
 use revault_engine::tree::TreeSource;
@@ -47,6 +49,20 @@ pub fn source(p: &Path) -> Result<Box<dyn Source>> {
         let f = std::fs::File::open(p).with_context(|| format!("reading {}", p.display()))?;
         Ok(Box::new(StreamSource::new(p.display().to_string(), f)))
     }
+}
+
+/// Reverse dedup as the product runs it: one version in the live window, automatic slides.
+pub fn reverse_dedup(store: &Store) -> Result<()> {
+    set_retention(
+        store,
+        SERIES,
+        Retention {
+            live: 1,
+            auto: true,
+            ..Default::default()
+        },
+    )?;
+    Ok(())
 }
 
 pub fn fresh_store(dir: &Path, container_mib: u64) -> Result<Store> {

@@ -14,13 +14,13 @@ use serde::Serialize;
 use revault_engine::backup::{backup, BackupOptions, BackupReport};
 use revault_engine::caches::CachePolicy;
 use revault_engine::config::{DedupUnit, MIB};
-use revault_engine::format::records::Retention;
 use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::retention::set_retention;
 use revault_engine::rewrite::RewriteSettings;
 use revault_engine::store::{Store, VersionSel};
 
-use crate::harness::{fresh_store, inputs, mib_s, progress, source, write_csv, SERIES};
+use crate::harness::{
+    fresh_store, inputs, mib_s, progress, reverse_dedup, source, write_csv, SERIES,
+};
 use crate::report::report;
 use crate::{plot, print_json};
 
@@ -90,15 +90,7 @@ fn build(
     let (unit, reverse) = unit_of(&s.unit)?;
     let store = fresh_store(dir, container_mib)?;
     if reverse {
-        set_retention(
-            &store,
-            SERIES,
-            Retention {
-                live: 1,
-                auto: true,
-                ..Default::default()
-            },
-        )?;
+        reverse_dedup(&store)?;
     }
     let mut reps = Vec::new();
     for v in versions {
@@ -375,9 +367,9 @@ struct Results {
 
 pub fn schemes(a: SchemesArgs, json: bool) -> Result<()> {
     let versions = inputs(&a.series_dir, a.versions)?;
+    let plan = Plan::new(&a)?;
     std::fs::create_dir_all(&a.out)?;
     let stores_dir = a.out.join("stores");
-    let plan = Plan::new(&a)?;
     let pb = progress(plan.steps(&a, versions.len()), json);
     let mut results = Results::default();
     for (si, s) in plan.schemes.iter().enumerate() {
