@@ -613,16 +613,8 @@ fn stats(a: StatsArgs, json: bool) -> Result<()> {
     let t = store.totals()?;
     let out = StatsOut {
         totals: t,
-        dedup_ratio: if t.unit_vbytes > 0 {
-            t.logical_bytes as f64 / t.unit_vbytes as f64
-        } else {
-            0.0
-        },
-        total_ratio: if t.container_bytes > 0 {
-            t.logical_bytes as f64 / t.container_bytes as f64
-        } else {
-            0.0
-        },
+        dedup_ratio: t.dedup_ratio(),
+        total_ratio: t.total_ratio(),
         metadata_bytes: dir_size(&store.root().join(revault_engine::store::META_DIR)),
         repeats: if a.repeats {
             Some(revault_engine::repeats::repeats(&store)?)

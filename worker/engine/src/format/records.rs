@@ -71,6 +71,26 @@ pub struct Totals {
     pub catalog_bytes: u64,
 }
 
+impl Totals {
+    /// Logical bytes per byte of unique (deduplicated, uncompressed) data; 0 for an empty store.
+    pub fn dedup_ratio(&self) -> f64 {
+        ratio(self.logical_bytes, self.unit_vbytes)
+    }
+
+    /// Logical bytes per byte of container files on disk (dedup and compression); 0 when empty.
+    pub fn total_ratio(&self) -> f64 {
+        ratio(self.logical_bytes, self.container_bytes)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b > 0 {
+        a as f64 / b as f64
+    } else {
+        0.0
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retention {
     /// Keep at most this many versions.

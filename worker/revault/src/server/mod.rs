@@ -324,11 +324,7 @@ impl App {
             m.unique_bytes.set(t.unit_vbytes as i64);
             m.versions.set(t.versions as i64);
             m.containers.set(t.containers as i64);
-            m.dedup_ratio.set(if t.unit_vbytes > 0 {
-                t.logical_bytes as f64 / t.unit_vbytes as f64
-            } else {
-                0.0
-            });
+            m.dedup_ratio.set(t.dedup_ratio());
         }
     }
 

@@ -51,7 +51,6 @@ impl From<Totals> for Stats {
             recipe_bytes,
             catalog_bytes,
         } = t;
-        let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
         Stats {
             logical_bytes,
             versions,
@@ -62,8 +61,8 @@ impl From<Totals> for Stats {
             units,
             recipe_bytes,
             catalog_bytes,
-            dedup_ratio: ratio(logical_bytes, unit_vbytes),
-            total_ratio: ratio(logical_bytes, container_bytes),
+            dedup_ratio: t.dedup_ratio(),
+            total_ratio: t.total_ratio(),
         }
     }
 }
