@@ -139,14 +139,14 @@ pub fn backup(
 }
 
 /// The series a backup writes to, as found under its claim, and the version it will be.
-pub(super) struct Target {
-    pub(super) name: String,
-    pub(super) existing: Option<SeriesRecord>,
-    pub(super) latest: Option<VersionRecord>,
-    pub(super) unit: DedupUnit,
-    pub(super) series_id: u32,
-    pub(super) version: u32,
-    pub(super) rewrite: RewriteSettings,
+struct Target {
+    name: String,
+    existing: Option<SeriesRecord>,
+    latest: Option<VersionRecord>,
+    unit: DedupUnit,
+    series_id: u32,
+    version: u32,
+    rewrite: RewriteSettings,
 }
 
 /// Step 1: the series (new or not), its unit and the rewrite settings this backup uses.
