@@ -10,10 +10,7 @@ use clap::Args;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::config::{DedupUnit, MIB};
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::gc::{gc, GcOptions};
+use revault_engine::{backup, expire, gc, BackupOptions, DedupUnit, ExpireSel, GcOptions, MIB};
 
 use crate::gen::{generate, GenFormat, GenOptions, GenVersion};
 use crate::harness::{fresh_store, median, progress, reverse_dedup, source, write_csv, SERIES};

@@ -16,9 +16,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use revault_engine::config::MIB;
-use revault_engine::error::IoContext;
-use revault_engine::{Error, Result};
+use revault_engine::{Error, IoContext, Result, MIB};
 
 #[derive(Clone, Debug)]
 pub struct GenOptions {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use revault_engine::config::MIB;
+use revault_engine::MIB;
 
 use crate::gen::{generate, GenFormat, GenOptions};
 use crate::print_json;

@@ -7,12 +7,10 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use revault_engine::config::{StoreConfig, MIB};
-use revault_engine::format::records::Retention;
-use revault_engine::retention::set_retention;
-use revault_engine::source::{Source, StreamSource};
-use revault_engine::store::{InitOptions, OpenMode, Store};
-use revault_engine::tree::TreeSource;
+use revault_engine::{
+    set_retention, InitOptions, OpenMode, Retention, Source, Store, StoreConfig, StreamSource,
+    TreeSource, MIB,
+};
 
 /// The series every benchmark backs up into its stores.
 pub const SERIES: &str = "bench/s";

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use plotters::prelude::*;
 
-use revault_engine::caches::CachePolicy;
+use revault_engine::CachePolicy;
 
 use crate::schemes::{KnobRow, MemoryRow, SchemeRow, StoreRow, PAPERS_CACHE};
 

@@ -4,8 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::MIB;
+use revault_engine::{CachePolicy, MIB};
 
 use crate::schemes::{
     at_same_loss, KnobRow, MemoryRow, SchemeRow, SchemesArgs, StoreRow, PAPERS_CACHE, SAME_LOSS,

@@ -11,12 +11,10 @@ use clap::Args;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use revault_engine::backup::{backup, BackupOptions, BackupReport};
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::{DedupUnit, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::rewrite::RewriteSettings;
-use revault_engine::store::{Store, VersionSel};
+use revault_engine::{
+    backup, restore, BackupOptions, BackupReport, CachePolicy, DedupUnit, RestoreOptions,
+    RestoreReport, RestoreTarget, RewriteSettings, Store, VersionSel, MIB,
+};
 
 use crate::harness::{
     fresh_store, inputs, mib_s, progress, reverse_dedup, source, write_csv, SERIES,

@@ -202,7 +202,7 @@ fn schemes_measures_every_scheme_and_writes_its_report_and_plots() {
     );
     assert_eq!(
         csv.lines().count() - 1,
-        4 * 3 * revault_engine::caches::CachePolicy::ALL.len(),
+        4 * 3 * revault_engine::CachePolicy::ALL.len(),
         "{csv}"
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();

@@ -5,9 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use revault_engine::chunker::Chunker;
-use revault_engine::config::StoreConfig;
-use revault_engine::fp::Fp;
+use revault_engine::{Chunker, Fp, StoreConfig};
 use std::hint::black_box;
 
 const LEN: usize = 64 << 20;

@@ -1,42 +1,75 @@
 //! Revault's deduplication engine: plain Rust with no server dependencies.
 //!
-//! A [`store::Store`] holds series of versions. A backup ([`backup::backup`])
-//! chunks its input with content-defined chunking, groups chunks into segments,
+//! A [`Store`] holds series of versions. A backup ([`backup`]) chunks its
+//! input with content-defined chunking, groups chunks into segments,
 //! deduplicates whole segments (or single chunks) against the store, packs new
 //! data into compressed, checksummed containers, and commits a recipe.
-//! [`restore::restore`] streams a version back through a forward assembly
-//! area. See `docs/architecture.md` for the design as built.
+//! [`restore()`] streams a version back through a forward assembly area;
+//! [`slide`], [`expire`], [`gc`] and [`check`] maintain the store. See
+//! `docs/architecture.md` for the design as built (its "Code map" names the
+//! room of each algorithm).
+//!
+//! The rooms are private: everything a caller may use is listed below, so a
+//! change inside a room cannot break the server, the CLI or the object API
+//! unless it changes this list.
 
-pub mod bufpool;
-pub mod config;
-pub mod error;
-pub mod format;
+mod bufpool;
+mod config;
+mod error;
+mod format;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod index;
-pub mod ingest;
-pub mod maintenance;
-pub mod meta;
-pub mod progress;
-pub mod recipe;
-pub mod restore;
-pub mod source;
-pub mod store;
+mod index;
+mod ingest;
+mod maintenance;
+mod meta;
+mod progress;
+mod recipe;
+mod restore;
+mod source;
+mod store;
 
-pub use error::{Error, Result};
+// Opening a store, and what every call can fail with.
+pub use error::{panicked, Error, ErrorKind, IoContext, Result};
+pub use store::{
+    check_series_name, now_unix, InitOptions, OpenMode, PauseHook, Store, VersionSel, META_DIR,
+};
 
-// The modules' old paths, until the crate surface is curated (issue 19).
-#[doc(hidden)]
-pub use format::{catalog, codec, container, fp};
-#[doc(hidden)]
-pub use ingest as backup;
-#[doc(hidden)]
-pub use ingest::{chunker, rewrite};
-#[doc(hidden)]
-pub use maintenance::{auto as auto_retention, check, expire, gc, repeats, retention, slide};
-#[doc(hidden)]
-pub use restore::{cache as caches, reuse, transfer};
-#[doc(hidden)]
-pub use source::{tar as tarsource, tree};
-#[doc(hidden)]
-pub use store::{commit, lock, orphans, pack};
+// A store's settings.
+pub use config::{Compression, DedupUnit, RewriteSettings, SizeRange, StoreConfig, KIB, MIB};
+
+// Backing up: sources of bytes and the backup itself.
+pub use ingest::chunker::Chunker;
+pub use ingest::{backup, BackupOptions, BackupReport, CommitHook};
+pub use progress::Progress;
+pub use source::tree::{extract_tar, TreeSource, TreeWriter};
+pub use source::{input_error, CancelledInput, Source, StreamSource};
+
+// Restoring: the caches, and the block transfer protocol of `pull`.
+pub use restore::cache::CachePolicy;
+pub use restore::{restore, transfer, RestoreOptions, RestoreReport, RestoreTarget};
+
+// Maintenance: retention, reverse dedup (slide), expiry, garbage collection, checks.
+pub use maintenance::auto::apply_auto;
+pub use maintenance::check::check;
+pub use maintenance::expire::{expire, ExpireReport, ExpireSel};
+pub use maintenance::gc::{gc, GcOptions, GcReport};
+pub use maintenance::repeats::{repeats, RepeatReport};
+pub use maintenance::retention::set_retention;
+pub use maintenance::slide::{slide, SlideReport};
+pub use store::orphans::{OrphanReport, QUARANTINE};
+
+// What is stored: records, their keys, and the formats the object API shares.
+pub use bufpool::BufPool;
+pub use format::container::ContainerId;
+pub use format::fp::Fp;
+pub use format::records::{
+    RecipeForm, Retention, SeriesRecord, Totals, VersionKind, VersionRecord,
+};
+pub use format::{catalog, keys};
+pub use meta::MetaRead;
+
+/// The tar helpers the object API shares with the tar reader.
+pub mod tar {
+    pub use crate::source::tar::{header_sum, pad, TarSource};
+}

@@ -1,7 +1,8 @@
 //! The engine's layout, checked: rooms depend only on rooms below them, no import circle is
 //! larger than `MAX_CIRCLE` files, and no file under a worker crate's `src/` is longer than
 //! `MAX_LINES`. docs/architecture.md ("Code map") draws the same order; when a change needs an
-//! edge upwards, move the shared item down (there is no list of exceptions).
+//! edge upwards, move the shared item down (there is no list of exceptions). The rooms are
+//! private: the crate root's `pub use` list is the engine's whole surface.
 //!
 //! The import graph is read from the source text, not from the compiler: every `crate::…`,
 //! `super::…` and `self::…` path in the production part of each file (its `#[cfg(test)]`
@@ -336,6 +337,71 @@ fn room_problems(graph: &Graph, rooms: &[&str]) -> Vec<String> {
 fn every_room_is_placed_and_uses_only_rooms_below_it() {
     let problems = room_problems(&Graph::read(&engine_src()), ROOMS);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Rooms the crate root declares public: only `fuzzing`, whose entry points the fuzz targets
+/// call, may be (an inline `pub mod` of re-exports, like `tar`, is part of the curated list).
+const PUBLIC_ROOMS: &[&str] = &["fuzzing"];
+
+/// The rooms `lib_rs` declares with `pub mod NAME;` that `PUBLIC_ROOMS` does not allow.
+fn public_rooms(lib_rs: &str) -> Vec<String> {
+    production_text(lib_rs)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ")?.strip_suffix(';'))
+        .filter(|name| !PUBLIC_ROOMS.contains(name))
+        .map(|name| format!("`pub mod {name};` in lib.rs: re-export what callers need instead"))
+        .collect()
+}
+
+#[test]
+fn the_rooms_are_private() {
+    let lib = fs::read_to_string(engine_src().join("lib.rs")).unwrap();
+    let problems = public_rooms(&lib);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let opened = public_rooms("mod error;\n#[doc(hidden)]\npub mod fuzzing;\npub mod store;\n");
+    assert_eq!(
+        opened.len(),
+        1,
+        "the check must find `pub mod store;`: {opened:?}"
+    );
+}
+
+/// The rooms the first column of docs/architecture.md's "Code map" table names (a cell may
+/// name several: `` `error`, `config` ``; a trailing `/` marks a folder).
+fn code_map_rooms(doc: &str) -> BTreeSet<String> {
+    let table = doc
+        .split("## Code map")
+        .nth(1)
+        .expect("docs/architecture.md has a \"Code map\" section");
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2) // header and separator
+        .filter_map(|l| l.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split(',')
+                .map(|n| n.trim().trim_matches('`').trim_end_matches('/').to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[test]
+fn the_code_map_in_the_docs_lists_the_rooms() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architecture.md");
+    let doc = fs::read_to_string(&doc_path).unwrap();
+    let in_doc = code_map_rooms(&doc);
+    let in_code: BTreeSet<String> = ROOMS.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        in_doc, in_code,
+        "docs/architecture.md's Code map and ROOMS disagree"
+    );
+    let edited = doc.replace("| `meta/` |", "| `metadata/` |");
+    assert!(
+        code_map_rooms(&edited).contains("metadata"),
+        "the reader must see a renamed row"
+    );
 }
 
 /// A graph from `(module, [modules it uses])`.

@@ -10,14 +10,10 @@ use std::io::{Cursor, Read};
 use std::sync::Arc;
 
 use common::*;
-use revault_engine::backup::{backup, BackupOptions, BackupReport};
-use revault_engine::catalog;
-use revault_engine::check::check;
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::gc::{gc, GcOptions};
-use revault_engine::source::Source;
-use revault_engine::store::Store;
+use revault_engine::{
+    backup, catalog, check, expire, gc, BackupOptions, BackupReport, DedupUnit, ExpireSel,
+    GcOptions, Source, Store,
+};
 
 /// Streams `data` and, once `at` bytes have been read, runs `during` once
 /// (on the backup's reading thread, while earlier parts are being deduped).
@@ -214,7 +210,7 @@ fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
             ran2.store(true, std::sync::atomic::Ordering::SeqCst);
         }),
     );
-    let slid = revault_engine::slide::slide(&st, "team-a/db").unwrap();
+    let slid = revault_engine::slide(&st, "team-a/db").unwrap();
     assert!(
         ran.load(std::sync::atomic::Ordering::SeqCst),
         "the pause point was not reached"

@@ -4,10 +4,10 @@
 mod common;
 
 use common::*;
-use revault_engine::config::{DedupUnit, StoreConfig};
-use revault_engine::format::keys::{part_key, CF_RECIPES};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::store::VersionSel;
+use revault_engine::{
+    keys::{part_key, CF_RECIPES},
+    restore, DedupUnit, RestoreOptions, RestoreTarget, StoreConfig, VersionSel,
+};
 
 fn container_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -20,7 +20,7 @@ fn container_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-fn try_restore(store: &revault_engine::store::Store, series: &str) -> Result<Vec<u8>, String> {
+fn try_restore(store: &revault_engine::Store, series: &str) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     restore(
         store,
@@ -61,7 +61,7 @@ fn a_flipped_container_byte_is_reported_never_served() {
             err.contains("corrupt container") && err.contains(&name),
             "{unit}: {err}"
         );
-        let rep = revault_engine::check::check(&store).unwrap();
+        let rep = revault_engine::check(&store).unwrap();
         assert!(!rep.ok);
         assert!(
             rep.errors.iter().any(|e| e.contains(&name)),
@@ -86,7 +86,7 @@ fn a_flipped_recipe_byte_is_reported_with_the_version() {
     meta.write(b, true).unwrap();
     let err = try_restore(&store, "default/db").unwrap_err();
     assert!(err.contains("recipe of default/db version 1"), "{err}");
-    let rep = revault_engine::check::check(&store).unwrap();
+    let rep = revault_engine::check(&store).unwrap();
     assert!(
         rep.errors
             .iter()

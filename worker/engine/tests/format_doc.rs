@@ -1,10 +1,7 @@
 //! docs/format.md lists every column family and every key the code writes: a family, a
 //! default-family key or a key kind added without a line in the document fails here.
 
-use revault_engine::config::DedupUnit;
-use revault_engine::format::container::ContainerId;
-use revault_engine::format::fp::Fp;
-use revault_engine::format::keys;
+use revault_engine::{keys, ContainerId, DedupUnit, Fp};
 
 /// The rows of format.md's "RocksDB column families" table: (family, key column).
 fn rows() -> Vec<(String, String)> {

@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use revault_engine::catalog::{Entry, Kind};
-use revault_engine::source::Source;
-use revault_engine::tarsource::TarSource;
-use revault_engine::tree::TreeWriter;
+use revault_engine::{
+    catalog::{Entry, Kind},
+    tar::TarSource,
+    Source, TreeWriter,
+};
 
 const VICTIM: &[u8] = b"precious bytes outside the restore";
 const VICTIM_MTIME: i64 = 1_500_000_000;

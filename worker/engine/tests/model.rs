@@ -18,15 +18,10 @@ use std::sync::Arc;
 use common::*;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::format::records::{RecipeForm, Retention};
-use revault_engine::gc::{gc, GcOptions};
-use revault_engine::meta::MetaRead;
-use revault_engine::slide::slide;
-use revault_engine::source::StreamSource;
-use revault_engine::store::{OpenMode, Store};
+use revault_engine::{
+    backup, expire, gc, slide, BackupOptions, DedupUnit, ExpireSel, GcOptions, MetaRead, OpenMode,
+    RecipeForm, Retention, Store, StreamSource,
+};
 
 const SERIES: [&str; 3] = ["team-a/db", "team-a/files", "team-b/db"];
 const UNITS: [DedupUnit; 3] = [DedupUnit::Segment, DedupUnit::Chunk, DedupUnit::Segment];
@@ -528,7 +523,7 @@ impl StateMachineTest for Sut {
     fn init_test(_m: &Model) -> Sut {
         let (dir, store) = new_store(small_config());
         for (i, name) in SERIES.iter().enumerate() {
-            revault_engine::retention::set_retention(
+            revault_engine::set_retention(
                 &store,
                 name,
                 Retention {
@@ -616,7 +611,7 @@ impl StateMachineTest for Sut {
                 );
             }
         }
-        let c = revault_engine::check::check(st).unwrap();
+        let c = revault_engine::check(st).unwrap();
         assert!(c.ok, "check: {:?}", c.errors);
     }
 
@@ -636,7 +631,7 @@ impl StateMachineTest for Sut {
         );
         let files = std::fs::read_dir(st.data_dir()).unwrap().count();
         assert_eq!(files, 0, "the data directory is empty");
-        assert!(revault_engine::check::check(st).unwrap().ok);
+        assert!(revault_engine::check(st).unwrap().ok);
     }
 }
 

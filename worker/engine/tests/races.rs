@@ -11,15 +11,10 @@ mod common;
 use std::sync::{mpsc, Arc, Mutex};
 
 use common::*;
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::check::check;
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::gc::{gc, GcOptions};
-use revault_engine::restore::{restore, RestoreTarget};
-use revault_engine::slide::slide;
-use revault_engine::source::StreamSource;
-use revault_engine::store::{OpenMode, Store, VersionSel};
+use revault_engine::{
+    backup, check, expire, gc, restore, slide, BackupOptions, DedupUnit, ExpireSel, GcOptions,
+    OpenMode, RestoreTarget, Store, StreamSource, VersionSel,
+};
 
 fn assert_clean(st: &Store, what: &str) {
     let c = check(st).unwrap();
@@ -163,7 +158,7 @@ fn gc_keeps_the_chunks_a_unit_kept_whole_links_to() {
 struct StalledRestore {
     go: mpsc::Sender<()>,
     out: Arc<Mutex<Vec<u8>>>,
-    thread: std::thread::JoinHandle<revault_engine::Result<revault_engine::restore::RestoreReport>>,
+    thread: std::thread::JoinHandle<revault_engine::Result<revault_engine::RestoreReport>>,
 }
 
 struct StallingWriter {
@@ -215,7 +210,7 @@ impl StalledRestore {
     fn finish(
         self,
     ) -> (
-        revault_engine::Result<revault_engine::restore::RestoreReport>,
+        revault_engine::Result<revault_engine::RestoreReport>,
         Vec<u8>,
     ) {
         self.go.send(()).unwrap();
@@ -386,9 +381,9 @@ fn gc_orphan_removal_keeps_the_containers_of_a_backup_in_flight() {
 #[test]
 fn units_freed_while_pinned_are_collected_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    revault_engine::store::Store::init(
+    revault_engine::Store::init(
         dir.path(),
-        &revault_engine::store::InitOptions {
+        &revault_engine::InitOptions {
             config: small_config(),
             data_dir: None,
         },
@@ -437,9 +432,9 @@ fn units_freed_while_pinned_are_collected_after_a_restart() {
 fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
     for how in ["old copy of meta/", "deleted log"] {
         let dir = tempfile::tempdir().unwrap();
-        revault_engine::store::Store::init(
+        revault_engine::Store::init(
             dir.path(),
-            &revault_engine::store::InitOptions {
+            &revault_engine::InitOptions {
                 config: small_config(),
                 data_dir: None,
             },
@@ -522,7 +517,7 @@ fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
 #[test]
 fn a_panicking_source_is_an_internal_error() {
     struct Panics;
-    impl revault_engine::source::Source for Panics {
+    impl revault_engine::Source for Panics {
         fn next_piece(&mut self) -> revault_engine::Result<bool> {
             Ok(true)
         }

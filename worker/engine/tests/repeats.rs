@@ -3,8 +3,7 @@
 mod common;
 
 use common::*;
-use revault_engine::config::DedupUnit;
-use revault_engine::repeats::repeats;
+use revault_engine::{repeats, DedupUnit};
 
 /// Random data with `r` (smaller than the smallest segment, so no segment
 /// lies inside it) inserted after every `gap` bytes, `copies` times.
@@ -82,7 +81,7 @@ fn a_chunk_repeated_inside_a_segment_is_stored_once() {
     assert_eq!(s.repeat_bytes, 0, "{s:?}");
     assert_eq!(s.stored_bytes, c.stored_bytes);
     assert_eq!(restore_bytes(&seg, "t/seg", 1).0, data);
-    let check = revault_engine::check::check(&seg).unwrap();
+    let check = revault_engine::check(&seg).unwrap();
     assert!(check.ok, "{:?}", check.errors);
 }
 
@@ -114,12 +113,12 @@ fn links_resolved_by_a_slide_keep_one_copy_per_unit() {
     let (_d, st) = new_store(small_config());
     backup_bytes(&st, "t/s", &v1, DedupUnit::Segment);
     backup_bytes(&st, "t/s", &v2, DedupUnit::Segment);
-    let rep = revault_engine::slide::slide(&st, "t/s").unwrap();
+    let rep = revault_engine::slide(&st, "t/s").unwrap();
     assert!(rep.links_resolved > 0 && rep.units_trimmed > 0, "{rep:?}");
     let r = repeats(&st).unwrap();
     assert_eq!(r.repeat_bytes_same_unit, 0, "{r:?}");
     assert_eq!(restore_bytes(&st, "t/s", 1).0, v1);
     assert_eq!(restore_bytes(&st, "t/s", 2).0, v2);
-    let check = revault_engine::check::check(&st).unwrap();
+    let check = revault_engine::check(&st).unwrap();
     assert!(check.ok, "{:?}", check.errors);
 }

@@ -3,10 +3,9 @@
 mod common;
 
 use common::*;
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::{DedupUnit, KIB, MIB};
-use revault_engine::restore::{RestoreOptions, RestoreReport};
-use revault_engine::store::{Store, VersionSel};
+use revault_engine::{
+    CachePolicy, DedupUnit, RestoreOptions, RestoreReport, Store, VersionSel, KIB, MIB,
+};
 
 fn latest(store: &Store, cache: CachePolicy, budget: u64, reuse: bool) -> (Vec<u8>, RestoreReport) {
     let opts = RestoreOptions {
@@ -83,10 +82,10 @@ fn reuse_leaves_a_version_without_repeats_alone() {
     assert_eq!((r.reused_bytes, r.reuse_peak_bytes), (0, 0));
 }
 
-fn backup_capped(store: &Store, data: &[u8]) -> revault_engine::backup::BackupReport {
-    let opts = revault_engine::backup::BackupOptions {
+fn backup_capped(store: &Store, data: &[u8]) -> revault_engine::BackupReport {
+    let opts = revault_engine::BackupOptions {
         unit: Some(DedupUnit::Chunk),
-        rewrite: Some(revault_engine::config::RewriteSettings::Capping {
+        rewrite: Some(revault_engine::RewriteSettings::Capping {
             segment: 5,
             level: 1,
         }),

@@ -3,14 +3,10 @@
 mod common;
 
 use common::*;
-use revault_engine::auto_retention::apply_auto;
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::format::records::{RecipeForm, Retention};
-use revault_engine::gc::{gc, GcOptions};
-use revault_engine::retention::set_retention;
-use revault_engine::slide::slide;
-use revault_engine::store::Store;
+use revault_engine::{
+    apply_auto, expire, gc, set_retention, slide, DedupUnit, ExpireSel, GcOptions, RecipeForm,
+    Retention, Store,
+};
 
 /// `n` versions of a 2 MiB stream, each with a few scattered small edits.
 fn history(n: usize, seed: u64) -> Vec<Vec<u8>> {
@@ -46,7 +42,7 @@ fn assert_all_restore(st: &Store, series: &str, versions: &[(u32, &Vec<u8>)]) {
             "{series} version {v}"
         );
     }
-    let c = revault_engine::check::check(st).unwrap();
+    let c = revault_engine::check(st).unwrap();
     assert!(c.ok, "{:?}", c.errors);
 }
 
@@ -329,13 +325,13 @@ fn a_failing_automatic_retention_does_not_fail_the_committed_backup() {
     let dir = tempfile::tempdir().unwrap();
     Store::init(
         dir.path(),
-        &revault_engine::store::InitOptions {
+        &revault_engine::InitOptions {
             config: small_config(),
             data_dir: None,
         },
     )
     .unwrap();
-    let open = || Store::open(dir.path(), revault_engine::store::OpenMode::ReadWrite, "t").unwrap();
+    let open = || Store::open(dir.path(), revault_engine::OpenMode::ReadWrite, "t").unwrap();
     let st = open();
     let policy = Retention {
         keep: Some(1),

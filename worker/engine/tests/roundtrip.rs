@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use revault_engine::config::DedupUnit;
+use revault_engine::DedupUnit;
 
 #[derive(Clone, Debug)]
 enum Edit {
@@ -121,7 +121,7 @@ proptest! {
                 prop_assert!(got == *want, "{} version {} differs ({} vs {} bytes)", names[s], i + 1, got.len(), want.len());
             }
         }
-        let c = revault_engine::check::check(&store).unwrap();
+        let c = revault_engine::check(&store).unwrap();
         prop_assert!(c.ok, "check: {:?}", c.errors);
     }
 }
@@ -196,7 +196,7 @@ struct Pieces {
     at: Option<(usize, usize)>,
 }
 
-impl revault_engine::source::Source for Pieces {
+impl revault_engine::Source for Pieces {
     fn next_piece(&mut self) -> revault_engine::Result<bool> {
         let i = self.at.map_or(0, |(i, _)| i + 1);
         self.at = Some((i, 0));
@@ -234,7 +234,7 @@ fn every_piece_is_chunked_on_its_own_wherever_the_read_blocks_end() {
         .collect();
     let all: Vec<u8> = pieces.concat();
     let (_dir, store) = new_store(small_config());
-    let chunker = revault_engine::chunker::Chunker::new(store.config().chunk);
+    let chunker = revault_engine::Chunker::new(store.config().chunk);
     let want: u64 = pieces
         .iter()
         .map(|p| chunker.chunk_all(p).len() as u64)
@@ -246,11 +246,11 @@ fn every_piece_is_chunked_on_its_own_wherever_the_read_blocks_end() {
                 pieces: pieces.clone(),
                 at: None,
             };
-            let opts = revault_engine::backup::BackupOptions {
+            let opts = revault_engine::BackupOptions {
                 unit: Some(unit),
                 ..Default::default()
             };
-            let r = revault_engine::backup::backup(&store, &name, Box::new(src), &opts).unwrap();
+            let r = revault_engine::backup(&store, &name, Box::new(src), &opts).unwrap();
             assert_eq!(r.chunks, want, "{unit} v{v}: chunks of each piece alone");
             assert_eq!(r.logical_bytes, all.len() as u64);
             if v == 2 {
@@ -275,7 +275,7 @@ fn empty_input_is_a_valid_zero_length_version() {
     let (got, rep) = restore_bytes(&store, "default/empty", 1);
     assert!(got.is_empty());
     assert_eq!(rep.container_reads, 0);
-    assert!(revault_engine::check::check(&store).unwrap().ok);
+    assert!(revault_engine::check(&store).unwrap().ok);
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn segment_mode_keeps_the_latest_version_contiguous() {
     // A fresh version is laid out in restore order: its restore reads each
     // container once, even with a cache smaller than one container, so the
     // speed factor is about the container size (4 MiB).
-    let (_dir, store) = new_store(revault_engine::config::StoreConfig::default());
+    let (_dir, store) = new_store(revault_engine::StoreConfig::default());
     let data = random(24 << 20, 5);
     backup_bytes(&store, "default/big", &data, DedupUnit::Segment);
     let (got, rep) = restore_bytes(&store, "default/big", 1);

@@ -8,13 +8,10 @@ use std::io::Cursor;
 
 use common::*;
 use proptest::prelude::*;
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::RewriteSettings;
-use revault_engine::config::{DedupUnit, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::source::StreamSource;
-use revault_engine::store::VersionSel;
+use revault_engine::{
+    backup, restore, BackupOptions, CachePolicy, DedupUnit, RestoreOptions, RestoreTarget,
+    RewriteSettings, StreamSource, VersionSel, MIB,
+};
 
 fn policy() -> impl Strategy<Value = RewriteSettings> {
     prop_oneof![
@@ -92,7 +89,7 @@ proptest! {
                     "{cache} held {} bytes with a budget of {}", rep.peak_cache_bytes, rep.cache_bytes);
             }
         }
-        let c = revault_engine::check::check(&store).unwrap();
+        let c = revault_engine::check(&store).unwrap();
         prop_assert!(c.ok, "{:?}", c.errors);
     }
 }
@@ -126,11 +123,7 @@ fn opt_never_reads_more_containers_than_lru() {
 }
 
 /// Container reads of the latest version of `series`, and the cache that ran.
-fn latest_reads(
-    store: &revault_engine::store::Store,
-    cache: CachePolicy,
-    budget: u64,
-) -> (u64, String) {
+fn latest_reads(store: &revault_engine::Store, cache: CachePolicy, budget: u64) -> (u64, String) {
     let mut out = Vec::new();
     let opts = RestoreOptions {
         cache,
@@ -151,7 +144,7 @@ fn latest_reads(
 /// 1 MiB containers; a version that repeats its first 2 MiB after 2 MiB of
 /// other data. With 3 MiB of memory the assembly area has forgotten the
 /// repeat's containers by then; a container cache can keep them.
-fn repeat_after_a_gap() -> (tempfile::TempDir, revault_engine::store::Store) {
+fn repeat_after_a_gap() -> (tempfile::TempDir, revault_engine::Store) {
     let (d, store) = new_store(small_config());
     let (a, b) = (random(2 << 20, 21), random(2 << 20, 22));
     backup_bytes(
@@ -166,7 +159,7 @@ fn repeat_after_a_gap() -> (tempfile::TempDir, revault_engine::store::Store) {
 /// 1 MiB containers; a version woven from 64 KiB pieces of eight earlier
 /// ones. With 3 MiB of memory every window needs all eight containers, more
 /// than fit in a container cache.
-fn woven_from_eight() -> (tempfile::TempDir, revault_engine::store::Store) {
+fn woven_from_eight() -> (tempfile::TempDir, revault_engine::Store) {
     let (d, store) = new_store(small_config());
     let olds: Vec<Vec<u8>> = (0..8).map(|i| random(1 << 20, 30 + i)).collect();
     for o in &olds {
@@ -228,7 +221,7 @@ fn dasm_adapts_to_both_a_repeat_and_a_weave() {
 fn the_default_cache_restores_with_less_memory_than_one_container() {
     // 4 MiB containers, 1-3 MiB of restore memory: containers that do not fit
     // are read chunk by chunk, exact and within the budget.
-    let (_d, store) = new_store(revault_engine::config::StoreConfig::default());
+    let (_d, store) = new_store(revault_engine::StoreConfig::default());
     let mut h = vec![random(9 << 20, 7)];
     for i in 0..3u64 {
         let mut v = h.last().unwrap().clone();
@@ -283,7 +276,7 @@ fn zero_chunks_do_not_split_opt_reads_of_a_container_larger_than_the_budget() {
     // 4 MiB containers, 1 MiB of restore memory: opt serves each container
     // from its blocks, one read per run of its chunks, and the zero chunks
     // between them (stored nowhere) do not end the run.
-    let (_d, store) = new_store(revault_engine::config::StoreConfig::default());
+    let (_d, store) = new_store(revault_engine::StoreConfig::default());
     let mut data = random(9 << 20, 8);
     for k in 1..9 {
         data[k << 20..(k << 20) + (200 << 10)].fill(0);

@@ -7,12 +7,11 @@ mod common;
 use common::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::config::{DedupUnit, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::store::{Store, VersionSel};
-use revault_engine::transfer::{send, Destination, Receiver};
-use revault_engine::tree::TreeSource;
+use revault_engine::{
+    backup, restore,
+    transfer::{send, Destination, Receiver},
+    BackupOptions, DedupUnit, RestoreOptions, RestoreTarget, Store, TreeSource, VersionSel, MIB,
+};
 
 fn opts(cache_bytes: u64) -> RestoreOptions {
     RestoreOptions {

@@ -8,11 +8,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::*;
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::config::{DedupUnit, StoreConfig};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::store::VersionSel;
-use revault_engine::tree::TreeSource;
+use revault_engine::{
+    backup, restore, BackupOptions, DedupUnit, RestoreOptions, RestoreTarget, StoreConfig,
+    TreeSource, VersionSel,
+};
 
 fn make_tree(root: &Path) {
     for d in 0..20 {
@@ -238,7 +237,7 @@ fn identical_files_far_apart_restore_exactly_through_reuse() {
             VersionSel::Latest,
             &RestoreOptions {
                 cache_bytes: 2 << 20,
-                cache: revault_engine::caches::CachePolicy::Faa,
+                cache: revault_engine::CachePolicy::Faa,
                 ..Default::default()
             },
             RestoreTarget::Dir(&out),

@@ -10,12 +10,11 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use revault_engine::check::check;
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::format::keys::{CF_MARKS, MARKS_KEPT_KEY};
-use revault_engine::gc::{gc, GcOptions};
-use revault_engine::store::{InitOptions, OpenMode, Store};
+use revault_engine::{
+    check, expire, gc,
+    keys::{CF_MARKS, MARKS_KEPT_KEY},
+    DedupUnit, ExpireSel, GcOptions, InitOptions, OpenMode, Store,
+};
 
 fn init(dir: &Path) {
     Store::init(

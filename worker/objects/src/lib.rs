@@ -13,7 +13,7 @@
 //!
 //! **Consistency.** A put commits its version and its index entry in one
 //! RocksDB batch (the backup's
-//! [`CommitHook`](revault_engine::backup::CommitHook)), so an object appears with its
+//! [`CommitHook`](revault_engine::CommitHook)), so an object appears with its
 //! data or not at all. Overwriting commits the new version (the entry now
 //! points at it) and then expires the old one; deleting removes the entry
 //! (synced) and then expires the version. A crash between the two steps leaves
@@ -55,10 +55,10 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-use revault_engine::meta::MetaRead;
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::store::{check_series_name, Store, VersionSel};
-use revault_engine::{Error, Result};
+use revault_engine::{
+    check_series_name, restore, Error, MetaRead, RestoreOptions, RestoreReport, RestoreTarget,
+    Result, Store, VersionSel,
+};
 
 use records::{record, version_exists};
 

@@ -3,9 +3,7 @@
 
 use std::collections::HashMap;
 
-use revault_engine::format::keys::bucket_objects_prefix;
-use revault_engine::meta::MetaRead;
-use revault_engine::store::{check_series_name, Store};
+use revault_engine::{check_series_name, keys::bucket_objects_prefix, MetaRead, Store};
 
 use crate::records::{bucket_record, bucket_versions, decode_record, version_exists, CF};
 use crate::{ObjResult, ObjectError, ObjectInfo};

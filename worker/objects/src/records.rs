@@ -1,14 +1,13 @@
 //! The object index in the metadata store: a JSON record per bucket and per
-//! key, under the keys of `revault_engine::format::keys` (see the crate docs),
+//! key, under the keys of `revault_engine::keys` (see the crate docs),
 //! and what a record says about the bucket's series.
 
 use serde::{Deserialize, Serialize};
 
-use revault_engine::format::keys::{bucket_key, object_key};
-use revault_engine::format::records::{SeriesRecord, VersionRecord};
-use revault_engine::meta::MetaRead;
-use revault_engine::store::Store;
-use revault_engine::{Error, Result};
+use revault_engine::{
+    keys::{bucket_key, object_key},
+    Error, MetaRead, Result, SeriesRecord, Store, VersionRecord,
+};
 
 use crate::Encoding;
 

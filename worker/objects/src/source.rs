@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use revault_engine::format::catalog;
-use revault_engine::source::{input_error, Source};
-use revault_engine::tarsource::{header_sum, pad};
-use revault_engine::{Error, Result};
+use revault_engine::{
+    catalog, input_error,
+    tar::{header_sum, pad},
+    Error, Result, Source,
+};
 
 use crate::Encoding;
 
@@ -42,7 +43,7 @@ const BLOCK: usize = 512;
 
 /// The data bytes (padding included) after a valid tar header, or `None`
 /// when the block is not a tar header. Read with the `tar` crate's header
-/// fields and checked as [`revault_engine::tarsource`] checks them.
+/// fields and checked as [`revault_engine::tar`] checks them.
 fn tar_header(block: &[u8]) -> Option<u64> {
     let block: &[u8; BLOCK] = block.try_into().ok()?;
     if block.iter().all(|&b| b == 0) {

@@ -4,11 +4,10 @@
 
 use std::io;
 
-use revault_engine::backup::BackupOptions;
-use revault_engine::expire::{expire, ExpireSel};
-use revault_engine::format::keys::object_key;
-use revault_engine::restore::RestoreOptions;
-use revault_engine::store::{InitOptions, OpenMode, Store};
+use revault_engine::{
+    expire, keys::object_key, BackupOptions, ExpireSel, InitOptions, OpenMode, RestoreOptions,
+    Store,
+};
 
 use crate::records::CF;
 use crate::testdata::{gunzip, gzip, pseudo_random, tarball};
@@ -216,10 +215,10 @@ fn unchanged_tar_members_dedup_whatever_their_headers_say() {
 fn buckets_and_backup_series_do_not_mix_and_sweep_removes_orphans() {
     let (_d, s) = store();
     let o = Objects::new();
-    revault_engine::backup::backup(
+    revault_engine::backup(
         &s,
         "team/db",
-        Box::new(revault_engine::source::StreamSource::new(
+        Box::new(revault_engine::StreamSource::new(
             "x",
             io::Cursor::new(b"backup".to_vec()),
         )),

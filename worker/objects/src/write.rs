@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use revault_engine::backup::{backup, BackupOptions, BackupReport, CommitHook};
-use revault_engine::config::DedupUnit;
-use revault_engine::expire::{expire, ExpireReport, ExpireSel};
-use revault_engine::format::keys::{bucket_key, bucket_objects_prefix, object_key};
-use revault_engine::progress::Progress;
-use revault_engine::store::{check_series_name, now_unix, Store};
-use revault_engine::Error;
+use revault_engine::{
+    backup, check_series_name, expire,
+    keys::{bucket_key, bucket_objects_prefix, object_key},
+    now_unix, BackupOptions, BackupReport, CommitHook, DedupUnit, Error, ExpireReport, ExpireSel,
+    Progress, Store,
+};
 
 use crate::records::{bucket_versions, decode_record, is_bucket, record, BucketRecord, CF};
 use crate::source::{ObjectSource, Summary};

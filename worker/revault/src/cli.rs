@@ -9,12 +9,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::config::{Compression, DedupUnit, StoreConfig, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreTarget};
-use revault_engine::source::{Source, StreamSource};
-use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
-use revault_engine::tree::TreeSource;
+use revault_engine::{
+    backup, restore, BackupOptions, Compression, DedupUnit, InitOptions, OpenMode, RestoreOptions,
+    RestoreTarget, Source, Store, StoreConfig, StreamSource, TreeSource, VersionSel, MIB,
+};
 
 use crate::output::{self, mib, rate, ratio, Table};
 use crate::{Cli, Cmd};
@@ -126,8 +124,8 @@ pub struct RewriteArgs {
 }
 
 impl RewriteArgs {
-    pub fn settings(&self) -> Result<Option<revault_engine::config::RewriteSettings>> {
-        use revault_engine::config::RewriteSettings as R;
+    pub fn settings(&self) -> Result<Option<revault_engine::RewriteSettings>> {
+        use revault_engine::RewriteSettings as R;
         let Some(p) = self.rewrite.as_deref() else {
             return Ok(None);
         };
@@ -397,7 +395,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
 
 fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
     let sel: VersionSel = a.version.parse()?;
-    let cache: revault_engine::caches::CachePolicy = a.cache.parse()?;
+    let cache: revault_engine::CachePolicy = a.cache.parse()?;
     let store = open(&a.store, OpenMode::ReadOnly, "revault restore")?;
     let s = store.series(&a.series)?;
     let v = store.resolve_version(&s, &sel)?;
@@ -584,14 +582,14 @@ pub struct StatsArgs {
 #[derive(Serialize)]
 struct StatsOut {
     #[serde(flatten)]
-    totals: revault_engine::format::records::Totals,
+    totals: revault_engine::Totals,
     /// Logical / unique bytes (before compression).
     dedup_ratio: f64,
     /// Logical / bytes on disk (after compression).
     total_ratio: f64,
     metadata_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    repeats: Option<revault_engine::repeats::RepeatReport>,
+    repeats: Option<revault_engine::RepeatReport>,
 }
 
 fn dir_size(p: &Path) -> u64 {
@@ -615,9 +613,9 @@ fn stats(a: StatsArgs, json: bool) -> Result<()> {
         totals: t,
         dedup_ratio: t.dedup_ratio(),
         total_ratio: t.total_ratio(),
-        metadata_bytes: dir_size(&store.root().join(revault_engine::store::META_DIR)),
+        metadata_bytes: dir_size(&store.root().join(revault_engine::META_DIR)),
         repeats: if a.repeats {
-            Some(revault_engine::repeats::repeats(&store)?)
+            Some(revault_engine::repeats(&store)?)
         } else {
             None
         },
@@ -676,7 +674,7 @@ fn stats(a: StatsArgs, json: bool) -> Result<()> {
 
 fn check(a: StoreArg, json: bool) -> Result<()> {
     let store = open(&a, OpenMode::ReadOnly, "revault check")?;
-    let rep = revault_engine::check::check(&store)?;
+    let rep = revault_engine::check(&store)?;
     if json {
         output::json(&rep);
     } else {
@@ -715,11 +713,11 @@ fn gc(a: GcArgs, json: bool) -> Result<()> {
         bail!("--compact-below is a fraction between 0 and 1");
     }
     let store = open(&a.store, OpenMode::ReadWrite, "revault gc")?;
-    let opts = revault_engine::gc::GcOptions {
+    let opts = revault_engine::GcOptions {
         compact_below: a.compact_below,
         full: a.full,
     };
-    let rep = revault_engine::gc::gc(&store, &opts)?;
+    let rep = revault_engine::gc(&store, &opts)?;
     if json {
         output::json(&rep);
     } else {
@@ -742,7 +740,7 @@ fn gc(a: GcArgs, json: bool) -> Result<()> {
                 "warning: moved {} files ({} MiB) that no record names and no commit freed to {}: the metadata may have lost writes; they were not deleted (docs/retention.md)",
                 rep.orphans.quarantined_files,
                 mib(rep.orphans.quarantined_bytes),
-                store.data_dir().join(revault_engine::orphans::QUARANTINE).display()
+                store.data_dir().join(revault_engine::QUARANTINE).display()
             );
         }
     }
@@ -771,7 +769,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 })
                 .transpose()?
                 .map(|d| d.as_secs());
-            let r = revault_engine::format::records::Retention {
+            let r = revault_engine::Retention {
                 keep: a.keep,
                 keep_within_secs,
                 live: a.live,
@@ -782,7 +780,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 OpenMode::ReadWrite,
                 "revault retention set",
             )?;
-            let s = revault_engine::retention::set_retention(&store, &a.series.series, r)?;
+            let s = revault_engine::set_retention(&store, &a.series.series, r)?;
             if json {
                 output::json(&s.retention);
             } else {
@@ -793,7 +791,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn print_retention(name: &str, r: &revault_engine::format::records::Retention) {
+fn print_retention(name: &str, r: &revault_engine::Retention) {
     println!(
         "{name}: keep {}, keep within {}, live window {}, automatic {}",
         r.keep
@@ -813,7 +811,7 @@ fn slide(a: SeriesArgs, json: bool) -> Result<()> {
         OpenMode::ReadWrite,
         &format!("revault slide {}", a.series),
     )?;
-    let rep = revault_engine::slide::slide(&store, &a.series)?;
+    let rep = revault_engine::slide(&store, &a.series)?;
     if json {
         output::json(&rep);
     } else if rep.slid.is_empty() {
@@ -838,7 +836,7 @@ fn slide(a: SeriesArgs, json: bool) -> Result<()> {
 }
 
 fn expire(a: ExpireArgs, json: bool) -> Result<()> {
-    use revault_engine::expire::ExpireSel;
+    use revault_engine::ExpireSel;
     let sel = if let Some(v) = a.version {
         ExpireSel::Version(v)
     } else if let Some(t) = &a.before {
@@ -851,7 +849,7 @@ fn expire(a: ExpireArgs, json: bool) -> Result<()> {
         OpenMode::ReadWrite,
         &format!("revault expire {}", a.series.series),
     )?;
-    let rep = revault_engine::expire::expire(&store, &a.series.series, &sel)?;
+    let rep = revault_engine::expire(&store, &a.series.series, &sel)?;
     if json {
         output::json(&rep);
     } else {

@@ -12,10 +12,11 @@ use std::path::{Path, PathBuf};
 
 use common::server::{client, Server};
 use common::*;
-use revault_engine::backup::{backup, BackupOptions};
-use revault_engine::catalog::{Entry, Kind};
-use revault_engine::source::Source;
-use revault_engine::store::{OpenMode, Store};
+use revault_engine::{
+    backup,
+    catalog::{Entry, Kind},
+    BackupOptions, OpenMode, Source, Store,
+};
 
 const VICTIM: &[u8] = b"precious bytes outside the restore";
 const VICTIM_MTIME: i64 = 1_500_000_000;

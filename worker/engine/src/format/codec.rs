@@ -63,10 +63,6 @@ impl<'a> Reader<'a> {
         self.pos >= self.buf.len()
     }
 
-    pub fn remaining(&self) -> usize {
-        self.buf.len().saturating_sub(self.pos)
-    }
-
     #[inline]
     pub fn uvarint(&mut self) -> Option<u64> {
         let mut v: u64 = 0;
@@ -111,10 +107,6 @@ impl<'a> Reader<'a> {
 
     pub fn u32_le(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.array()?))
-    }
-
-    pub fn u64_le(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.array()?))
     }
 
     pub fn bytes(&mut self) -> Option<&'a [u8]> {

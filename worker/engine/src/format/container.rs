@@ -342,10 +342,6 @@ impl ContainerWriter {
         })
     }
 
-    pub fn id(&self) -> ContainerId {
-        self.id
-    }
-
     pub fn write_block(&mut self, flags: u8, stored: &[u8], vlen: u32) -> Result<()> {
         self.file
             .write_all(stored)
@@ -367,8 +363,9 @@ impl ContainerWriter {
         self.footer.units.push(u);
     }
 
-    /// Writes the footer and trailer and fsyncs the file. The directory entry is
-    /// synced by the caller once per session, before the commit.
+    /// Writes the footer and trailer and fsyncs the file (the tests' shortcut;
+    /// sessions use `finish_unsynced` so sealing overlaps with writeback).
+    #[cfg(test)]
     pub fn finish(self) -> Result<SealedContainer> {
         let (sealed, file) = self.finish_unsynced()?;
         file.sync_data()

@@ -11,7 +11,7 @@
 
 pub mod full;
 
-pub use full::{decode_copies, FullIndex, MAX_COPIES};
+pub use full::{decode_copies, FullIndex};
 
 use crate::config::DedupUnit;
 use crate::error::Result;

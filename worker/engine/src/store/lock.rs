@@ -4,7 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, IoContext, Result};
 
@@ -53,10 +53,6 @@ impl StoreLock {
                 .ctx(|| format!("writing {}", path.display()))?;
         }
         Ok(StoreLock { file, exclusive })
-    }
-
-    pub fn path(root: &Path) -> PathBuf {
-        root.join("lock")
     }
 }
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use revault_engine::backup::{backup, BackupOptions, BackupReport};
-use revault_engine::config::{DedupUnit, SizeRange, StoreConfig, KIB, MIB};
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::source::StreamSource;
-use revault_engine::store::{InitOptions, OpenMode, Store, VersionSel};
+use revault_engine::{
+    backup, restore, BackupOptions, BackupReport, DedupUnit, InitOptions, OpenMode, RestoreOptions,
+    RestoreReport, RestoreTarget, SizeRange, Store, StoreConfig, StreamSource, VersionSel, KIB,
+    MIB,
+};
 
 /// Small chunks, segments and containers so small inputs exercise many units,
 /// blocks and containers.

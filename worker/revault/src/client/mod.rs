@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bytes::{Buf, Bytes};
 use clap::Args;
-use revault_engine::bufpool::BufPool;
+use revault_engine::BufPool;
 use tokio::sync::mpsc;
 
 /// An error the server answered with (`{code, message}`).
@@ -142,7 +142,7 @@ pub async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
 }
 
 pub fn series_path(series: &str) -> Result<String> {
-    revault_engine::store::check_series_name(series)?;
+    revault_engine::check_series_name(series)?;
     Ok(format!("/v1/series/{series}"))
 }
 

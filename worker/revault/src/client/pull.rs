@@ -4,7 +4,7 @@
 //! crosses the network and the decoding runs on this side. With `--transfer
 //! bytes` (or a worker without block transfer) the worker assembles the
 //! version and sends every byte, a directory version as a tar stream that is
-//! extracted on the fly ([`revault_engine::tree::extract_tar`]). Either way a
+//! extracted on the fly ([`revault_engine::extract_tar`]). Either way a
 //! directory is written by the engine's one directory writer, which never
 //! writes outside the target, whatever the version holds.
 
@@ -20,8 +20,10 @@ use clap::Args;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use revault_engine::transfer::{self, Destination, Receiver};
-use revault_engine::tree;
+use revault_engine::{
+    extract_tar, transfer,
+    transfer::{Destination, Receiver},
+};
 
 use super::{check, runtime, series_path, ChannelRead, Conn, ServerArgs, QUEUE};
 use crate::output::{self, mib, rate};
@@ -72,7 +74,7 @@ enum Target {
 /// as root), then reads the rest of the body (the end-of-archive padding) so
 /// the whole download completes. Returns the entries' warnings.
 fn extract(mut r: ChannelRead, dir: &Path) -> io::Result<Vec<String>> {
-    let warnings = tree::extract_tar("the download", &mut r, dir).map_err(io::Error::other)?;
+    let warnings = extract_tar("the download", &mut r, dir).map_err(io::Error::other)?;
     io::copy(&mut r, &mut io::sink())?;
     Ok(warnings)
 }

@@ -13,9 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::expire::{expire, ExpireReport, ExpireSel};
-use revault_engine::format::records::Retention;
-use revault_engine::store::{check_series_name, VersionSel};
+use revault_engine::{check_series_name, expire, ExpireReport, ExpireSel, Retention, VersionSel};
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
@@ -157,11 +155,11 @@ pub async fn gc(
         ));
     }
     let rep = guarded(&app, move |a, store| {
-        let opts = revault_engine::gc::GcOptions {
+        let opts = revault_engine::GcOptions {
             compact_below,
             full: req.full,
         };
-        let rep = revault_engine::gc::gc(store, &opts)?;
+        let rep = revault_engine::gc(store, &opts)?;
         a.metrics.maintenance("gc", rep.seconds);
         Ok(rep)
     })
@@ -341,7 +339,7 @@ pub async fn put_retention(
     }
     let s = guarded(&app, move |_, store| {
         let ret = Retention::from(&r);
-        Ok(revault_engine::retention::set_retention(store, &name, ret)?)
+        Ok(revault_engine::set_retention(store, &name, ret)?)
     })
     .await?;
     Ok(Json(wire::Retention::from(&s.retention)).into_response())
@@ -350,7 +348,7 @@ pub async fn put_retention(
 pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
     let rep = guarded(&app, move |a, store| {
-        let rep = revault_engine::slide::slide(store, &name)?;
+        let rep = revault_engine::slide(store, &name)?;
         a.metrics.maintenance("slide", rep.seconds);
         Ok(rep)
     })

@@ -120,7 +120,7 @@ fn stamp(p: &Path) -> Option<Stamp> {
 
 /// A namespace name: the first half of a series name (a DNS label).
 pub fn is_namespace(ns: &str) -> bool {
-    revault_engine::store::check_series_name(&format!("{ns}/x")).is_ok()
+    revault_engine::check_series_name(&format!("{ns}/x")).is_ok()
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {

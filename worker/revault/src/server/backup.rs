@@ -12,11 +12,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::backup::{backup, BackupOptions, BackupReport};
-use revault_engine::config::DedupUnit;
-use revault_engine::source::{Source, StreamSource};
-use revault_engine::store::Store;
-use revault_engine::tarsource::TarSource;
+use revault_engine::{
+    backup, tar::TarSource, BackupOptions, BackupReport, DedupUnit, Source, Store, StreamSource,
+};
 
 use super::api::{parse_rfc3339, series_name, AppState, SeriesPath};
 use super::auth::Principal;
@@ -61,7 +59,7 @@ impl WriterClaim {
             ));
         }
         let progress = Arc::new(InflightBackup {
-            started_unix: revault_engine::store::now_unix(),
+            started_unix: revault_engine::now_unix(),
             logical_bytes: std::sync::atomic::AtomicU64::new(0),
         });
         backups.insert(name.to_string(), progress.clone());

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::error::ErrorKind;
+use revault_engine::ErrorKind;
 use revault_objects::ObjectError;
 
 use super::wire::{ApiCode, ErrorBody};

@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use revault_engine::store::{OpenMode, Store};
+use revault_engine::{OpenMode, Store};
 use tokio::sync::Notify;
 
 use super::App;
@@ -120,7 +120,7 @@ pub fn degraded_message(reason: &str) -> String {
 /// `grace` is how long in-flight work may run before a reopen cuts it.
 pub fn spawn(app: Arc<App>, root: PathBuf, grace: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let meta_dir = root.join(revault_engine::store::META_DIR);
+        let meta_dir = root.join(revault_engine::META_DIR);
         let mut backoff = MIN_BACKOFF;
         let mut next_reopen = Instant::now();
         let mut last_reopen: Option<Instant> = None;

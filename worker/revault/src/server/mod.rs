@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use revault_engine::store::{InitOptions, OpenMode, Store};
+use revault_engine::{InitOptions, OpenMode, Store};
 use tokio::sync::{watch, Notify};
 
 use auth::Auth;
@@ -492,7 +492,7 @@ fn open_store(root: &Path, init: bool, lock_wait: Duration) -> Result<Store> {
     let mut said = false;
     loop {
         match Store::open(root, OpenMode::ReadWrite, "revault serve") {
-            Err(revault_engine::error::Error::Locked { holder, .. })
+            Err(revault_engine::Error::Locked { holder, .. })
                 if std::time::Instant::now() < deadline =>
             {
                 if !said {

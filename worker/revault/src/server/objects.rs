@@ -12,8 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::restore::RestoreOptions;
-use revault_engine::store::check_series_name;
+use revault_engine::{check_series_name, RestoreOptions};
 use revault_objects::{self as objects, Encoding, ObjectError, ObjectInfo, PutOptions};
 
 use super::auth::Principal;
@@ -314,7 +313,7 @@ pub async fn sign_url(
     }
     // The object must exist now (it may still go before the URL is used).
     lookup(&app, format!("{ns}/{bucket}"), req.key.clone()).await?;
-    let expires = revault_engine::store::now_unix() + ttl as i64;
+    let expires = revault_engine::now_unix() + ttl as i64;
     let (id, sig) = app
         .auth
         .sign(&p, &signed_message(&ns, &bucket, &req.key, expires))?;
@@ -357,7 +356,7 @@ pub async fn get_signed(
             "invalid signature (the URL was altered, or the token that signed it was revoked)",
         ));
     };
-    if q.expires < revault_engine::store::now_unix() {
+    if q.expires < revault_engine::now_unix() {
         return Err(ApiError::forbidden(format!(
             "the signed URL expired at {}",
             format_time(q.expires)

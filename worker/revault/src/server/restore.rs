@@ -12,12 +12,10 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::caches::CachePolicy;
-use revault_engine::config::MIB;
-use revault_engine::format::records::{VersionKind, VersionRecord};
-use revault_engine::restore::{restore, RestoreOptions, RestoreReport, RestoreTarget};
-use revault_engine::store::{Store, VersionSel};
-use revault_engine::transfer;
+use revault_engine::{
+    restore, transfer, CachePolicy, RestoreOptions, RestoreReport, RestoreTarget, Store,
+    VersionKind, VersionRecord, VersionSel, MIB,
+};
 
 use super::api::{series_of, version_sel, AppState, VersionPath};
 use super::auth::Principal;

@@ -56,7 +56,7 @@ pub fn spawn(app: Arc<App>, every: Duration, gc_every: Duration) -> tokio::task:
                 }
                 if gc {
                     let started = Instant::now();
-                    match revault_engine::gc::gc(&store, &Default::default()) {
+                    match revault_engine::gc(&store, &Default::default()) {
                         Ok(rep) => {
                             a.metrics.maintenance("gc", rep.seconds);
                             tracing::info!(
@@ -81,7 +81,7 @@ pub fn spawn(app: Arc<App>, every: Duration, gc_every: Duration) -> tokio::task:
 }
 
 /// One pass over the series with automatic retention.
-pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
+pub fn run_retention(app: &App, store: &revault_engine::Store) {
     let series = match store.list_series() {
         Ok(s) => s,
         Err(e) => {
@@ -98,7 +98,7 @@ pub fn run_retention(app: &App, store: &revault_engine::store::Store) {
         }
         // The listing may be stale: `apply_auto` reads the retention again
         // under the series claim and does nothing if it is no longer auto.
-        match revault_engine::auto_retention::apply_auto(store, &s.name) {
+        match revault_engine::apply_auto(store, &s.name) {
             Ok(None) => {}
             Ok(Some((sl, ex))) => {
                 app.metrics.maintenance("slide", sl.seconds);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
-use revault_engine::source::CancelledInput;
+use revault_engine::CancelledInput;
 use tokio::sync::{mpsc, watch};
 
 use super::limits::{self, BodyTimeout};

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::HeaderMap;
 
-use revault_engine::restore::{RestoreOptions, RestoreReport};
-use revault_engine::store::Store;
+use revault_engine::{RestoreOptions, RestoreReport, Store};
 
 use super::error::{ApiError, ApiResult};
 use super::request::content_length;
@@ -155,7 +154,7 @@ pub(crate) fn restore_body(
             })?;
             Ok(rep)
         }))
-        .unwrap_or_else(|p| Err(revault_engine::error::panicked("restore", p)));
+        .unwrap_or_else(|p| Err(revault_engine::panicked("restore", p)));
         match &r {
             Ok(rep) => {
                 a.metrics.container_reads.inc_by(rep.container_reads);

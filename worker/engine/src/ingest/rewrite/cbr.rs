@@ -120,6 +120,7 @@ impl Cbr {
         self.queued_bytes -= u64::from(it.bytes);
     }
 
+    #[cfg(test)]
     pub fn rewritten_chunks(&self) -> u64 {
         self.chunks_rewritten
     }

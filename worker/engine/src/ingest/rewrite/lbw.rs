@@ -108,15 +108,12 @@ impl Lbw {
 
     /// A window with a fixed threshold (no Algorithm 1), as in the paper's
     /// Figure 4 walk-through.
+    #[cfg(test)]
     pub fn with_fixed_threshold(window: usize, slot_bytes: u64, t_dc: f64) -> Self {
         let mut l = Lbw::new(window, slot_bytes, 0.0, 1, VersionHint::default());
         l.t_dc = t_dc;
         l.fixed = true;
         l
-    }
-
-    pub fn threshold(&self) -> f64 {
-        self.t_dc
     }
 
     fn item(&mut self, seq: u64) -> &mut (Item, State, bool) {

@@ -2,7 +2,7 @@
 
 use serde::{Serialize, Serializer};
 
-use revault_engine::error::ErrorKind;
+use revault_engine::ErrorKind;
 
 /// Declares [`ApiCode`] from one list of `Variant => "code"`, so the enum, its string and the
 /// test list `ALL` cannot disagree (a code added at the end of a hand-kept `ALL` went unchecked).

@@ -21,8 +21,9 @@ mod series;
 
 use serde::Serialize;
 
-use revault_engine::config::DedupUnit as EngineUnit;
-use revault_engine::format::records::{RecipeForm as EngineForm, VersionKind as EngineKind};
+use revault_engine::{
+    DedupUnit as EngineUnit, RecipeForm as EngineForm, VersionKind as EngineKind,
+};
 
 pub use error::{ApiCode, ErrorBody};
 pub use objects::{

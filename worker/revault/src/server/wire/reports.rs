@@ -6,13 +6,11 @@
 
 use serde::Serialize;
 
-use revault_engine::backup::BackupReport as EngineBackup;
-use revault_engine::expire::ExpireReport as EngineExpire;
-use revault_engine::format::records::Totals;
-use revault_engine::gc::GcReport as EngineGc;
-use revault_engine::orphans::OrphanReport as EngineOrphans;
-use revault_engine::restore::RestoreReport as EngineRestore;
-use revault_engine::slide::SlideReport as EngineSlide;
+use revault_engine::{
+    BackupReport as EngineBackup, ExpireReport as EngineExpire, GcReport as EngineGc,
+    OrphanReport as EngineOrphans, RestoreReport as EngineRestore, SlideReport as EngineSlide,
+    Totals,
+};
 
 use super::{DedupUnit, ErrorBody, VersionKind};
 

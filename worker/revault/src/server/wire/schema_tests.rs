@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use revault_engine::error::ErrorKind;
+use revault_engine::ErrorKind;
 
 use super::objects::Encoding;
 use super::reports::{OrphanReport, RestoreFigures};
@@ -177,7 +177,7 @@ fn version() -> Version {
 }
 
 fn slide() -> SlideReport {
-    revault_engine::slide::SlideReport {
+    revault_engine::SlideReport {
         series: "default/db".into(),
         slid: vec![1],
         ..Default::default()
@@ -186,7 +186,7 @@ fn slide() -> SlideReport {
 }
 
 fn expire() -> ExpireReport {
-    revault_engine::expire::ExpireReport {
+    revault_engine::ExpireReport {
         series: "default/db".into(),
         expired: vec![1, 2],
         spliced: vec![3],
@@ -225,10 +225,10 @@ fn backup(auto: bool) -> BackupReport {
 }
 
 fn restore_figures() -> RestoreFigures {
-    revault_engine::restore::RestoreReport {
+    revault_engine::RestoreReport {
         series: "default/db".into(),
         version: 3,
-        kind: Some(revault_engine::format::records::VersionKind::Stream),
+        kind: Some(revault_engine::VersionKind::Stream),
         speed_factor: Some(2.5),
         cache: "faa".into(),
         warnings: vec!["a warning".into()],
@@ -259,15 +259,15 @@ fn error(code: ApiCode) -> ErrorBody {
 
 /// (operationId, status, a body the server may send as that response).
 fn samples() -> Vec<(&'static str, &'static str, Value)> {
-    let gc = revault_engine::gc::GcReport {
-        orphans: revault_engine::orphans::OrphanReport {
+    let gc = revault_engine::GcReport {
+        orphans: revault_engine::OrphanReport {
             orphan_files: 1,
             ..Default::default()
         },
         seconds: 1.5,
         ..Default::default()
     };
-    let totals = revault_engine::format::records::Totals {
+    let totals = revault_engine::Totals {
         logical_bytes: 10,
         unit_vbytes: 5,
         ..Default::default()
@@ -552,40 +552,35 @@ fn engine_error_kinds_keep_their_codes_on_the_wire() {
 fn the_mirrors_serialise_like_the_engine_structs_they_replace() {
     // The engine's own Serialize (the CLI's --json) and the wire's give the
     // same keys and values, for the reports that were sent as they were.
-    let gc = revault_engine::gc::GcReport {
+    let gc = revault_engine::GcReport {
         groups: 3,
         bytes_freed: 7,
         ..Default::default()
     };
     assert_eq!(to_json(&gc), to_json(GcReport::from(gc.clone())));
-    let o = revault_engine::orphans::OrphanReport {
+    let o = revault_engine::OrphanReport {
         empty_dirs: 2,
         ..Default::default()
     };
     assert_eq!(to_json(&o), to_json(OrphanReport::from(o.clone())));
-    let s = revault_engine::slide::SlideReport {
+    let s = revault_engine::SlideReport {
         slid: vec![1, 2],
         ..Default::default()
     };
     assert_eq!(to_json(&s), to_json(SlideReport::from(s.clone())));
-    let e = revault_engine::expire::ExpireReport {
+    let e = revault_engine::ExpireReport {
         expired: vec![4],
         ..Default::default()
     };
     assert_eq!(to_json(&e), to_json(ExpireReport::from(e.clone())));
-    let r = revault_engine::restore::RestoreReport {
-        kind: Some(revault_engine::format::records::VersionKind::Tree),
+    let r = revault_engine::RestoreReport {
+        kind: Some(revault_engine::VersionKind::Tree),
         speed_factor: None,
         ..Default::default()
     };
     assert_eq!(to_json(&r), to_json(RestoreFigures::from(r.clone())));
-    let mut t = to_json(revault_engine::format::records::Totals::default());
+    let mut t = to_json(revault_engine::Totals::default());
     t["dedup_ratio"] = json!(0.0);
     t["total_ratio"] = json!(0.0);
-    assert_eq!(
-        t,
-        to_json(Stats::from(
-            revault_engine::format::records::Totals::default()
-        ))
-    );
+    assert_eq!(t, to_json(Stats::from(revault_engine::Totals::default())));
 }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use revault_engine::format::records::{Retention as EngineRetention, SeriesRecord, VersionRecord};
+use revault_engine::{Retention as EngineRetention, SeriesRecord, VersionRecord};
 
 use super::{DedupUnit, RecipeForm, VersionKind};
 use crate::cli::format_time;
