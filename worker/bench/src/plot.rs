@@ -85,7 +85,7 @@ type Chart<'a, 'b> = ChartContext<
 >;
 
 /// One line with its points marked, in the `i`-th colour, named in the legend.
-fn draw_line(chart: &mut Chart, i: usize, name: &str, pts: &[(f64, f64)]) -> Result<()> {
+fn draw_line(chart: &mut Chart<'_, '_>, i: usize, name: &str, pts: &[(f64, f64)]) -> Result<()> {
     let c = COLORS[i % COLORS.len()];
     chart
         .draw_series(LineSeries::new(pts.to_vec(), c.stroke_width(2)))?

@@ -25,6 +25,7 @@ fn bench(c: &mut Criterion) {
 
     g.bench_function(BenchmarkId::new("baseline", "memory-read"), |b| {
         b.iter(|| {
+            // SAFETY: every bit pattern is a valid u64; align_to returns only the aligned middle.
             let words: &[u64] = unsafe { d.align_to::<u64>().1 };
             black_box(words.iter().fold(0u64, |a, &w| a ^ w))
         })

@@ -696,7 +696,7 @@ type Accepted<'a> = (&'a str, Vec<Vec<u8>>, Vec<&'a str>);
 
 #[test]
 fn ordinary_tars_are_still_accepted() {
-    let cases: Vec<Accepted> = vec![
+    let cases: Vec<Accepted<'_>> = vec![
         (
             "parents not listed",
             vec![reg("a/b/c.txt")],

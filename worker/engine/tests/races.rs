@@ -381,7 +381,7 @@ fn gc_orphan_removal_keeps_the_containers_of_a_backup_in_flight() {
 #[test]
 fn units_freed_while_pinned_are_collected_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    revault_engine::Store::init(
+    Store::init(
         dir.path(),
         &revault_engine::InitOptions {
             config: small_config(),
@@ -432,7 +432,7 @@ fn units_freed_while_pinned_are_collected_after_a_restart() {
 fn containers_no_record_names_are_kept_when_the_metadata_may_be_behind() {
     for how in ["old copy of meta/", "deleted log"] {
         let dir = tempfile::tempdir().unwrap();
-        revault_engine::Store::init(
+        Store::init(
             dir.path(),
             &revault_engine::InitOptions {
                 config: small_config(),

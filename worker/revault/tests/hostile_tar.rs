@@ -95,8 +95,8 @@ fn filetime_set(p: &Path, secs: i64) {
         tv_sec: secs,
         tv_nsec: 0,
     };
-    // SAFETY: valid C string and times array.
     assert_eq!(
+        // SAFETY: `c` is a NUL-terminated path and the array holds the two times utimensat reads.
         unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) },
         0
     );

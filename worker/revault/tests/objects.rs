@@ -359,7 +359,7 @@ fn gzip_uploads_are_stored_decompressed_and_served_compressed() {
     .unwrap();
     c.write_all(&random(100_000, 1)).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
-    common::server::read_response(c)
+    server::read_response(c)
         .unwrap()
         .assert_error(400, "cancelled");
     get(&s, b, "cut").assert_error(404, "unknown_object");

@@ -374,7 +374,7 @@ fn an_interrupted_push_leaves_no_version() {
     .unwrap();
     s.write_all(&random(100_000, 22)).unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
-    let r = common::server::read_response(s).unwrap();
+    let r = server::read_response(s).unwrap();
     r.assert_error(400, "cancelled");
     srv.get("/v1/series/default/short/versions", None)
         .assert_error(404, "unknown_series");
@@ -390,7 +390,7 @@ fn an_interrupted_push_leaves_no_version() {
     s.write_all(&random(65536, 23)).unwrap();
     s.write_all(b"\r\n").unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
-    let r = common::server::read_response(s).unwrap();
+    let r = server::read_response(s).unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     srv.get("/v1/series/default/chunky/versions", None)
         .assert_error(404, "unknown_series");

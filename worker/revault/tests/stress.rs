@@ -362,7 +362,7 @@ impl Ctx<'_> {
     }
 
     /// Starts a client process, registered with the watchdog.
-    fn spawn(&self, args: &[&str], tok: &str) -> std::process::Child {
+    fn spawn(&self, args: &[&str], tok: &str) -> Child {
         let child = Command::new(bin())
             .args(args)
             .env("REVAULT_LOG", "warn")
@@ -541,7 +541,7 @@ fn next_content(rng: &mut ChaCha8Rng, pool: &[u8], cur: &[u8]) -> Vec<u8> {
 
 // ---- operations -----------------------------------------------------------------
 
-fn push(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
+fn push(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
     let (name, unit) = SERIES[s];
     // Now and then a series takes up another's content (a database moved
     // to another namespace): it deduplicates against units the other
@@ -670,7 +670,7 @@ fn pick_version(sm: &SeriesModel, rng: &mut ChaCha8Rng) -> Option<u32> {
     (!from.is_empty()).then(|| from[rng.random_range(0..from.len())])
 }
 
-fn pull(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step {
+fn pull(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step {
     let name = SERIES[s].0;
     let (n, sha, must, risk) = {
         let m = ctx.model.lock().unwrap();
@@ -790,7 +790,7 @@ fn pull(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize, slow: bool) -> Step
     ))
 }
 
-fn slide(ctx: &Ctx, c: usize, s: usize) -> Step {
+fn slide(ctx: &Ctx<'_>, c: usize, s: usize) -> Step {
     let name = SERIES[s].0;
     let r = ctx.api(
         "POST",
@@ -818,7 +818,7 @@ fn expired_list(r: &Response) -> Vec<u32> {
 
 /// Expires one version (`POST …/expire {"version": N}` or `DELETE
 /// …/versions/N`) or every version before a time.
-fn expire_explicit(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
+fn expire_explicit(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
     let name = SERIES[s].0;
     let id = ctx.id();
     let (sel, risks) = {
@@ -929,7 +929,7 @@ fn expire_explicit(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step 
 
 /// `POST …/expire {"applyRetention": true}`: only what the retention in
 /// force no longer keeps.
-fn expire_retention(ctx: &Ctx, c: usize, s: usize) -> Step {
+fn expire_retention(ctx: &Ctx<'_>, c: usize, s: usize) -> Step {
     let name = SERIES[s].0;
     {
         let mut m = ctx.model.lock().unwrap();
@@ -975,7 +975,7 @@ fn expire_retention(ctx: &Ctx, c: usize, s: usize) -> Step {
     Ok(())
 }
 
-fn gc(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng) -> Step {
+fn gc(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng) -> Step {
     let full = rng.random_bool(0.5);
     let below = if rng.random_bool(0.5) {
         1.0
@@ -997,7 +997,7 @@ fn gc(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng) -> Step {
     Ok(())
 }
 
-fn set_retention(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
+fn set_retention(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
     let name = SERIES[s].0;
     let _one_at_a_time = ctx.retention_locks[s].lock().unwrap();
     let p = Policy::random(rng);
@@ -1032,7 +1032,7 @@ fn set_retention(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
 
 /// Lists a series: every version that had to exist throughout is listed,
 /// and no expired version comes back.
-fn list(ctx: &Ctx, c: usize, s: usize) -> Step {
+fn list(ctx: &Ctx<'_>, c: usize, s: usize) -> Step {
     let name = SERIES[s].0;
     let (before, policies, shrinks) = {
         let m = ctx.model.lock().unwrap();
@@ -1098,7 +1098,7 @@ fn list(ctx: &Ctx, c: usize, s: usize) -> Step {
     Ok(())
 }
 
-fn client(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng) -> Step {
+fn client(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng) -> Step {
     while !ctx.stop.load(Ordering::SeqCst) {
         let s = rng.random_range(0..SERIES.len());
         match rng.random_range(0..100) {
@@ -1155,7 +1155,7 @@ fn scan_server_log(log: &str) -> Result<(u64, u64), String> {
 /// Every acknowledged version is listed unless something may have expired
 /// it, no expired or unknown version is listed, and each listed one
 /// restores byte-exact. Returns how many were restored.
-fn verify_offline(ctx: &Ctx, store: &Path, when: &str) -> Result<u64, String> {
+fn verify_offline(ctx: &Ctx<'_>, store: &Path, when: &str) -> Result<u64, String> {
     let st = store.to_str().unwrap();
     let m = ctx.model.lock().unwrap();
     let mut restored = 0;

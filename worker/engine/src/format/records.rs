@@ -145,7 +145,7 @@ pub struct SeriesRecord {
     pub rewrite: crate::config::RewriteSettings,
     /// The last backup's shape, for rewrite budgets.
     #[serde(default)]
-    pub last: crate::format::records::VersionHint,
+    pub last: VersionHint,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

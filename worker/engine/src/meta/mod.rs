@@ -282,7 +282,7 @@ impl Meta {
         Ok(())
     }
 
-    pub fn write(&self, batch: Batch, sync: bool) -> Result<()> {
+    pub fn write(&self, batch: Batch<'_>, sync: bool) -> Result<()> {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         self.db.write_opt(batch.inner, &wo)?;

@@ -279,10 +279,7 @@ pub(crate) enum Ref {
 pub(crate) fn expand_refs(
     r: &impl MetaRead,
     parts: &[Vec<Entry>],
-) -> Result<(
-    Vec<Ref>,
-    std::collections::HashMap<u64, crate::format::unit::UnitRecord>,
-)> {
+) -> Result<(Vec<Ref>, HashMap<u64, UnitRecord>)> {
     let mut ids: Vec<u64> = Vec::new();
     for e in parts.iter().flatten() {
         match *e {
@@ -293,10 +290,9 @@ pub(crate) fn expand_refs(
     }
     ids.sort_unstable();
     ids.dedup();
-    let units: std::collections::HashMap<u64, crate::format::unit::UnitRecord> =
-        ids.iter().copied().zip(load_units(r, &ids)?).collect();
+    let units: HashMap<u64, UnitRecord> = ids.iter().copied().zip(load_units(r, &ids)?).collect();
     let mut out = Vec::new();
-    let chunk_ref = |uid: u64, u: &crate::format::unit::UnitRecord, i: usize| {
+    let chunk_ref = |uid: u64, u: &UnitRecord, i: usize| {
         let c = &u.chunks[i];
         if c.flags & CHUNK_ZERO != 0 {
             Ref::Zero { len: c.len }

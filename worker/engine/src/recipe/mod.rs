@@ -132,7 +132,7 @@ fn live_part_extents(r: &impl MetaRead, entries: &[Entry], out: &mut Vec<Extent>
             ids.extend(first..first + count);
         }
     }
-    let units = crate::recipe::archival::load_with_links(r, &ids)?;
+    let units = archival::load_with_links(r, &ids)?;
     let mut locs = Vec::new();
     for e in entries {
         match *e {
@@ -140,7 +140,7 @@ fn live_part_extents(r: &impl MetaRead, entries: &[Entry], out: &mut Vec<Extent>
                 for id in first..first + count {
                     locs.clear();
                     let n = units.get(&id).map(|u| u.chunks.len()).unwrap_or(0);
-                    crate::recipe::archival::unit_locs(&units, id, 0, n, &mut locs)?;
+                    archival::unit_locs(&units, id, 0, n, &mut locs)?;
                     for l in &locs {
                         push_extent(out, l.extent());
                     }
@@ -215,7 +215,7 @@ pub(crate) fn version_extents(
             0,
         )),
         RecipeForm::Archival => {
-            let (extents, depth) = crate::recipe::archival::resolve_archival(r, series, v, parts)?;
+            let (extents, depth) = archival::resolve_archival(r, series, v, parts)?;
             Ok((Extents::resolved(extents), depth))
         }
     }

@@ -126,38 +126,27 @@ pub fn restore(
     rep.chain_depth = depth;
     let budget = rep.cache_bytes;
     // lru-chunk is a chunk cache itself: reuse would only take its memory.
-    let next = (opts.reuse && policy != CachePolicy::LruChunk)
-        .then(|| crate::restore::reuse::next_uses(&all));
+    let next = (opts.reuse && policy != CachePolicy::LruChunk).then(|| reuse::next_uses(&all));
     let plan = |share| {
         let next = next.as_deref()?;
-        let p = crate::restore::reuse::plan(
-            &all,
-            next,
-            crate::restore::reuse::budget_of(budget, share),
-        );
+        let p = reuse::plan(&all, next, reuse::budget_of(budget, share));
         (!p.is_empty()).then_some(p)
     };
-    let mut reuse: Option<(
-        crate::restore::reuse::Plan,
-        Vec<crate::recipe::archival::Loc>,
-    )> = None;
+    let mut reuse: Option<(reuse::Plan, Vec<crate::recipe::archival::Loc>)> = None;
     if policy == CachePolicy::Auto {
         rep.cache_auto = true;
         let cb = store.config().container_bytes;
-        let (engine, mut fewest) = crate::restore::cache::choose(&all, budget, cb);
+        let (engine, mut fewest) = cache::choose(&all, budget, cb);
         policy = engine;
-        for p in crate::restore::reuse::AUTO_SHARES
-            .into_iter()
-            .filter_map(plan)
-        {
+        for p in reuse::AUTO_SHARES.into_iter().filter_map(plan) {
             let locs = p.engine_locs(&all);
-            let (engine, reads) = crate::restore::cache::choose(&locs, budget - p.peak_bytes, cb);
+            let (engine, reads) = cache::choose(&locs, budget - p.peak_bytes, cb);
             if reads < fewest {
                 (policy, fewest) = (engine, reads);
                 reuse = Some((p, locs));
             }
         }
-    } else if let Some(p) = plan(crate::restore::reuse::DEFAULT_SHARE) {
+    } else if let Some(p) = plan(reuse::DEFAULT_SHARE) {
         let locs = p.engine_locs(&all);
         reuse = Some((p, locs));
     }
@@ -182,7 +171,7 @@ pub fn restore(
         match &reuse {
             None => run_engine(&view, policy, locs, engine_budget, opts, &mut out, rep)?,
             Some(p) => {
-                let mut w = crate::restore::reuse::ReuseWriter::new(&mut out, p);
+                let mut w = reuse::ReuseWriter::new(&mut out, p);
                 run_engine(&view, policy, locs, engine_budget, opts, &mut w, rep)?;
                 w.finish()?;
             }
@@ -244,7 +233,7 @@ fn run_engine(
             run_faa(view, extents, &opts, out, rep)
         }
         policy => {
-            let st = crate::restore::cache::run(view.store(), policy, &locs, budget, out)?;
+            let st = cache::run(view.store(), policy, &locs, budget, out)?;
             rep.container_reads = st.reads;
             rep.bytes_read = st.bytes_read;
             rep.bytes_decoded = st.decoded;

@@ -192,7 +192,7 @@ impl Store {
             // Metadata that lost writes may hand out a session id whose
             // directory exists: never reuse one (its files may be the only
             // copy of data whose records were lost).
-            let seen = crate::store::orphans::highest_session_on_disk(&data_dir)?;
+            let seen = orphans::highest_session_on_disk(&data_dir)?;
             counters.next_session = counters.next_session.max(seen.map_or(0, |s| s + 1));
         }
         let store = Store {
@@ -215,7 +215,7 @@ impl Store {
         };
         if mode == OpenMode::ReadWrite {
             store.recover_sessions()?;
-            crate::store::orphans::adopt_untracked(&store)?;
+            orphans::adopt_untracked(&store)?;
         }
         Ok(store)
     }
@@ -341,7 +341,7 @@ impl Store {
     /// read at one instant: the store's records from one snapshot, the next
     /// session id, and the freed files that readers still hold. Taken under
     /// the commit lock, so no commit (and no session start) is half-way.
-    pub(crate) fn data_dir_view(&self) -> Result<crate::store::orphans::DataDirView> {
+    pub(crate) fn data_dir_view(&self) -> Result<orphans::DataDirView> {
         let _g = self.commit_lock.lock();
         let next_session = (self.mode == OpenMode::ReadWrite).then(|| self.ids.lock().next_session);
         let pending = self
@@ -353,7 +353,7 @@ impl Store {
             .collect();
         let snap = self.meta.db().snapshot();
         drop(_g);
-        crate::store::orphans::DataDirView::read(&self.meta, &snap, next_session, pending)
+        orphans::DataDirView::read(&self.meta, &snap, next_session, pending)
     }
 
     /// Serialises slides, expiries and gc.

@@ -98,7 +98,7 @@ pub fn restore_with(
 /// A writer whose bytes a test can read back after handing it over (to a
 /// block-transfer receiver, which owns its destination).
 #[derive(Clone, Default)]
-pub struct Shared(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+pub struct Shared(pub Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Shared {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {

@@ -201,6 +201,7 @@ fn data_extents(file: &File, m: &fs::Metadata) -> io::Result<Vec<(u64, u64)>> {
             }
             return Err(err);
         }
+        // SAFETY: lseek takes plain integers; `fd` is open for as long as `file` is borrowed.
         let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
         if hole < 0 {
             return Err(io::Error::last_os_error());
