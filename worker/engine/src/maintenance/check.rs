@@ -21,14 +21,14 @@ use crate::format::container::{ContainerFile, ContainerId, CHUNK_ZERO};
 use crate::format::fp::Fp;
 use crate::format::keys::{CF_CONTAINERS, CF_INDEX, CF_UNITS};
 use crate::format::recipe::Entry;
-use crate::format::records::{ContainerRecord, RecipeForm};
+use crate::format::records::{ContainerRecord, RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::scan_refs;
 use crate::meta::MetaRead;
 use crate::recipe::archival::resolve_positions;
 use crate::recipe::{load_catalog, recipe_entries};
-use crate::store::Store;
+use crate::store::{ReadView, Store};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CheckReport {
@@ -49,8 +49,24 @@ pub fn check(store: &Store) -> Result<CheckReport> {
     // One snapshot, so a check running beside writers sees a consistent store.
     let view = store.read_view();
     let meta = &view;
+    let units = read_units(meta, &mut rep)?;
+    let containers = read_containers(meta, &mut rep)?;
+    rep.units = units.len() as u64;
+    rep.containers = containers.len() as u64;
+    check_containers(store, &containers, &units, &mut rep);
+    let mut want = count_recipes(meta, &mut rep)?;
+    check_links(&units, &mut want, &mut rep);
+    compare_counts(meta, &units, &want, &mut rep)?;
+    check_index(meta, &units, &mut rep)?;
+    // Files nobody owns (crate::store::orphans says what each kind means).
+    check_data_dir(store, &mut rep)?;
 
-    // Units and containers.
+    rep.ok = rep.errors.is_empty();
+    Ok(rep)
+}
+
+/// A step: every unit record, by id (one that does not decode is an error).
+fn read_units(meta: &ReadView<'_>, rep: &mut CheckReport) -> Result<BTreeMap<u64, UnitRecord>> {
     let mut units: BTreeMap<u64, UnitRecord> = BTreeMap::new();
     for (k, v) in meta.scan(CF_UNITS, b"")? {
         let id = u64::from_be_bytes(k[..].try_into().unwrap_or_default());
@@ -61,6 +77,14 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             Err(e) => rep.errors.push(e.to_string()),
         }
     }
+    Ok(units)
+}
+
+/// A step: every container record, by id (one that does not decode is an error).
+fn read_containers(
+    meta: &ReadView<'_>,
+    rep: &mut CheckReport,
+) -> Result<BTreeMap<ContainerId, ContainerRecord>> {
     let mut containers: BTreeMap<ContainerId, ContainerRecord> = BTreeMap::new();
     for (k, v) in meta.scan(CF_CONTAINERS, b"")? {
         let id = ContainerId(u64::from_be_bytes(k[..].try_into().unwrap_or_default()));
@@ -71,14 +95,22 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             Err(e) => rep.errors.push(e.to_string()),
         }
     }
-    rep.units = units.len() as u64;
-    rep.containers = containers.len() as u64;
+    Ok(containers)
+}
 
+/// A step: each container's live counts recomputed from its units, and its file read and
+/// verified; units in a container without a record are errors.
+fn check_containers(
+    store: &Store,
+    containers: &BTreeMap<ContainerId, ContainerRecord>,
+    units: &BTreeMap<u64, UnitRecord>,
+    rep: &mut CheckReport,
+) {
     let mut by_container: HashMap<ContainerId, Vec<u64>> = HashMap::new();
-    for (id, u) in &units {
+    for (id, u) in units {
         by_container.entry(u.container).or_default().push(*id);
     }
-    for (cid, rec) in &containers {
+    for (cid, rec) in containers {
         let ids = by_container.remove(cid).unwrap_or_default();
         let live: u64 = ids.iter().map(|i| units[i].stored_vbytes()).sum();
         if live != rec.live_vbytes || ids.len() as u64 != rec.live_units {
@@ -90,7 +122,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                 live
             ));
         }
-        match verify_container(store, *cid, rec, &ids, &units) {
+        match verify_container(store, *cid, rec, &ids, units) {
             Ok(n) => rep.bytes_verified += n,
             Err(e) => rep.errors.push(e.to_string()),
         }
@@ -101,8 +133,11 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             ids.len()
         ));
     }
+}
 
-    // Versions and reference counts.
+/// A step: every version of every series checked, and the live and archival references
+/// its recipe makes counted, as the reference counts should say.
+fn count_recipes(meta: &ReadView<'_>, rep: &mut CheckReport) -> Result<HashMap<u64, Refs>> {
     let mut want: HashMap<u64, Refs> = HashMap::new();
     for s in meta.all_series()? {
         rep.series += 1;
@@ -115,7 +150,12 @@ pub fn check(store: &Store) -> Result<CheckReport> {
         };
         for v in versions {
             rep.versions += 1;
-            let what = format!("{} version {}", s.name, v.number);
+            let ver = VersionCheck {
+                meta,
+                s: &s,
+                what: format!("{} version {}", s.name, v.number),
+                v: &v,
+            };
             let parts = match recipe_entries(meta, &s, &v) {
                 Ok(p) => p,
                 Err(e) => {
@@ -123,68 +163,110 @@ pub fn check(store: &Store) -> Result<CheckReport> {
                     continue;
                 }
             };
-            let mut distinct = std::collections::HashSet::new();
-            for e in parts.iter().flatten() {
-                match *e {
-                    Entry::Units { first, count } if v.form == RecipeForm::Live => {
-                        for id in first..first + count {
-                            if distinct.insert(id) {
-                                want.entry(id).or_default().live += 1;
-                            }
-                        }
-                    }
-                    Entry::Direct { unit, .. } if v.form == RecipeForm::Archival => {
-                        if distinct.insert(unit) {
-                            want.entry(unit).or_default().arch += 1;
-                        }
-                    }
-                    Entry::Zero { .. } => {}
-                    Entry::Indirect { .. } if v.form == RecipeForm::Archival => {}
-                    _ => rep.errors.push(format!(
-                        "recipe of {what}: entry {e:?} does not belong in a {:?} recipe",
-                        v.form
-                    )),
-                }
-            }
-            match resolve_positions(meta, &s, &v, parts) {
-                Ok((locs, _)) => {
-                    let bytes: u64 = locs
-                        .iter()
-                        .map(|l| match *l {
-                            crate::recipe::archival::Loc::Stored { len, .. }
-                            | crate::recipe::archival::Loc::Zero { len } => u64::from(len),
-                        })
-                        .sum();
-                    if bytes != v.logical_bytes || locs.len() as u64 != v.chunks {
-                        rep.errors.push(format!(
-                            "{what}: recipe rebuilds {bytes} bytes in {} chunks, the version has {} bytes in {} chunks",
-                            locs.len(),
-                            v.logical_bytes,
-                            v.chunks
-                        ));
-                    }
-                }
-                Err(e) => rep.errors.push(format!("{what}: {e}")),
-            }
+            ver.count_refs(&parts, &mut want, rep);
+            ver.check_rebuild(parts, rep);
             if v.catalog_parts > 0 {
-                match load_catalog(meta, &s, &v) {
-                    Ok(entries) => {
-                        let data: u64 = entries.iter().map(|e| e.data_len).sum();
-                        if data != v.logical_bytes {
-                            rep.errors.push(format!(
-                                "catalog of {what}: files hold {data} bytes, the recipe {}",
-                                v.logical_bytes
-                            ));
-                        }
-                    }
-                    Err(e) => rep.errors.push(e.to_string()),
-                }
+                ver.check_catalog(rep);
             }
         }
     }
-    // Links: each points at a stored chunk with the same fingerprint, and
-    // counts once per linking unit.
-    for (id, u) in &units {
+    Ok(want)
+}
+
+/// One version under check, and how its errors name it.
+struct VersionCheck<'a, 's> {
+    meta: &'a ReadView<'s>,
+    s: &'a SeriesRecord,
+    v: &'a VersionRecord,
+    what: String,
+}
+
+impl VersionCheck<'_, '_> {
+    /// Each unit the recipe references counts once: a live reference from a live recipe,
+    /// an archival one from an archival recipe; an entry of the wrong form is an error.
+    fn count_refs(
+        &self,
+        parts: &[Vec<Entry>],
+        want: &mut HashMap<u64, Refs>,
+        rep: &mut CheckReport,
+    ) {
+        let (v, what) = (self.v, &self.what);
+        let mut distinct = std::collections::HashSet::new();
+        for e in parts.iter().flatten() {
+            match *e {
+                Entry::Units { first, count } if v.form == RecipeForm::Live => {
+                    for id in first..first + count {
+                        if distinct.insert(id) {
+                            want.entry(id).or_default().live += 1;
+                        }
+                    }
+                }
+                Entry::Direct { unit, .. } if v.form == RecipeForm::Archival => {
+                    if distinct.insert(unit) {
+                        want.entry(unit).or_default().arch += 1;
+                    }
+                }
+                Entry::Zero { .. } => {}
+                Entry::Indirect { .. } if v.form == RecipeForm::Archival => {}
+                _ => rep.errors.push(format!(
+                    "recipe of {what}: entry {e:?} does not belong in a {:?} recipe",
+                    v.form
+                )),
+            }
+        }
+    }
+
+    /// Every reference resolves, and the recipe rebuilds the version's size.
+    fn check_rebuild(&self, parts: Vec<Vec<Entry>>, rep: &mut CheckReport) {
+        let (v, what) = (self.v, &self.what);
+        match resolve_positions(self.meta, self.s, v, parts) {
+            Ok((locs, _)) => {
+                let bytes: u64 = locs
+                    .iter()
+                    .map(|l| match *l {
+                        crate::recipe::archival::Loc::Stored { len, .. }
+                        | crate::recipe::archival::Loc::Zero { len } => u64::from(len),
+                    })
+                    .sum();
+                if bytes != v.logical_bytes || locs.len() as u64 != v.chunks {
+                    rep.errors.push(format!(
+                        "{what}: recipe rebuilds {bytes} bytes in {} chunks, the version has {} bytes in {} chunks",
+                        locs.len(),
+                        v.logical_bytes,
+                        v.chunks
+                    ));
+                }
+            }
+            Err(e) => rep.errors.push(format!("{what}: {e}")),
+        }
+    }
+
+    /// The catalog decodes, and its files hold the version's bytes.
+    fn check_catalog(&self, rep: &mut CheckReport) {
+        let (v, what) = (self.v, &self.what);
+        match load_catalog(self.meta, self.s, v) {
+            Ok(entries) => {
+                let data: u64 = entries.iter().map(|e| e.data_len).sum();
+                if data != v.logical_bytes {
+                    rep.errors.push(format!(
+                        "catalog of {what}: files hold {data} bytes, the recipe {}",
+                        v.logical_bytes
+                    ));
+                }
+            }
+            Err(e) => rep.errors.push(e.to_string()),
+        }
+    }
+}
+
+/// A step: links: each points at a stored chunk with the same fingerprint, and
+/// counts once per linking unit.
+fn check_links(
+    units: &BTreeMap<u64, UnitRecord>,
+    want: &mut HashMap<u64, Refs>,
+    rep: &mut CheckReport,
+) {
+    for (id, u) in units {
         for t in u.link_targets(*id) {
             want.entry(t).or_default().links += 1;
         }
@@ -204,6 +286,16 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             }
         }
     }
+}
+
+/// A step: the stored reference counts against those the recipes and links make; a unit
+/// nothing references is a warning (gc frees it), a referenced unit missing an error.
+fn compare_counts(
+    meta: &ReadView<'_>,
+    units: &BTreeMap<u64, UnitRecord>,
+    want: &HashMap<u64, Refs>,
+    rep: &mut CheckReport,
+) -> Result<()> {
     let mut have: HashMap<u64, Refs> = HashMap::new();
     let mut bad = Vec::new();
     have.extend(scan_refs(meta, |e| bad.push(e.to_string()))?);
@@ -230,8 +322,15 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             ));
         }
     }
+    Ok(())
+}
 
-    // Index entries name complete units with the same fingerprint.
+/// A step: index entries name complete units with the same fingerprint.
+fn check_index(
+    meta: &ReadView<'_>,
+    units: &BTreeMap<u64, UnitRecord>,
+    rep: &mut CheckReport,
+) -> Result<()> {
     for (k, v) in meta.scan(CF_INDEX, b"")? {
         let fp = Fp(k[1..].try_into().unwrap_or_default());
         let Some(copies) = crate::index::decode_copies(&v) else {
@@ -247,12 +346,7 @@ pub fn check(store: &Store) -> Result<CheckReport> {
             }
         }
     }
-
-    // Files nobody owns (crate::store::orphans says what each kind means).
-    check_data_dir(store, &mut rep)?;
-
-    rep.ok = rep.errors.is_empty();
-    Ok(rep)
+    Ok(())
 }
 
 /// Container files no record names: those a commit freed are left for gc;

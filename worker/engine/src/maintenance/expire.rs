@@ -126,97 +126,21 @@ fn expire_one(
     rep: &mut ExpireReport,
 ) -> Result<()> {
     let mut txn = Txn::default();
-    let v_parts = recipe_entries(&store.meta, s, v)?;
-
+    let ex = Expiring {
+        s,
+        v,
+        parts: recipe_entries(&store.meta, s, v)?,
+    };
     // Splice the previous version if it points into this one.
     if let Some(p) = prev.filter(|p| p.form == RecipeForm::Archival) {
         let p_parts = recipe_entries(&store.meta, s, p)?;
-        let points_here = p_parts
-            .iter()
-            .flatten()
-            .any(|e| matches!(e, Entry::Indirect { version, .. } if *version == v.number));
-        if points_here {
-            let (v_refs, _) = expand_refs(&store.meta, &v_parts)?;
-            let (p_refs, _) = expand_refs(&store.meta, &p_parts)?;
-            let before = distinct_units(RecipeForm::Archival, &p_parts);
-            let mut spliced = Vec::with_capacity(p_refs.len());
-            for r in p_refs {
-                spliced.push(match r {
-                    Ref::Indirect { version, pos } if version == v.number => {
-                        *v_refs.get(pos as usize).ok_or_else(|| {
-                            corrupt_meta(
-                                format!("recipe of {} version {}", s.name, p.number),
-                                format!("points past the end of version {}", v.number),
-                            )
-                        })?
-                    }
-                    other => other,
-                });
-            }
-            let mut after = HashSet::new();
-            for r in &spliced {
-                if let Ref::Direct { unit, .. } = r {
-                    after.insert(*unit);
-                }
-            }
-            for u in after.difference(&before) {
-                txn.ref_delta(*u, 0, 1);
-            }
-            let parts = refs_to_recipe(&spliced).finish();
-            let bytes: u64 = parts.iter().map(|x| x.len() as u64).sum();
-            let mut prec = p.clone();
-            prec.recipe_parts = parts.len() as u32;
-            prec.recipe_bytes = bytes;
-            txn.totals.recipe_bytes += bytes as i64 - p.recipe_bytes as i64;
-            txn.delete_ranges.push((
-                CF_RECIPES,
-                part_key(s.id, p.number, 0).to_vec(),
-                part_key(s.id, p.number, u32::MAX).to_vec(),
-            ));
-            for (i, part) in parts.into_iter().enumerate() {
-                txn.puts.push((
-                    CF_RECIPES,
-                    part_key(s.id, p.number, i as u32).to_vec(),
-                    part,
-                ));
-            }
-            txn.put_json(CF_VERSIONS, &version_key(s.id, p.number), &prec);
+        if ex.pointed_into_by(&p_parts) {
+            ex.splice(store, p, &p_parts, &mut txn)?;
             rep.spliced.push(p.number);
         }
     }
-
-    // Drop this version's own references.
-    for u in distinct_units(v.form, &v_parts) {
-        match v.form {
-            RecipeForm::Live => txn.ref_delta(u, -1, 0),
-            RecipeForm::Archival => txn.ref_delta(u, 0, -1),
-        }
-    }
-    txn.deletes
-        .push((CF_VERSIONS, version_key(s.id, v.number).to_vec()));
-    txn.delete_ranges.push((
-        CF_RECIPES,
-        part_key(s.id, v.number, 0).to_vec(),
-        part_key(s.id, v.number, u32::MAX).to_vec(),
-    ));
-    txn.delete_ranges.push((
-        CF_CATALOGS,
-        part_key(s.id, v.number, 0).to_vec(),
-        part_key(s.id, v.number, u32::MAX).to_vec(),
-    ));
-    txn.totals.logical_bytes -= v.logical_bytes as i64;
-    txn.totals.versions -= 1;
-    txn.totals.recipe_bytes -= v.recipe_bytes as i64;
-    txn.totals.catalog_bytes -= v.catalog_bytes as i64;
-    txn.series_updates.push((
-        s.name.clone(),
-        Box::new(|cur| {
-            let mut s = cur.expect("the series exists while it is claimed");
-            s.generation += 1;
-            s.deleted_since_gc = true;
-            s
-        }),
-    ));
+    ex.drop_references(&mut txn);
+    ex.delete_records(&mut txn);
     store.failpoint("expire.before_commit")?;
     let out = store.commit(txn)?;
     rep.units_freed += out.freed_units;
@@ -224,4 +148,139 @@ fn expire_one(
     rep.bytes_freed += out.freed_bytes;
     rep.logical_bytes_expired += v.logical_bytes;
     Ok(())
+}
+
+/// The version being expired (V), with its recipe.
+struct Expiring<'a> {
+    s: &'a SeriesRecord,
+    v: &'a VersionRecord,
+    parts: Vec<Vec<Entry>>,
+}
+
+impl Expiring<'_> {
+    /// Whether the previous version's recipe (`p_parts`) refers into V.
+    fn pointed_into_by(&self, p_parts: &[Vec<Entry>]) -> bool {
+        p_parts
+            .iter()
+            .flatten()
+            .any(|e| matches!(e, Entry::Indirect { version, .. } if *version == self.v.number))
+    }
+
+    /// A step: P's references into V take what V's positions hold, and P takes an
+    /// archival reference on each unit it now references directly and did not before
+    /// (handed over in the same commit in which V lets go).
+    fn splice(
+        &self,
+        store: &Store,
+        p: &VersionRecord,
+        p_parts: &[Vec<Entry>],
+        txn: &mut Txn,
+    ) -> Result<()> {
+        let (v_refs, _) = expand_refs(&store.meta, &self.parts)?;
+        let (p_refs, _) = expand_refs(&store.meta, p_parts)?;
+        let before = distinct_units(RecipeForm::Archival, p_parts);
+        let spliced = self.spliced_refs(p, p_refs, &v_refs)?;
+        let mut after = HashSet::new();
+        for r in &spliced {
+            if let Ref::Direct { unit, .. } = r {
+                after.insert(*unit);
+            }
+        }
+        for u in after.difference(&before) {
+            txn.ref_delta(*u, 0, 1);
+        }
+        replace_recipe(txn, self.s, p, &spliced);
+        Ok(())
+    }
+
+    /// P's references with each one into V replaced by what V holds at that position.
+    fn spliced_refs(
+        &self,
+        p: &VersionRecord,
+        p_refs: Vec<Ref>,
+        v_refs: &[Ref],
+    ) -> Result<Vec<Ref>> {
+        let (s, v) = (self.s, self.v);
+        let mut spliced = Vec::with_capacity(p_refs.len());
+        for r in p_refs {
+            spliced.push(match r {
+                Ref::Indirect { version, pos } if version == v.number => {
+                    *v_refs.get(pos as usize).ok_or_else(|| {
+                        corrupt_meta(
+                            format!("recipe of {} version {}", s.name, p.number),
+                            format!("points past the end of version {}", v.number),
+                        )
+                    })?
+                }
+                other => other,
+            });
+        }
+        Ok(spliced)
+    }
+
+    /// A step: V drops its own references: a live recipe its live reference on each of
+    /// its units, an archival recipe its archival reference on each unit it references
+    /// directly.
+    fn drop_references(&self, txn: &mut Txn) {
+        for u in distinct_units(self.v.form, &self.parts) {
+            match self.v.form {
+                RecipeForm::Live => txn.ref_delta(u, -1, 0),
+                RecipeForm::Archival => txn.ref_delta(u, 0, -1),
+            }
+        }
+    }
+
+    /// A step: V's records (version, recipe, catalog) go, with their share of the totals;
+    /// the series' generation moves on and it is flagged for gc's mark phase.
+    fn delete_records(&self, txn: &mut Txn) {
+        let (s, v) = (self.s, self.v);
+        txn.deletes
+            .push((CF_VERSIONS, version_key(s.id, v.number).to_vec()));
+        txn.delete_ranges.push((
+            CF_RECIPES,
+            part_key(s.id, v.number, 0).to_vec(),
+            part_key(s.id, v.number, u32::MAX).to_vec(),
+        ));
+        txn.delete_ranges.push((
+            CF_CATALOGS,
+            part_key(s.id, v.number, 0).to_vec(),
+            part_key(s.id, v.number, u32::MAX).to_vec(),
+        ));
+        txn.totals.logical_bytes -= v.logical_bytes as i64;
+        txn.totals.versions -= 1;
+        txn.totals.recipe_bytes -= v.recipe_bytes as i64;
+        txn.totals.catalog_bytes -= v.catalog_bytes as i64;
+        txn.series_updates.push((
+            s.name.clone(),
+            Box::new(|cur| {
+                let mut s = cur.expect("the series exists while it is claimed");
+                s.generation += 1;
+                s.deleted_since_gc = true;
+                s
+            }),
+        ));
+    }
+}
+
+/// P's spliced recipe replaces its old one, and its version record says so.
+fn replace_recipe(txn: &mut Txn, s: &SeriesRecord, p: &VersionRecord, spliced: &[Ref]) {
+    let parts = refs_to_recipe(spliced).finish();
+    let bytes: u64 = parts.iter().map(|x| x.len() as u64).sum();
+    let mut prec = p.clone();
+    prec.recipe_parts = parts.len() as u32;
+    prec.recipe_bytes = bytes;
+    txn.totals.recipe_bytes += bytes as i64 - p.recipe_bytes as i64;
+    txn.delete_ranges.push((
+        CF_RECIPES,
+        part_key(s.id, p.number, 0).to_vec(),
+        part_key(s.id, p.number, u32::MAX).to_vec(),
+    ));
+    for (i, part) in parts.into_iter().enumerate() {
+        txn.puts.push((
+            CF_RECIPES,
+            part_key(s.id, p.number, i as u32).to_vec(),
+            part,
+        ));
+    }
+    txn.put_json(CF_VERSIONS, &version_key(s.id, p.number), &prec);
 }

@@ -42,11 +42,11 @@ use crate::format::keys::{CF_CONTAINERS, CF_MARKS, CF_UNITS};
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord};
 use crate::format::unit::UnitRecord;
-use crate::meta::MetaRead;
+use crate::meta::{Meta, MetaRead};
 use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::pack::{repack, PackWriter};
-use crate::store::Store;
+use crate::store::{Session, Store, Undoom};
 
 pub use crate::store::orphans::OrphanReport;
 
@@ -200,9 +200,52 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     };
     let meta = &store.meta;
 
-    // Mark changed groups.
-    let mut sweep: BTreeSet<ContainerId> = BTreeSet::new();
-    let mut txn = Txn::default();
+    let marks = mark_changed_groups(store, opts, &mut rep)?;
+    // Persist the marks and the sweep list first: a crash after this point
+    // loses no sweep work, and marks never describe less than the recipes.
+    store.failpoint("gc.before_mark_commit")?;
+    store.commit(marks)?;
+    rep.mark_secs = started.elapsed().as_secs_f64();
+    store.pause_point("gc.after_mark");
+
+    let sweep_started = Instant::now();
+    let sweep = containers_to_sweep(meta, opts.full)?;
+    let mut session = store.begin_session("gc")?;
+    let mut sweeper = Sweeper::start(store, &session, opts.compact_below)?;
+    for cid in sweep {
+        sweeper.sweep_container(cid, &mut rep)?;
+    }
+    // The doomed units stay doomed until gc returns, committed or not.
+    let (mut txn, _doomed) = sweeper.finish()?;
+    session.sync()?;
+    txn.session = Some(session.id);
+    store.failpoint("gc.before_sweep_commit")?;
+    let out = store.commit(txn)?;
+    session.mark_committed();
+    rep.containers_freed = out.freed_containers;
+    rep.bytes_freed = out.freed_bytes;
+    rep.sweep_secs = sweep_started.elapsed().as_secs_f64();
+    // A long-running server opens its store once, so the merge its opens do
+    // (meta::merge_small_tables) must also happen here, now and then.
+    crate::meta::merge_small_tables(meta.db());
+    rep.seconds = started.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// The mark phase's transaction as it grows: the marks of the groups re-marked, and the
+/// containers their old units are in (to sweep).
+#[derive(Default)]
+struct Marking {
+    sweep: BTreeSet<ContainerId>,
+    txn: Txn,
+}
+
+/// Mark phase (grouped mark-and-sweep): every group whose generation changed since it
+/// was marked (every group, in a full gc) is marked again. Returns the transaction that
+/// persists the marks and the sweep list.
+fn mark_changed_groups(store: &Store, opts: &GcOptions, rep: &mut GcReport) -> Result<Txn> {
+    let meta = &store.meta;
+    let mut marking = Marking::default();
     for s in meta.all_series()? {
         rep.groups += 1;
         let marked_gen = meta.get(CF_MARKS, &group_key(s.id))?.map(|b| {
@@ -214,6 +257,27 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             continue;
         }
         rep.groups_marked += 1;
+        marking.remark(store, &s, opts.full, rep)?;
+    }
+    let Marking { sweep, mut txn } = marking;
+    for c in &sweep {
+        txn.puts
+            .push((CF_MARKS, sweep_key(*c).to_vec(), Vec::new()));
+    }
+    Ok(txn)
+}
+
+impl Marking {
+    /// A group's new marks replace its old ones; the containers of the units it used to
+    /// reference are swept if it lost versions since the last gc.
+    fn remark(
+        &mut self,
+        store: &Store,
+        s: &SeriesRecord,
+        full: bool,
+        rep: &mut GcReport,
+    ) -> Result<()> {
+        let (meta, txn) = (&store.meta, &mut self.txn);
         let mut prefix = vec![b'N'];
         prefix.extend_from_slice(&s.id.to_be_bytes());
         let old: Vec<u64> = meta
@@ -221,7 +285,7 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             .into_iter()
             .map(|(k, _)| u64::from_be_bytes(k[5..13].try_into().unwrap()))
             .collect();
-        let new = mark_group(store, &s)?;
+        let new = mark_group(store, s)?;
         rep.units_marked += new.len() as u64;
         for u in &old {
             if !new.contains_key(u) {
@@ -240,10 +304,10 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             group_key(s.id).to_vec(),
             s.generation.to_le_bytes().to_vec(),
         ));
-        if s.deleted_since_gc || opts.full {
+        if s.deleted_since_gc || full {
             // Units the group used to reference may now hold dead chunks.
             for u in load_units_lenient(store, &old)? {
-                sweep.insert(u.container);
+                self.sweep.insert(u.container);
             }
         }
         let generation = s.generation;
@@ -258,43 +322,65 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
                 s
             }),
         ));
+        Ok(())
     }
-    // Persist the marks and the sweep list first: a crash after this point
-    // loses no sweep work, and marks never describe less than the recipes.
-    for c in &sweep {
-        txn.puts
-            .push((CF_MARKS, sweep_key(*c).to_vec(), Vec::new()));
-    }
-    store.failpoint("gc.before_mark_commit")?;
-    store.commit(txn)?;
-    rep.mark_secs = started.elapsed().as_secs_f64();
-    store.pause_point("gc.after_mark");
+}
 
-    // Sweep.
-    let sweep_started = Instant::now();
+/// A step: the containers flagged for a sweep (by the mark phase, or by a commit that
+/// took units out of them); every container in a full gc.
+fn containers_to_sweep(meta: &Meta, full: bool) -> Result<BTreeSet<ContainerId>> {
     let mut sweep: BTreeSet<ContainerId> = meta
         .scan_prefix(CF_MARKS, b"S")?
         .into_iter()
         .map(|(k, _)| ContainerId(u64::from_be_bytes(k[1..9].try_into().unwrap())))
         .collect();
-    if opts.full {
+    if full {
         meta.for_each_prefix(CF_CONTAINERS, b"", |k, _| {
             sweep.insert(ContainerId(u64::from_be_bytes(k.try_into().unwrap())));
             Ok(true)
         })?;
     }
-    let mut session = store.begin_session("gc")?;
-    let mut pack = PackWriter::for_session(store, &session);
-    let mut txn = Txn::default();
-    // Units doomed to be freed or trimmed; released when gc ends, whether it
-    // commits or fails half-way.
-    let mut doomed = crate::store::Undoom(store, Vec::new());
-    // Units whose references reached zero while a backup had them pinned.
-    txn.free_units.extend(store.zombies()?);
-    for cid in sweep {
-        txn.deletes.push((CF_MARKS, sweep_key(cid).to_vec()));
-        let Some(crec) = meta.container(cid)? else {
-            continue;
+    Ok(sweep)
+}
+
+/// Sweep phase: what sweeping the containers one by one builds up.
+struct Sweeper<'s> {
+    store: &'s Store,
+    compact_below: f64,
+    // Fields drop in this order when gc fails half-way: doomed units are released first,
+    // then the pack writer stops.
+    /// Units doomed to be freed or trimmed; released when gc ends, whether it
+    /// commits or fails half-way.
+    doomed: Undoom<'s>,
+    txn: Txn,
+    pack: PackWriter,
+}
+
+impl<'s> Sweeper<'s> {
+    /// A step: the pack writer for compacted units, and the zombies to free: units whose
+    /// references reached zero while a backup had them pinned.
+    fn start(store: &'s Store, session: &Session, compact_below: f64) -> Result<Self> {
+        let pack = PackWriter::for_session(store, session);
+        let mut txn = Txn::default();
+        let doomed = Undoom(store, Vec::new());
+        txn.free_units.extend(store.zombies()?);
+        Ok(Sweeper {
+            store,
+            compact_below,
+            doomed,
+            txn,
+            pack,
+        })
+    }
+
+    /// A step per container: its units' merged marks say what stays; unmarked unreferenced
+    /// units are freed, and a container whose live fraction falls below the threshold is
+    /// compacted.
+    fn sweep_container(&mut self, cid: ContainerId, rep: &mut GcReport) -> Result<()> {
+        let store = self.store;
+        self.txn.deletes.push((CF_MARKS, sweep_key(cid).to_vec()));
+        let Some(crec) = store.meta.container(cid)? else {
+            return Ok(());
         };
         rep.containers_swept += 1;
         let cf = ContainerFile::open(store.data_dir(), cid, true)?;
@@ -305,9 +391,29 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             .zip(load_units_opt(store, &ids)?)
             .filter_map(|(id, u)| u.filter(|u| u.container == cid).map(|u| (id, u)))
             .collect();
+        let (keep, live) = self.merge_marks(&units, rep)?;
+        let fraction = if crec.vbytes == 0 {
+            0.0
+        } else {
+            live as f64 / crec.vbytes as f64
+        };
+        if keep.is_empty() || fraction >= self.compact_below {
+            return Ok(());
+        }
+        self.compact(&cf, &units, &keep, rep)
+    }
+
+    /// What stays of each unit (all groups' marks merged), and the live bytes that is;
+    /// a unit nothing marks nor references is doomed and freed.
+    fn merge_marks(
+        &mut self,
+        units: &[(u64, UnitRecord)],
+        rep: &mut GcReport,
+    ) -> Result<(BTreeMap<u64, Mark>, u64)> {
+        let (store, meta) = (self.store, &self.store.meta);
         let mut keep: BTreeMap<u64, Mark> = BTreeMap::new();
         let mut live = 0u64;
-        for (id, u) in &units {
+        for (id, u) in units {
             let mut m: Option<Mark> = None;
             meta.for_each_prefix(CF_MARKS, &mark_key(*id, 0)[..9], |_, v| {
                 let x = Mark::decode(v)?;
@@ -328,8 +434,8 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
             };
             match m {
                 None if refs.is_zero() && store.try_doom(*id) => {
-                    doomed.1.push(*id);
-                    txn.free_units.push(*id);
+                    self.doomed.1.push(*id);
+                    self.txn.free_units.push(*id);
                     rep.units_freed += 1;
                 }
                 None => {
@@ -350,46 +456,57 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
                 }
             }
         }
-        let fraction = if crec.vbytes == 0 {
-            0.0
-        } else {
-            live as f64 / crec.vbytes as f64
-        };
-        if keep.is_empty() || fraction >= opts.compact_below {
-            continue;
-        }
-        // Compact: repack what is marked, drop the rest.
-        store.pause_point("gc.before_doom");
+        Ok((keep, live))
+    }
+
+    /// Compact: repack what is marked, drop the rest.
+    fn compact(
+        &mut self,
+        cf: &ContainerFile,
+        units: &[(u64, UnitRecord)],
+        keep: &BTreeMap<u64, Mark>,
+        rep: &mut GcReport,
+    ) -> Result<()> {
+        self.store.pause_point("gc.before_doom");
         let data = cf.read_all()?;
         rep.containers_compacted += 1;
-        for (id, u) in &units {
+        for (id, u) in units {
             let Some(m) = keep.get(id) else { continue };
             let chunks = match m {
                 Mark::Whole => None,
-                Mark::Chunks(c) => trim_to(store, *id, c, &mut doomed.1)?,
+                Mark::Chunks(c) => trim_to(self.store, *id, c, &mut self.doomed.1)?,
             };
-            let new = repack(*id, u, chunks.as_ref(), &data, &HashMap::new(), &mut pack)?;
+            let new = repack(
+                *id,
+                u,
+                chunks.as_ref(),
+                &data,
+                &HashMap::new(),
+                &mut self.pack,
+            )?;
             if new.trimmed && !u.trimmed {
                 rep.units_trimmed += 1;
             }
             rep.bytes_written += new.stored_vbytes();
-            txn.unit_updates.push((*id, new));
+            self.txn.unit_updates.push((*id, new));
         }
+        Ok(())
     }
-    txn.new_containers = pack.finish()?;
-    session.sync()?;
-    txn.session = Some(session.id);
-    store.failpoint("gc.before_sweep_commit")?;
-    let out = store.commit(txn)?;
-    session.mark_committed();
-    rep.containers_freed = out.freed_containers;
-    rep.bytes_freed = out.freed_bytes;
-    rep.sweep_secs = sweep_started.elapsed().as_secs_f64();
-    // A long-running server opens its store once, so the merge its opens do
-    // (meta::merge_small_tables) must also happen here, now and then.
-    crate::meta::merge_small_tables(meta.db());
-    rep.seconds = started.elapsed().as_secs_f64();
-    Ok(rep)
+
+    /// A step: the compacted containers sealed into the transaction, which is returned
+    /// with the doomed units (released when dropped).
+    fn finish(self) -> Result<(Txn, Undoom<'s>)> {
+        // Bound in this order so that, on an error, the doomed units go before the
+        // transaction, as they always have.
+        let Sweeper {
+            mut txn,
+            doomed,
+            pack,
+            ..
+        } = self;
+        txn.new_containers = pack.finish()?;
+        Ok((txn, doomed))
+    }
 }
 
 /// The chunks to trim unit `id` to, or `None` to keep it whole. Trimming

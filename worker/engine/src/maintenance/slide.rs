@@ -22,7 +22,7 @@
 //! becomes dead inside them later. Memory holds one version's chunk
 //! fingerprints; I/O touches that version's containers only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -31,7 +31,7 @@ use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
 use crate::format::keys::{part_key, version_key, CF_RECIPES, CF_VERSIONS};
-use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
+use crate::format::records::{ContainerRecord, RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
@@ -39,7 +39,7 @@ use crate::recipe::archival::{expand_refs, refs_to_recipe, Ref};
 use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::pack::{repack, PackWriter};
-use crate::store::{Store, Undoom};
+use crate::store::{Session, Store, Undoom};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SlideReport {
@@ -104,9 +104,56 @@ fn slide_one(
     let what = format!("{} version {}", s.name, v.number);
     let v_parts = recipe_entries(&store.meta, s, v)?;
     let (v_refs, v_units) = expand_refs(&store.meta, &v_parts)?;
+    let next = NextVersion::index(store, s, n)?;
+    let rev = reverse_dedup(&v_refs, &v_units, &next, &what, rep)?;
+    drop(next);
+    let mut txn = Txn::default();
+    let only_v = OnlyV::of(&v_units);
+    let candidates = archival_refs(store, &v_units, &rev.needed, &only_v, &mut txn)?;
+    store.pause_point("slide.before_doom");
+    // No backup in flight has deduplicated against them; from here until the
+    // commit, none can. A unit a backup pinned stays whole. A backup that
+    // referenced one and committed after its counts were read above has
+    // unpinned it by then: the counts are read again once it is doomed.
+    // (Undone when this returns, whether it commits or fails.)
+    let mut undoom = Undoom(
+        store,
+        candidates
+            .into_iter()
+            .filter(|&u| store.try_doom(u))
+            .collect(),
+    );
+    let mut ex = Exclusive::confirm(store, &mut undoom, &only_v, &v_units, &rev.needed)?;
+    let fills = Fills::read(store, &v_units, &ex.set, rep)?;
+    ex.units
+        .sort_unstable_by_key(|u| rev.order.get(u).copied().unwrap_or(usize::MAX));
+    let mut session = store.begin_session("slide")?;
+    let mut r = Repack::new(store, &session, &v_units, &fills, &mut txn, rep);
+    let moved = r.split_containers(&ex)?;
+    r.move_linking(&moved)?;
+    let containers = r.finish((s.id, v.number))?;
+    session.sync()?;
+    txn.new_containers = containers;
+    txn.session = Some(session.id);
+    archive_recipe(&mut txn, s, v, &rev.new_refs);
+    store.failpoint("slide.before_commit")?;
+    let out = store.commit(txn)?;
+    session.mark_committed();
+    rep.containers_freed += out.freed_containers;
+    rep.bytes_freed += out.freed_bytes;
+    Ok(())
+}
 
-    // The next version's chunks by fingerprint (first position wins).
-    let n_map: HashMap<Fp, u64> = {
+/// The next version's chunks by fingerprint (first position wins): what V's chunks become
+/// references to.
+struct NextVersion {
+    number: u32,
+    positions: HashMap<Fp, u64>,
+}
+
+impl NextVersion {
+    /// A step: N's recipe, read and indexed once for the whole of V.
+    fn index(store: &Store, s: &SeriesRecord, n: &VersionRecord) -> Result<Self> {
         let n_parts = recipe_entries(&store.meta, s, n)?;
         let (n_refs, n_units) = expand_refs(&store.meta, &n_parts)?;
         let mut m = HashMap::with_capacity(n_refs.len());
@@ -116,24 +163,46 @@ fn slide_one(
                     .or_insert(pos as u64);
             }
         }
-        m
-    };
+        Ok(NextVersion {
+            number: n.number,
+            positions: m,
+        })
+    }
+}
 
-    // 1. Reverse dedup against the next version.
+/// V's recipe after reverse dedup, and what it still needs of V's units.
+struct Reversed {
+    /// V's archival recipe.
+    new_refs: Vec<Ref>,
+    /// The chunks of each unit V still references directly.
+    needed: HashMap<u64, BTreeSet<u32>>,
+    /// Each unit's first use in V's recipe order.
+    order: HashMap<u64, usize>,
+}
+
+/// Step 1 (RevDedup's reverse dedup): each chunk of V the next version also holds becomes
+/// an indirect reference to it; the rest stay direct, a repeated chunk kept once.
+fn reverse_dedup(
+    v_refs: &[Ref],
+    v_units: &HashMap<u64, UnitRecord>,
+    next: &NextVersion,
+    what: &str,
+    rep: &mut SlideReport,
+) -> Result<Reversed> {
     let mut needed: HashMap<u64, BTreeSet<u32>> = HashMap::new();
     let mut order: HashMap<u64, usize> = HashMap::new(); // first use in recipe order
     let mut new_refs = Vec::with_capacity(v_refs.len());
     let mut first_copy: HashMap<Fp, (u64, u32)> = HashMap::new();
-    for r in &v_refs {
+    for r in v_refs {
         new_refs.push(match *r {
             Ref::Direct { unit, idx } => {
-                let next = order.len();
-                order.entry(unit).or_insert(next);
-                match n_map.get(&v_units[&unit].chunks[idx as usize].fp) {
+                let next_use = order.len();
+                order.entry(unit).or_insert(next_use);
+                match next.positions.get(&v_units[&unit].chunks[idx as usize].fp) {
                     Some(&pos) => {
                         rep.indirect_chunks += 1;
                         Ref::Indirect {
-                            version: n.number,
+                            version: next.number,
                             pos,
                         }
                     }
@@ -157,116 +226,237 @@ fn slide_one(
             }
         });
     }
-    drop(n_map);
+    Ok(Reversed {
+        new_refs,
+        needed,
+        order,
+    })
+}
 
-    // 2. Reference changes, and which units only this version holds.
-    let mut txn = Txn::default();
-    // A unit is exclusive to V when only V's live recipe references it and
-    // every unit linking into it is one of V's units (a link is made by the
-    // backup that stored its target, so a linker outside V's recipe is an
-    // older version's archival leftover: such a unit stays whole).
-    let mut linkers_in_v: HashMap<u64, u32> = HashMap::new();
-    for (id, u) in &v_units {
-        for t in u.link_targets(*id) {
-            *linkers_in_v.entry(t).or_default() += 1;
+/// Whether only V holds a unit: only V's live recipe references it and every unit linking
+/// into it is one of V's units (a link is made by the backup that stored its target, so a
+/// linker outside V's recipe is an older version's archival leftover: such a unit stays
+/// whole).
+struct OnlyV {
+    linkers_in_v: HashMap<u64, u32>,
+}
+
+impl OnlyV {
+    fn of(v_units: &HashMap<u64, UnitRecord>) -> Self {
+        let mut linkers_in_v: HashMap<u64, u32> = HashMap::new();
+        for (id, u) in v_units {
+            for t in u.link_targets(*id) {
+                *linkers_in_v.entry(t).or_default() += 1;
+            }
         }
+        OnlyV { linkers_in_v }
     }
-    let only_v = |u: u64, r: Refs| {
-        r.live == 1 && r.arch == 0 && r.links == linkers_in_v.get(&u).copied().unwrap_or(0)
-    };
+
+    fn holds(&self, u: u64, r: Refs) -> bool {
+        r.live == 1 && r.arch == 0 && r.links == self.linkers_in_v.get(&u).copied().unwrap_or(0)
+    }
+}
+
+/// Step 2: V drops its live reference on each of its units and takes an archival one on
+/// each it still references directly. Returns the units only V holds, as counted now: the
+/// candidates to trim or free.
+fn archival_refs(
+    store: &Store,
+    v_units: &HashMap<u64, UnitRecord>,
+    needed: &HashMap<u64, BTreeSet<u32>>,
+    only_v: &OnlyV,
+    txn: &mut Txn,
+) -> Result<Vec<u64>> {
     let ids: Vec<u64> = v_units.keys().copied().collect();
     let mut candidates: Vec<u64> = Vec::new();
     for (&u, r) in ids.iter().zip(store.meta.refs_many(&ids)?) {
         txn.ref_delta(u, -1, i64::from(needed.contains_key(&u)));
-        if only_v(u, r) {
+        if only_v.holds(u, r) {
             candidates.push(u);
         }
     }
-    store.pause_point("slide.before_doom");
-    // No backup in flight has deduplicated against them; from here until the
-    // commit, none can. A unit a backup pinned stays whole. A backup that
-    // referenced one and committed after its counts were read above has
-    // unpinned it by then: the counts are read again once it is doomed.
-    // (Undone when this returns, whether it commits or fails.)
-    let mut undoom = Undoom(
-        store,
-        candidates
-            .into_iter()
-            .filter(|&u| store.try_doom(u))
-            .collect(),
-    );
-    let (mut exclusive, mut shared) = (Vec::new(), Vec::new());
-    for (&u, r) in undoom.1.iter().zip(store.meta.refs_many(&undoom.1)?) {
-        if only_v(u, r) {
-            exclusive.push(u);
-        } else {
-            shared.push(u);
-        }
-    }
-    store.undoom(shared);
-    undoom.1.clone_from(&exclusive);
-    let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
-    let keep = keep_sets(&v_units, &needed, &exclusive_set);
-    // Units that outlive V must not link into V's exclusive units, which are
-    // trimmed into containers V owns: the linked bytes are copied into the
-    // linking unit when it moves (it usually does, its container being split).
-    // Later versions then find those chunks inside their own unit.
-    let mut fills: HashMap<u64, HashMap<u32, (u64, u32)>> = HashMap::new();
-    for (id, u) in &v_units {
-        if exclusive_set.contains(id) {
-            continue;
-        }
-        for (k, c) in u.chunks.iter().enumerate() {
-            if let Some((t, j)) = c.link_target().filter(|(t, _)| exclusive_set.contains(t)) {
-                fills.entry(*id).or_default().insert(k as u32, (t, j));
+    Ok(candidates)
+}
+
+/// The units only V holds, confirmed once doomed, and the chunks each keeps.
+struct Exclusive {
+    /// In V's recipe order once sorted (so its trimmed units are packed that way).
+    units: Vec<u64>,
+    set: BTreeSet<u64>,
+    keep: HashMap<u64, BTreeSet<u32>>,
+}
+
+impl Exclusive {
+    /// A step: the doomed candidates' counts read again; those no longer only V's are
+    /// released at once, and only the exclusive stay doomed.
+    fn confirm(
+        store: &Store,
+        undoom: &mut Undoom<'_>,
+        only_v: &OnlyV,
+        v_units: &HashMap<u64, UnitRecord>,
+        needed: &HashMap<u64, BTreeSet<u32>>,
+    ) -> Result<Self> {
+        let (mut exclusive, mut shared) = (Vec::new(), Vec::new());
+        for (&u, r) in undoom.1.iter().zip(store.meta.refs_many(&undoom.1)?) {
+            if only_v.holds(u, r) {
+                exclusive.push(u);
+            } else {
+                shared.push(u);
             }
         }
+        store.undoom(shared);
+        undoom.1.clone_from(&exclusive);
+        let exclusive_set: BTreeSet<u64> = exclusive.iter().copied().collect();
+        let keep = keep_sets(v_units, needed, &exclusive_set);
+        Ok(Exclusive {
+            units: exclusive,
+            set: exclusive_set,
+            keep,
+        })
     }
-    rep.links_resolved += fills.values().map(|m| m.len() as u64).sum::<u64>();
-    let fill_bytes = read_linked_chunks(store, &v_units, &fills)?;
-    let fills_of = |id: u64| -> HashMap<u32, Vec<u8>> {
-        fills
+}
+
+/// Links from units that outlive V into V's exclusive units, and the bytes they link to.
+struct Fills {
+    links: HashMap<u64, HashMap<u32, (u64, u32)>>,
+    bytes: HashMap<(u64, u32), Vec<u8>>,
+}
+
+impl Fills {
+    /// A step: units that outlive V must not link into V's exclusive units, which are
+    /// trimmed into containers V owns: the linked bytes are copied into the linking unit
+    /// when it moves (it usually does, its container being split). Later versions then
+    /// find those chunks inside their own unit.
+    fn read(
+        store: &Store,
+        v_units: &HashMap<u64, UnitRecord>,
+        exclusive_set: &BTreeSet<u64>,
+        rep: &mut SlideReport,
+    ) -> Result<Self> {
+        let mut fills: HashMap<u64, HashMap<u32, (u64, u32)>> = HashMap::new();
+        for (id, u) in v_units {
+            if exclusive_set.contains(id) {
+                continue;
+            }
+            for (k, c) in u.chunks.iter().enumerate() {
+                if let Some((t, j)) = c.link_target().filter(|(t, _)| exclusive_set.contains(t)) {
+                    fills.entry(*id).or_default().insert(k as u32, (t, j));
+                }
+            }
+        }
+        rep.links_resolved += fills.values().map(|m| m.len() as u64).sum::<u64>();
+        let fill_bytes = read_linked_chunks(store, v_units, &fills)?;
+        Ok(Fills {
+            links: fills,
+            bytes: fill_bytes,
+        })
+    }
+
+    /// The bytes `id`'s links into exclusive units are replaced with, by chunk index.
+    fn of(&self, id: u64) -> HashMap<u32, Vec<u8>> {
+        self.links
             .get(&id)
             .map(|m| {
                 m.iter()
-                    .map(|(k, at)| (*k, fill_bytes[at].clone()))
+                    .map(|(k, at)| (*k, self.bytes[at].clone()))
                     .collect()
             })
             .unwrap_or_default()
-    };
-    exclusive.sort_unstable_by_key(|u| order.get(u).copied().unwrap_or(usize::MAX));
+    }
+}
 
-    // 3 and 4: trim-and-repack exclusive units, split their containers.
-    let mut session = store.begin_session("slide")?;
-    let mut owned = PackWriter::for_session(store, &session);
-    let mut shared = PackWriter::for_session(store, &session);
-    let mut moved: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    // Containers to split, in the order V first uses them.
-    let mut touched: Vec<ContainerId> = Vec::new();
-    for u in &exclusive {
-        let c = v_units[u].container;
-        if !touched.contains(&c) {
-            touched.push(c);
+/// Steps 3 and 4 (trim-and-repack exclusive units, split their containers) and what they
+/// share: V's units, the fills, and the pack writers for containers V owns and shared ones.
+struct Repack<'a> {
+    store: &'a Store,
+    v_units: &'a HashMap<u64, UnitRecord>,
+    fills: &'a Fills,
+    txn: &'a mut Txn,
+    rep: &'a mut SlideReport,
+    // Fields drop in order: a slide that fails stops `shared`'s writer, then `owned`'s.
+    shared: PackWriter,
+    owned: PackWriter,
+}
+
+impl<'a> Repack<'a> {
+    fn new(
+        store: &'a Store,
+        session: &Session,
+        v_units: &'a HashMap<u64, UnitRecord>,
+        fills: &'a Fills,
+        txn: &'a mut Txn,
+        rep: &'a mut SlideReport,
+    ) -> Self {
+        let owned = PackWriter::for_session(store, session);
+        let shared = PackWriter::for_session(store, session);
+        Repack {
+            store,
+            v_units,
+            fills,
+            txn,
+            rep,
+            shared,
+            owned,
         }
     }
-    for cid in &touched {
-        let cf = ContainerFile::open(store.data_dir(), *cid, true)?;
-        let data = cf.read_all()?;
-        // Exclusive units of V in this container: keep what V needs.
-        for u in exclusive.iter().filter(|u| v_units[u].container == *cid) {
-            let old = &v_units[u];
-            let Some(keep) = keep.get(u) else {
-                rep.units_freed += 1;
+
+    /// A step: each container holding an exclusive unit, in the order V first uses them,
+    /// is emptied: exclusive units trimmed into V's containers, the rest moved out, so it
+    /// can go. Returns the units moved.
+    fn split_containers(&mut self, ex: &Exclusive) -> Result<HashSet<u64>> {
+        let mut moved: HashSet<u64> = HashSet::new();
+        // Containers to split, in the order V first uses them.
+        let mut touched: Vec<ContainerId> = Vec::new();
+        for u in &ex.units {
+            let c = self.v_units[u].container;
+            if !touched.contains(&c) {
+                touched.push(c);
+            }
+        }
+        for cid in &touched {
+            let cf = ContainerFile::open(self.store.data_dir(), *cid, true)?;
+            let data = cf.read_all()?;
+            self.trim_exclusive(*cid, &data, ex)?;
+            self.move_out(*cid, &cf, &data, &ex.set, &mut moved)?;
+        }
+        Ok(moved)
+    }
+
+    /// Exclusive units of V in this container: keep what V needs (a unit V needs nothing
+    /// of is freed by the commit).
+    fn trim_exclusive(&mut self, cid: ContainerId, data: &[u8], ex: &Exclusive) -> Result<()> {
+        for u in ex.units.iter().filter(|u| self.v_units[u].container == cid) {
+            let old = &self.v_units[u];
+            let Some(keep) = ex.keep.get(u) else {
+                self.rep.units_freed += 1;
                 continue;
             };
-            let new = repack(*u, old, Some(keep), &data, &fills_of(*u), &mut owned)?;
+            let new = repack(
+                *u,
+                old,
+                Some(keep),
+                data,
+                &self.fills.of(*u),
+                &mut self.owned,
+            )?;
             if new.trimmed && !old.trimmed {
-                rep.units_trimmed += 1;
+                self.rep.units_trimmed += 1;
             }
-            rep.bytes_written += new.stored_vbytes();
-            txn.unit_updates.push((*u, new));
+            self.rep.bytes_written += new.stored_vbytes();
+            self.txn.unit_updates.push((*u, new));
         }
-        // Everything else still in it moves out, so the container can go.
+        Ok(())
+    }
+
+    /// Everything else still in the container moves out, so the container can go.
+    fn move_out(
+        &mut self,
+        cid: ContainerId,
+        cf: &ContainerFile,
+        data: &[u8],
+        exclusive_set: &BTreeSet<u64>,
+        moved: &mut HashSet<u64>,
+    ) -> Result<()> {
         let ids: Vec<u64> = cf
             .footer
             .units
@@ -275,7 +465,7 @@ fn slide_one(
             .filter(|id| !exclusive_set.contains(id))
             .collect();
         for (id, rec) in ids.iter().zip(
-            store.meta.multi_get(
+            self.store.meta.multi_get(
                 crate::format::keys::CF_UNITS,
                 &ids.iter()
                     .map(|i| i.to_be_bytes().to_vec())
@@ -284,46 +474,58 @@ fn slide_one(
         ) {
             let Some(rec) = rec else { continue };
             let old = UnitRecord::decode(*id, &rec)?;
-            if old.container != *cid {
+            if old.container != cid {
                 continue; // moved elsewhere earlier
             }
-            let new = repack(*id, &old, None, &data, &fills_of(*id), &mut shared)?;
-            rep.bytes_written += new.stored_vbytes();
-            rep.units_moved += 1;
-            txn.unit_updates.push((*id, new));
+            let new = repack(*id, &old, None, data, &self.fills.of(*id), &mut self.shared)?;
+            self.rep.bytes_written += new.stored_vbytes();
+            self.rep.units_moved += 1;
+            self.txn.unit_updates.push((*id, new));
             moved.insert(*id);
         }
+        Ok(())
     }
-    // Linking units whose containers were not split move on their own.
-    let mut rest: Vec<u64> = fills
-        .keys()
-        .copied()
-        .filter(|u| !moved.contains(u))
-        .collect();
-    rest.sort_unstable_by_key(|u| (v_units[u].container, *u));
-    let mut open: Option<(ContainerId, Vec<u8>)> = None;
-    for id in rest {
-        let old = &v_units[&id];
-        if open.as_ref().map(|o| o.0) != Some(old.container) {
-            open = Some((old.container, read_container(store, old.container)?));
-        }
-        let data = &open.as_ref().expect("just opened").1;
-        let new = repack(id, old, None, data, &fills_of(id), &mut shared)?;
-        rep.bytes_written += new.stored_vbytes();
-        rep.units_moved += 1;
-        txn.unit_updates.push((id, new));
-    }
-    let mut containers = owned.finish()?;
-    for c in containers.iter_mut() {
-        c.1.owner = Some((s.id, v.number));
-    }
-    containers.extend(shared.finish()?);
-    session.sync()?;
-    txn.new_containers = containers;
-    txn.session = Some(session.id);
 
-    // The archival recipe replaces the live one.
-    let parts = refs_to_recipe(&new_refs).finish();
+    /// A step: linking units whose containers were not split move on their own.
+    fn move_linking(&mut self, moved: &HashSet<u64>) -> Result<()> {
+        let mut rest: Vec<u64> = self
+            .fills
+            .links
+            .keys()
+            .copied()
+            .filter(|u| !moved.contains(u))
+            .collect();
+        rest.sort_unstable_by_key(|u| (self.v_units[u].container, *u));
+        let mut open: Option<(ContainerId, Vec<u8>)> = None;
+        for id in rest {
+            let old = &self.v_units[&id];
+            if open.as_ref().map(|o| o.0) != Some(old.container) {
+                open = Some((old.container, read_container(self.store, old.container)?));
+            }
+            let data = &open.as_ref().expect("just opened").1;
+            let new = repack(id, old, None, data, &self.fills.of(id), &mut self.shared)?;
+            self.rep.bytes_written += new.stored_vbytes();
+            self.rep.units_moved += 1;
+            self.txn.unit_updates.push((id, new));
+        }
+        Ok(())
+    }
+
+    /// A step: the containers written, sealed; those of V's trimmed units are V's own, so
+    /// expiring V frees them whole.
+    fn finish(self, owner: (u32, u32)) -> Result<Vec<(ContainerId, ContainerRecord)>> {
+        let mut containers = self.owned.finish()?;
+        for c in containers.iter_mut() {
+            c.1.owner = Some(owner);
+        }
+        containers.extend(self.shared.finish()?);
+        Ok(containers)
+    }
+}
+
+/// Last step before the commit: the archival recipe replaces the live one.
+fn archive_recipe(txn: &mut Txn, s: &SeriesRecord, v: &VersionRecord, new_refs: &[Ref]) {
+    let parts = refs_to_recipe(new_refs).finish();
     let recipe_bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
     txn.delete_ranges.push((
         CF_RECIPES,
@@ -351,12 +553,6 @@ fn slide_one(
             s
         }),
     ));
-    store.failpoint("slide.before_commit")?;
-    let out = store.commit(txn)?;
-    session.mark_committed();
-    rep.containers_freed += out.freed_containers;
-    rep.bytes_freed += out.freed_bytes;
-    Ok(())
 }
 
 fn read_container(store: &Store, cid: ContainerId) -> Result<Vec<u8>> {

@@ -21,7 +21,7 @@ use crate::format::unit::UnitRecord;
 use crate::index::full::{self, FullIndex};
 use crate::index::FingerprintIndex;
 use crate::meta::{Batch, Meta, MetaRead};
-use crate::store::Store;
+use crate::store::{PinState, Store};
 
 /// Everything one commit changes.
 #[derive(Default)]
@@ -195,6 +195,9 @@ fn apply(v: u64, d: i64) -> u64 {
 }
 
 impl Store {
+    /// Applies `txn` atomically: every change is staged into one batch under the commit
+    /// lock, the batch is written and synced, and only then do the files of containers left
+    /// empty go.
     pub(crate) fn commit(&self, mut txn: Txn) -> Result<CommitOutcome> {
         self.require_writable()?;
         self.pause_point("commit.enter");
@@ -202,6 +205,129 @@ impl Store {
         let _g = self.commit_lock.lock();
         let meta = &self.meta;
         let mut b = meta.batch();
+        let mut l = Ledger::open(meta, &txn)?;
+        let mut units = Units::of(&txn.new_units, &txn.free_units);
+        l.add_new(&mut b, &txn.new_containers, &txn.new_units)?;
+        l.update_units(&mut b, &txn.unit_updates, &mut units, &mut txn.ref_deltas)?;
+        let mut counts = l.apply_deltas(&txn.ref_deltas)?;
+        l.refuse_lossy_trims(&units.trims, &counts)?;
+        let work = l.free_candidates(&mut b, &counts, &units)?;
+        // Held until the batch is written (see the drop below).
+        let pin_state = self.pins.lock();
+        l.free_unreferenced(&mut b, &pin_state, &units, &mut counts, work)?;
+        l.store_counts(&mut b, &counts)?;
+        let unlinked_containers = counts.unlinked_containers(meta, &units)?;
+        l.stage_index(&mut b, &txn.index_puts)?;
+        let dead_files = l.stage_containers(&mut b);
+        stage_records(meta, &mut b, &mut txn)?;
+        flag_unlinked(&mut b, &unlinked_containers, &dead_files);
+        l.stage_totals(&mut b, &txn.totals);
+        b.put_counters(&self.counters().max(meta.counters()?));
+        self.write_durably(b, txn.session)?;
+        // Held from the pin check to here: a backup that pinned a unit after
+        // the check must, when it then reads the unit, see it gone. Released
+        // before the write, a backup could pin and read a unit this batch was
+        // about to delete, and reference it (tests/concurrent.rs).
+        drop(pin_state);
+
+        // Durable: now the files can go, once no reader that started before
+        // this commit can still need them.
+        self.failpoint("commit.before_unlink")?;
+        for id in self.files_freed(&dead_files) {
+            self.remove_container_file(id);
+        }
+        Ok(l.outcome(counts.freed_units, &dead_files))
+    }
+
+    /// Last step: the session's record goes with the batch, written and synced as one; its
+    /// files are settled by whoever sees whether it went.
+    fn write_durably(&self, mut b: Batch<'_>, session: Option<u64>) -> Result<()> {
+        if let Some(s) = session {
+            b.delete(CF_SESSIONS, &s.to_be_bytes());
+        }
+        if let Err(e) = self.meta.write(b, true) {
+            // A failed sync may still leave the batch in the log, to replay
+            // at the next open: the session's files must not go before that
+            // open sees whether the session record went with the commit.
+            if let Some(s) = session {
+                self.commit_write_failed(s);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// The units a commit names: those it writes (new, moved or trimmed) and those gc's sweep
+/// asks it to free.
+struct Units<'t> {
+    new: FxHashMap<u64, &'t UnitRecord>,
+    /// Moved or trimmed units, as this commit writes them.
+    updated: FxHashMap<u64, UnitRecord>,
+    /// Updated units that lose chunks (trims, not moves).
+    trims: Vec<u64>,
+    /// Units to free if they are still unreferenced (gc's sweep).
+    gc_candidates: &'t [u64],
+}
+
+impl<'t> Units<'t> {
+    fn of(new_units: &'t [(u64, UnitRecord, Refs)], gc_candidates: &'t [u64]) -> Self {
+        Units {
+            new: new_units.iter().map(|(id, u, _)| (*id, u)).collect(),
+            updated: FxHashMap::default(),
+            trims: Vec::new(),
+            gc_candidates,
+        }
+    }
+
+    /// The record this commit writes for `id`, if any (an update over a new unit).
+    fn written(&self, id: u64) -> Option<&UnitRecord> {
+        match (self.updated.get(&id), self.new.get(&id)) {
+            (Some(u), _) => Some(u),
+            (None, Some(u)) => Some(*u),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The reference counts a commit leaves, and what reaching zero did.
+#[derive(Default)]
+struct Counts {
+    /// New counts of every unit whose counts change, by id.
+    now: FxHashMap<u64, Refs>,
+    /// Units whose last incoming link this commit drops.
+    unlinked: Vec<u64>,
+    freed: FxHashSet<u64>,
+    freed_units: u64,
+}
+
+impl Counts {
+    /// A step: gc keeps a unit that others link into whole (gc::trim_to); once the last
+    /// link is gone, its container is flagged for the next sweep, so an incremental gc
+    /// trims it, not only a full one.
+    fn unlinked_containers(&mut self, meta: &Meta, units: &Units<'_>) -> Result<Vec<ContainerId>> {
+        self.unlinked
+            .retain(|id| !self.freed.contains(id) && !self.now[id].is_zero());
+        let mut unlinked_containers = Vec::new();
+        for id in &self.unlinked {
+            unlinked_containers.push(match units.written(*id) {
+                Some(u) => u.container,
+                None => match meta.unit(*id)? {
+                    Some(u) => u.container,
+                    None => continue,
+                },
+            });
+        }
+        Ok(unlinked_containers)
+    }
+}
+
+/// The steps of [`Store::commit`], in order: each reads what it needs on first use and
+/// stages its writes into the commit's one batch.
+impl<'m> Ledger<'m> {
+    /// First step: the store totals, and one batched read for the count blocks of every
+    /// unit touched (a backup touches one per distinct chunk or segment it references).
+    fn open(meta: &'m Meta, txn: &Txn) -> Result<Self> {
         let mut l = Ledger {
             meta,
             containers: FxHashMap::default(),
@@ -210,8 +336,6 @@ impl Store {
             index: FxHashMap::default(),
             refs: RefsTable::default(),
         };
-        // One batched read for the count blocks of every unit touched (a
-        // backup touches one per distinct chunk or segment it references).
         l.refs.load(
             meta,
             txn.new_units
@@ -219,69 +343,86 @@ impl Store {
                 .map(|u| u.0)
                 .chain(txn.ref_deltas.keys().copied()),
         )?;
+        Ok(l)
+    }
 
-        for (id, rec) in &txn.new_containers {
-            l.totals.containers += 1;
-            l.totals.container_bytes += rec.file_bytes;
-            l.totals.container_vbytes += rec.vbytes;
-            l.containers.insert(*id, rec.clone());
+    /// A step: new containers and units enter the totals; new units are written with
+    /// their counts.
+    fn add_new(
+        &mut self,
+        b: &mut Batch<'_>,
+        new_containers: &[(ContainerId, ContainerRecord)],
+        new_units: &[(u64, UnitRecord, Refs)],
+    ) -> Result<()> {
+        for (id, rec) in new_containers {
+            self.totals.containers += 1;
+            self.totals.container_bytes += rec.file_bytes;
+            self.totals.container_vbytes += rec.vbytes;
+            self.containers.insert(*id, rec.clone());
         }
-        let new_units: FxHashMap<u64, &UnitRecord> =
-            txn.new_units.iter().map(|(id, u, _)| (*id, u)).collect();
-        for (id, unit, refs) in &txn.new_units {
+        for (id, unit, refs) in new_units {
             b.put_unit(*id, unit);
-            l.refs.set(meta, *id, *refs)?;
-            l.totals.units += 1;
-            l.totals.unit_vbytes += unit.stored_vbytes();
+            self.refs.set(self.meta, *id, *refs)?;
+            self.totals.units += 1;
+            self.totals.unit_vbytes += unit.stored_vbytes();
         }
+        Ok(())
+    }
 
-        // Moved or trimmed units: the old copy's container loses them. New
-        // containers already count what was packed into them.
-        let mut updated: FxHashMap<u64, UnitRecord> = FxHashMap::default();
-        let mut trims: Vec<u64> = Vec::new();
-        for (id, new) in &txn.unit_updates {
-            let old = meta
+    /// A step: moved or trimmed units: the old copy's container loses them. New
+    /// containers already count what was packed into them.
+    fn update_units(
+        &mut self,
+        b: &mut Batch<'_>,
+        updates: &[(u64, UnitRecord)],
+        units: &mut Units<'_>,
+        ref_deltas: &mut FxHashMap<u64, [i64; 3]>,
+    ) -> Result<()> {
+        for (id, new) in updates {
+            let old = self
+                .meta
                 .unit(*id)?
                 .ok_or_else(|| corrupt_meta(format!("unit {id}"), "updated unit does not exist"))?;
             if drops_chunks(&old, new) {
-                trims.push(*id);
+                units.trims.push(*id);
             }
-            let c = l.container(old.container)?;
+            let c = self.container(old.container)?;
             c.live_vbytes -= old.stored_vbytes();
             c.live_units -= 1;
-            if !l.new_containers.contains(&new.container) {
-                let c = l.container(new.container)?;
+            if !self.new_containers.contains(&new.container) {
+                let c = self.container(new.container)?;
                 c.live_vbytes += new.stored_vbytes();
                 c.live_units += 1;
             }
-            l.totals.unit_vbytes = l.totals.unit_vbytes - old.stored_vbytes() + new.stored_vbytes();
+            self.totals.unit_vbytes =
+                self.totals.unit_vbytes - old.stored_vbytes() + new.stored_vbytes();
             if new.trimmed && !old.trimmed {
                 // An incomplete unit is no longer a copy new data can use.
-                l.copies(old.kind, &old.fp)?.retain(|c| c != id);
+                self.copies(old.kind, &old.fp)?.retain(|c| c != id);
             }
             // Links a move keeps cost nothing; links a trim drops release their targets.
             let (before, after) = (old.link_targets(*id), new.link_targets(*id));
             for t in before.difference(&after) {
-                txn.ref_deltas.entry(*t).or_default()[2] -= 1;
+                ref_deltas.entry(*t).or_default()[2] -= 1;
             }
             for t in after.difference(&before) {
-                txn.ref_deltas.entry(*t).or_default()[2] += 1;
+                ref_deltas.entry(*t).or_default()[2] += 1;
             }
             b.put_unit(*id, new);
-            updated.insert(*id, new.clone());
+            units.updated.insert(*id, new.clone());
         }
+        Ok(())
+    }
 
-        // Reference deltas; units left unreferenced are freed unless a backup
-        // in flight pinned them (then gc frees them later). Freeing a unit
-        // releases the units its links point into, which may free them too.
-        let mut now: FxHashMap<u64, Refs> = FxHashMap::default();
-        let mut ids: Vec<_> = txn.ref_deltas.iter().collect();
+    /// A step: the reference deltas, applied in unit order; a count that would go
+    /// negative is corrupt metadata, and nothing is written.
+    fn apply_deltas(&mut self, ref_deltas: &FxHashMap<u64, [i64; 3]>) -> Result<Counts> {
+        let mut counts = Counts::default();
+        let mut ids: Vec<_> = ref_deltas.iter().collect();
         ids.sort_unstable_by_key(|(id, _)| **id);
-        // Units whose last incoming link this commit drops.
-        let mut unlinked: Vec<u64> = Vec::new();
         for (&id, d) in ids {
             // New units' counts are in the table already (set above).
-            let cur = l.refs.get(meta, id)?;
+            let cur = self.refs.get(self.meta, id)?;
             let v = [
                 i64::from(cur.live) + d[0],
                 i64::from(cur.arch) + d[1],
@@ -297,9 +438,9 @@ impl Store {
                 ));
             }
             if d[2] < 0 && v[2] == 0 {
-                unlinked.push(id);
+                counts.unlinked.push(id);
             }
-            now.insert(
+            counts.now.insert(
                 id,
                 Refs {
                     live: v[0] as u32,
@@ -308,14 +449,17 @@ impl Store {
                 },
             );
         }
-        // A live recipe references whole units: trimming a unit one
-        // references loses data. Slides and gc doom what they trim and read
-        // its counts again, so this never fires; if it does, nothing is
-        // written.
-        for &id in &trims {
-            let live = match now.get(&id) {
+        Ok(counts)
+    }
+
+    /// A step, a guard: a live recipe references whole units, so trimming a unit one
+    /// references loses data. Slides and gc doom what they trim and read its counts again,
+    /// so this never fires; if it does, nothing is written.
+    fn refuse_lossy_trims(&mut self, trims: &[u64], counts: &Counts) -> Result<()> {
+        for &id in trims {
+            let live = match counts.now.get(&id) {
                 Some(r) => r.live,
-                None => l.refs.get(meta, id)?.live,
+                None => self.refs.get(self.meta, id)?.live,
             };
             if live > 0 {
                 return Err(crate::error::Error::Internal(format!(
@@ -324,29 +468,52 @@ impl Store {
                 )));
             }
         }
-        let mut work: Vec<u64> = now
+        Ok(())
+    }
+
+    /// A step: the units left unreferenced, to free (in `free_unreferenced`, under the pin
+    /// lock); gc's candidates referenced again since it found them lose their zombie mark.
+    fn free_candidates(
+        &mut self,
+        b: &mut Batch<'_>,
+        counts: &Counts,
+        units: &Units<'_>,
+    ) -> Result<Vec<u64>> {
+        let mut work: Vec<u64> = counts
+            .now
             .iter()
             .filter(|(_, r)| r.is_zero())
             .map(|(id, _)| *id)
             .collect();
-        for &id in &txn.free_units {
-            let r = match now.get(&id) {
+        for &id in units.gc_candidates {
+            let r = match counts.now.get(&id) {
                 Some(r) => *r,
-                None => l.refs.get(meta, id)?,
+                None => self.refs.get(self.meta, id)?,
             };
             if !r.is_zero() {
                 // Referenced again since it was found unreferenced.
                 b.delete(CF_MARKS, &zombie_key(id));
-            } else if !now.contains_key(&id) {
+            } else if !counts.now.contains_key(&id) {
                 work.push(id);
             }
         }
         work.sort_unstable();
-        let pin_state = self.pins.lock();
-        let mut freed: FxHashSet<u64> = FxHashSet::default();
-        let mut freed_units = 0u64;
+        Ok(work)
+    }
+
+    /// A step: unreferenced units are freed unless a backup in flight pinned them (then gc
+    /// frees them later). Freeing a unit releases the units its links point into, which
+    /// may free them too.
+    fn free_unreferenced(
+        &mut self,
+        b: &mut Batch<'_>,
+        pin_state: &PinState,
+        units: &Units<'_>,
+        counts: &mut Counts,
+        mut work: Vec<u64>,
+    ) -> Result<()> {
         while let Some(id) = work.pop() {
-            if freed.contains(&id) {
+            if counts.freed.contains(&id) {
                 continue;
             }
             if pin_state.pins.contains_key(&id) {
@@ -355,13 +522,12 @@ impl Store {
                 b.put(CF_MARKS, &zombie_key(id), b"");
                 continue;
             }
-            let unit = match (updated.get(&id), new_units.get(&id)) {
-                (Some(u), _) => u.clone(),
-                (None, Some(u)) => (*u).clone(),
-                (None, None) => match meta.unit(id)? {
+            let unit = match units.written(id) {
+                Some(u) => u.clone(),
+                None => match self.meta.unit(id)? {
                     Some(u) => u,
                     // A gc candidate already gone: nothing to free.
-                    None if txn.free_units.contains(&id) => continue,
+                    None if units.gc_candidates.contains(&id) => continue,
                     None => {
                         return Err(corrupt_meta(
                             format!("unit {id}"),
@@ -370,65 +536,67 @@ impl Store {
                     }
                 },
             };
-            l.free_unit(&mut b, id, &unit)?;
+            self.free_unit(b, id, &unit)?;
             b.delete(CF_MARKS, &zombie_key(id));
-            freed.insert(id);
-            freed_units += 1;
+            counts.freed.insert(id);
+            counts.freed_units += 1;
             for t in unit.link_targets(id) {
-                let r = match now.get_mut(&t) {
+                let r = match counts.now.get_mut(&t) {
                     Some(r) => r,
                     None => {
-                        let r = l.refs.get(meta, t)?;
-                        now.entry(t).or_insert(r)
+                        let r = self.refs.get(self.meta, t)?;
+                        counts.now.entry(t).or_insert(r)
                     }
                 };
                 r.links = r.links.checked_sub(1).ok_or_else(|| {
                     corrupt_meta(format!("unit {t}"), "a link was released twice")
                 })?;
                 if r.links == 0 {
-                    unlinked.push(t);
+                    counts.unlinked.push(t);
                 }
                 if r.is_zero() {
                     work.push(t);
                 }
             }
         }
-        for (id, r) in now.iter().filter(|(id, _)| !freed.contains(id)) {
-            l.refs.set(meta, *id, *r)?;
-        }
-        l.refs.write(&mut b);
-        // gc keeps a unit that others link into whole (gc::trim_to); once the
-        // last link is gone, its container is flagged for the next sweep, so
-        // an incremental gc trims it, not only a full one.
-        unlinked.retain(|id| !freed.contains(id) && !now[id].is_zero());
-        // (Written after the transaction's own deletes: gc deletes the flags
-        // of the containers it swept, which may hold such a unit. Even a
-        // container this commit writes is flagged: gc may have moved the
-        // unit whole.)
-        let mut unlinked_containers = Vec::new();
-        for id in &unlinked {
-            unlinked_containers.push(match (updated.get(id), new_units.get(id)) {
-                (Some(u), _) => u.container,
-                (None, Some(u)) => u.container,
-                (None, None) => match meta.unit(*id)? {
-                    Some(u) => u.container,
-                    None => continue,
-                },
-            });
-        }
+        Ok(())
+    }
 
-        // New copies go first in their fingerprint's list.
-        for ((kind, fp), v) in &txn.index_puts {
-            full::add_copy(l.copies(*kind, fp)?, *v);
+    /// A step: the new counts of the units that stay, written block by block.
+    fn store_counts(&mut self, b: &mut Batch<'_>, counts: &Counts) -> Result<()> {
+        for (id, r) in counts
+            .now
+            .iter()
+            .filter(|(id, _)| !counts.freed.contains(id))
+        {
+            self.refs.set(self.meta, *id, *r)?;
         }
-        for ((kind, fp), list) in &l.index {
-            full::stage(&mut b, *kind, fp, list);
-        }
+        self.refs.write(b);
+        Ok(())
+    }
 
-        // Containers: write changed records, delete empty ones. A container
-        // that lost units may hold dead data: flag it for gc's sweep.
+    /// A step: new copies go first in their fingerprint's list; every list touched is
+    /// written.
+    fn stage_index(
+        &mut self,
+        b: &mut Batch<'_>,
+        index_puts: &[((DedupUnit, Fp), u64)],
+    ) -> Result<()> {
+        for ((kind, fp), v) in index_puts {
+            full::add_copy(self.copies(*kind, fp)?, *v);
+        }
+        for ((kind, fp), list) in &self.index {
+            full::stage(b, *kind, fp, list);
+        }
+        Ok(())
+    }
+
+    /// A step: containers: write changed records, delete empty ones (returned: their files
+    /// go after the write). A container that lost units may hold dead data: flag it for
+    /// gc's sweep.
+    fn stage_containers(&mut self, b: &mut Batch<'_>) -> Vec<ContainerId> {
         let mut dead_files = Vec::new();
-        for (id, rec) in &l.containers {
+        for (id, rec) in &self.containers {
             let sweep_key = crate::format::keys::sweep_key(*id);
             if rec.live_units == 0 {
                 b.delete(CF_MARKS, &sweep_key);
@@ -436,77 +604,77 @@ impl Store {
                 // The proof gc needs to delete the file if a crash comes
                 // before the unlink below (crate::store::orphans).
                 b.put(CF_MARKS, &freed_key(*id), b"");
-                l.totals.containers -= 1;
-                l.totals.container_bytes -= rec.file_bytes;
-                l.totals.container_vbytes -= rec.vbytes;
+                self.totals.containers -= 1;
+                self.totals.container_bytes -= rec.file_bytes;
+                self.totals.container_vbytes -= rec.vbytes;
                 dead_files.push(*id);
             } else {
-                if !l.new_containers.contains(id) {
+                if !self.new_containers.contains(id) {
                     b.put(CF_MARKS, &sweep_key, b"");
                 }
                 b.put_container(*id, rec);
             }
         }
+        dead_files
+    }
 
-        for (name, update) in txn.series_updates {
-            let cur = meta.series(&name)?;
-            b.put_series(&update(cur));
-        }
-        // Deletions first: a replaced recipe deletes its old parts and puts new
-        // ones under the same keys, and batch operations apply in order.
-        for (cf, from, to) in &txn.delete_ranges {
-            b.delete_prefix_range(cf, from, to);
-        }
-        for (cf, k) in &txn.deletes {
-            b.delete(cf, k);
-        }
-        for (cf, k, v) in &txn.puts {
-            b.put(cf, k, v);
-        }
-        for c in unlinked_containers
-            .iter()
-            .filter(|c| !dead_files.contains(*c))
-        {
-            b.put(CF_MARKS, &crate::format::keys::sweep_key(*c), b"");
-        }
-        let t = &mut l.totals;
-        t.logical_bytes = apply(t.logical_bytes, txn.totals.logical_bytes);
-        t.versions = apply(t.versions, txn.totals.versions);
-        t.recipe_bytes = apply(t.recipe_bytes, txn.totals.recipe_bytes);
-        t.catalog_bytes = apply(t.catalog_bytes, txn.totals.catalog_bytes);
+    /// A step: the store totals, with the transaction's own deltas.
+    fn stage_totals(&mut self, b: &mut Batch<'_>, delta: &TotalsDelta) {
+        let t = &mut self.totals;
+        t.logical_bytes = apply(t.logical_bytes, delta.logical_bytes);
+        t.versions = apply(t.versions, delta.versions);
+        t.recipe_bytes = apply(t.recipe_bytes, delta.recipe_bytes);
+        t.catalog_bytes = apply(t.catalog_bytes, delta.catalog_bytes);
         b.put_totals(t);
-        b.put_counters(&self.counters().max(meta.counters()?));
-        if let Some(s) = txn.session {
-            b.delete(CF_SESSIONS, &s.to_be_bytes());
-        }
-        if let Err(e) = meta.write(b, true) {
-            // A failed sync may still leave the batch in the log, to replay
-            // at the next open: the session's files must not go before that
-            // open sees whether the session record went with the commit.
-            if let Some(s) = txn.session {
-                self.commit_write_failed(s);
-            }
-            return Err(e);
-        }
-        // Held from the pin check to here: a backup that pinned a unit after
-        // the check must, when it then reads the unit, see it gone. Released
-        // before the write, a backup could pin and read a unit this batch was
-        // about to delete, and reference it (tests/concurrent.rs).
-        drop(pin_state);
+    }
 
-        // Durable: now the files can go, once no reader that started before
-        // this commit can still need them.
-        self.failpoint("commit.before_unlink")?;
-        for id in self.files_freed(&dead_files) {
-            self.remove_container_file(id);
-        }
-        Ok(CommitOutcome {
+    /// What the commit freed, for its caller.
+    fn outcome(&self, freed_units: u64, dead_files: &[ContainerId]) -> CommitOutcome {
+        CommitOutcome {
             freed_units,
             freed_containers: dead_files.len() as u64,
             freed_bytes: dead_files
                 .iter()
-                .map(|id| l.containers[id].file_bytes)
+                .map(|id| self.containers[id].file_bytes)
                 .sum(),
-        })
+        }
+    }
+}
+
+/// A step: the transaction's own records: series records (updated as they are at commit
+/// time), then its deletions, then its puts.
+fn stage_records(meta: &Meta, b: &mut Batch<'_>, txn: &mut Txn) -> Result<()> {
+    for (name, update) in std::mem::take(&mut txn.series_updates) {
+        let cur = meta.series(&name)?;
+        b.put_series(&update(cur));
+    }
+    // Deletions first: a replaced recipe deletes its old parts and puts new
+    // ones under the same keys, and batch operations apply in order.
+    for (cf, from, to) in &txn.delete_ranges {
+        b.delete_prefix_range(cf, from, to);
+    }
+    for (cf, k) in &txn.deletes {
+        b.delete(cf, k);
+    }
+    for (cf, k, v) in &txn.puts {
+        b.put(cf, k, v);
+    }
+    Ok(())
+}
+
+/// A step: flags for the next sweep the containers holding a unit that lost its last
+/// incoming link ([`Counts::unlinked_containers`]). Written after the transaction's own
+/// deletes: gc deletes the flags of the containers it swept, which may hold such a unit.
+/// Even a container this commit writes is flagged: gc may have moved the unit whole.
+fn flag_unlinked(
+    b: &mut Batch<'_>,
+    unlinked_containers: &[ContainerId],
+    dead_files: &[ContainerId],
+) {
+    for c in unlinked_containers
+        .iter()
+        .filter(|c| !dead_files.contains(*c))
+    {
+        b.put(CF_MARKS, &crate::format::keys::sweep_key(*c), b"");
     }
 }
