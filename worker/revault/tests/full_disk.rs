@@ -494,7 +494,7 @@ fn a_full_data_directory_fails_writes_cleanly_and_needs_no_reopen() {
     let r = post(&srv, "/v1/gc", r#"{"full": true, "compactBelow": 1.0}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(
-        r.json()["containers_compacted"].as_u64() >= Some(1),
+        r.json()["containersCompacted"].as_u64() >= Some(1),
         "gc compacted nothing: {}",
         r.text()
     );

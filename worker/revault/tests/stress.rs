@@ -991,7 +991,7 @@ fn gc(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng) -> Step {
     }
     ctx.count(if full { "gc full" } else { "gc" });
     let rep: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| format!("gc: {e}"))?;
-    if rep["containers_compacted"].as_u64().unwrap_or(0) > 0 {
+    if rep["containersCompacted"].as_u64().unwrap_or(0) > 0 {
         ctx.count("gc that compacted");
     }
     Ok(())
