@@ -1017,7 +1017,8 @@ fn set_retention(ctx: &Ctx, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Step {
     let r = r?;
     ctx.note(c, format!("retention {name} {}: {}", p.json(), r.status));
     match r.status {
-        200 => {
+        // 201: the retention created the series (no push reached it yet).
+        200 | 201 => {
             sm.confirmed = sm.policies.len() - 1;
             ctx.count("retention");
         }
