@@ -28,7 +28,7 @@ export GOTOOLCHAIN ?= local
 DATA ?= synthetic
 
 .PHONY: help tools build build-bench demo test test-worker test-api test-fuzz fuzz lint fmt bench
-.PHONY: k8s-tools manifests generate build-operator lint-operator test-operator
+.PHONY: k8s-tools manifests generate generate-client build-operator lint-operator test-operator
 .PHONY: images e2e test-e2e lint-e2e
 
 help:
@@ -40,7 +40,8 @@ help:
 	@echo "make bench       benchmarks; figures go to docs/performance.md"
 	@echo "make fuzz        fuzz the engine's decoders, 600 s per target (FUZZ_SECONDS=...; docs/fuzzing.md)"
 	@echo "make test-operator  the operator's envtest suite, chart lint and dry-run, generated-file check"
-	@echo "make manifests generate  regenerate CRDs/RBAC (config/, charts/revault) and deepcopy code"
+	@echo "make manifests generate  regenerate CRDs/RBAC (config/, charts/revault), deepcopy code and the worker API's Go client"
+	@echo "make generate-client     regenerate the worker API's Go client from worker/api/openapi.yaml (operator/pkg/workerclient)"
 	@echo "make build-operator      build the operator binary (operator/bin/manager)"
 	@echo "make images      worker and operator images as archives, no registry (\$$REVAULT_CACHE/images)"
 	@echo "make e2e         the e2e suite on a 3-node kind cluster (KEEP=1 keeps the cluster; docs/e2e.md)"
@@ -91,14 +92,21 @@ k8s-tools:
 manifests: k8s-tools
 	hack/operator-gen.sh manifests
 
-generate: k8s-tools
+generate: k8s-tools generate-client
 	hack/operator-gen.sh generate
+
+# The Go client of the worker API (oapi-codegen, pinned in hack/lib.sh), shared by the operator
+# and the Velero plugin.
+generate-client:
+	hack/worker-client.sh generate
 
 build-operator:
 	cd operator && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/manager ./cmd
 
-# gofmt, go vet and golangci-lint (.golangci.yml; installed by the script on first use).
+# gofmt, go vet and golangci-lint (.golangci.yml; installed by the script on first use), and the
+# generated worker client is current.
 lint-operator:
+	hack/worker-client.sh verify
 	hack/go-lint.sh operator
 
 test-operator: build k8s-tools

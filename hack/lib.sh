@@ -18,10 +18,11 @@ HELM_VERSION=v3.22.0          # v3.22.1 answers 403 on the proxy
 CONTROLLER_GEN_VERSION=v0.18.0  # controller-tools release built against k8s 1.33
 GINKGO_VERSION=v2.28.3        # keep equal to github.com/onsi/ginkgo/v2 in operator/go.mod
 GOLANGCI_LINT_VERSION=v2.15.0 # hack/go-lint.sh; built with the local Go (see there)
+OAPI_CODEGEN_VERSION=v2.8.2   # hack/worker-client.sh; its runtime is pinned in operator/go.mod
 
 REVAULT_CACHE=${REVAULT_CACHE:-$HOME/.cache/revault}
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-TOOLS_BIN=$REVAULT_CACHE/bin                       # kind, helm, controller-gen, ginkgo, golangci-lint, kubectl link
+TOOLS_BIN=$REVAULT_CACHE/bin                       # kind, helm, controller-gen, ginkgo, golangci-lint, oapi-codegen, kubectl link
 K8S_BIN=$REVAULT_CACHE/k8s/$K8S_VERSION/bin        # kube-*, kubectl, etcd (also KUBEBUILDER_ASSETS)
 KIND_CACHE=$REVAULT_CACHE/kind                     # node image archive, kubeconfigs, rootfs
 DOCKER_STATE=$REVAULT_CACHE/docker                 # pid/log of a dockerd *we* started

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The operator's tests (make test-operator):
-#   1. generated files (deepcopy, CRDs, RBAC, the chart's copies) are current;
+#   1. generated files (deepcopy, CRDs, RBAC, the chart's copies, the worker API's client) are current;
 #   2. helm lint of charts/revault;
 #   3. go test ./... in operator/: unit tests, and the Ginkgo envtest suite, which runs the
 #      controllers against a real kube-apiserver + etcd (built by hack/k8s-binaries.sh, never
@@ -20,6 +20,7 @@ export REVAULT_BIN
 
 start=$(now)
 "$HACK_DIR/operator-gen.sh" verify
+"$HACK_DIR/worker-client.sh" verify
 
 log "helm lint charts/revault"
 helm lint "$REPO/charts/revault" --strict --kube-version "${K8S_VERSION#v}" >&2

@@ -217,9 +217,9 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	report := w.Push(t, "app", "data", bin)
 	var rep struct {
 		Version      int64 `json:"version"`
-		LogicalBytes int64 `json:"logical_bytes"`
+		LogicalBytes int64 `json:"logicalBytes"`
 	}
-	if err := json.Unmarshal([]byte(report), &rep); err != nil || rep.Version != 1 {
+	if err := json.Unmarshal([]byte(report), &rep); err != nil || rep.Version != 1 || rep.LogicalBytes == 0 {
 		t.Fatalf("push report %q: %v", report, err)
 	}
 	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: "ssd", Node: "n1", Endpoint: w.URL}

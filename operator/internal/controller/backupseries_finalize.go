@@ -14,7 +14,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // finalize honours deletionPolicy and lets the BackupSeries go.
@@ -67,7 +67,7 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 	}
 	rep, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name)
 	switch {
-	case workerapi.IsNotFound(err):
+	case workerclient.IsNotFound(err):
 		r.Recorder.Event(bs, "Normal", "SeriesDeleted", "the worker holds no data of this series")
 	case err != nil:
 		o.workerFailed = true

@@ -10,7 +10,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // placement chooses a worker for a series that has none. Once chosen, a series stays on its
@@ -145,7 +145,7 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		}
 		if _, err := api.Series(ctx, bs.Namespace, bs.Name); err == nil {
 			return &ws[i], nil, nil, nil
-		} else if !workerapi.IsNotFound(err) {
+		} else if !workerclient.IsNotFound(err) {
 			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
 			cands = append(cands, plan.Candidate{Node: w.Node, Pod: w.Pod})
 			continue

@@ -10,7 +10,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // checkRetentionPolicy sets RetentionPolicyFound for a series that names a RetentionPolicy (the
@@ -40,12 +40,13 @@ func (r *BackupSeriesReconciler) checkRetentionPolicy(ctx context.Context, s *se
 // clearRetention removes retention rules a removed RetentionPolicy left on the worker: a series
 // without a RetentionPolicy keeps everything. s is the series as the worker reported it.
 func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instrumented, bs *backupv1alpha1.BackupSeries,
-	s *workerapi.Series, cs conditionSetter) error {
-	hasRules := s.Retention != nil && (s.Retention.Keep != nil || s.Retention.KeepWithinSeconds != nil)
+	s *workerclient.SeriesDetail, cs conditionSetter) error {
+	hasRules := s.Retention.Keep != nil || s.Retention.KeepWithinSeconds != nil
 	if bs.Spec.RetentionPolicyRef != nil || !hasRules {
 		return nil
 	}
-	if _, err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerapi.Retention{Live: 1}); err != nil {
+	live := int64(1)
+	if err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerclient.Retention{Live: &live}); err != nil {
 		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", "clearing retention: "+err.Error())
 		return err
 	}

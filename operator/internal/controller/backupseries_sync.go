@@ -11,7 +11,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // syncVersions reads the series' versions and sizes from its worker. A worker that does not
@@ -35,8 +35,8 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 	}
 	s, err := api.Series(ctx, bs.Namespace, bs.Name)
 	switch {
-	case workerapi.IsNotFound(err):
-		s = &workerapi.Series{}
+	case workerclient.IsNotFound(err):
+		s = &workerclient.SeriesDetail{}
 	case err != nil:
 		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", err.Error())
 		return err
@@ -52,7 +52,7 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 
 // setVersions writes the worker's versions of a series into its status: totals, the latest
 // version, and the newest MaxStatusVersions of them in order.
-func setVersions(st *backupv1alpha1.BackupSeriesStatus, s *workerapi.Series) {
+func setVersions(st *backupv1alpha1.BackupSeriesStatus, s *workerclient.SeriesDetail) {
 	versions := make([]backupv1alpha1.BackupVersion, 0, len(s.VersionList))
 	var logical, stored int64
 	for _, v := range s.VersionList {

@@ -18,7 +18,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 func backupJobs(ns, series string) []batchv1.Job {
@@ -45,7 +45,7 @@ func annotate(bs *backupv1alpha1.BackupSeries, key, value string) {
 // expectNoData checks that node's worker holds no version of ns/name.
 func expectNoData(node, ns, name string) {
 	s, err := adminClient(node).Series(ctx, ns, name)
-	if workerapi.IsNotFound(err) {
+	if workerclient.IsNotFound(err) {
 		return
 	}
 	Expect(err).NotTo(HaveOccurred())
@@ -296,10 +296,11 @@ var _ = Describe("BackupSeries", func() {
 		waitToken(b, sa.Status.Worker.Node)
 		tokB, err := os.ReadFile(nsTokenFile(b))
 		Expect(err).NotTo(HaveOccurred())
-		_, err = workerapi.New(workerURL[sa.Status.Worker.Node], string(tokB), nil).Series(ctx, a, "db")
-		var werr *workerapi.Error
+		_, err = workerclient.JSON(workerClient(sa.Status.Worker.Node, string(tokB)).GetSeriesWithResponse(ctx, a, "db"))
+		var werr *workerclient.APIError
 		Expect(err).To(BeAssignableToTypeOf(werr))
-		Expect(err.(*workerapi.Error).Status).To(Equal(403))
+		Expect(err.(*workerclient.APIError).Status).To(Equal(403))
+		Expect(workerclient.HasCode(err, workerclient.ErrorCodeForbidden)).To(BeTrue(), "%v", err)
 		// Each namespace has its own token, and neither is the admin token.
 		tokA, err := os.ReadFile(nsTokenFile(a))
 		Expect(err).NotTo(HaveOccurred())

@@ -23,7 +23,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // getSeries fetches a BackupSeries.
@@ -63,8 +63,8 @@ func waitToken(ns, node string) {
 	tok, err := os.ReadFile(nsTokenFile(ns))
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error {
-		_, err := workerapi.New(workerURL[node], string(tok), nil).ListSeries(ctx, ns)
-		return err
+		params := &workerclient.ListSeriesParams{Namespace: &ns}
+		return workerclient.Done(workerClient(node, string(tok)).ListSeriesWithResponse(ctx, params))
 	}).WithTimeout(20 * time.Second).Should(Succeed())
 }
 

@@ -17,7 +17,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // restoreStart is the start of one RestoreJob: the object, and what the steps found on the way to
@@ -30,7 +30,7 @@ type restoreStart struct {
 	// and version the number restored (resolveVersion).
 	bs      *backupv1alpha1.BackupSeries
 	w       *backupv1alpha1.WorkerPlacement
-	series  *workerapi.Series
+	series  *workerclient.SeriesDetail
 	version int64
 	// job is the restore Job (startJob).
 	job *batchv1.Job
@@ -75,7 +75,7 @@ func (r *RestoreJobReconciler) resolveVersion(ctx context.Context, s *restoreSta
 		return failed(err)
 	}
 	series, err := api.Series(ctx, rj.Namespace, s.bs.Name)
-	if workerapi.IsNotFound(err) {
+	if workerclient.IsNotFound(err) {
 		// The worker's own message says what is missing.
 		r.fail(rj, s.cs, "VersionNotFound", err.Error())
 		return stop(ctrl.Result{}, nil)

@@ -8,8 +8,7 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/metrics"
-	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -24,7 +23,7 @@ func (r *RetentionPolicyReconciler) applyAll(ctx context.Context, p *policyRun) 
 		return failed(err)
 	}
 	sort.Slice(series.Items, func(i, j int) bool { return series.Items[i].Name < series.Items[j].Name })
-	wr, rules := Rules(rp.Spec)
+	wr := Rules(rp.Spec)
 
 	prev := map[string]backupv1alpha1.SeriesRetentionStatus{}
 	for _, s := range rp.Status.Series {
@@ -44,7 +43,7 @@ func (r *RetentionPolicyReconciler) applyAll(ctx context.Context, p *policyRun) 
 			continue
 		}
 		changed := e.AppliedGeneration != rp.Generation
-		did, err := r.applyToSeries(ctx, rp, bs, &e, wr, rules, changed || p.due)
+		did, err := r.applyToSeries(ctx, rp, bs, &e, wr, changed || p.due)
 		p.ran = p.ran || did
 		if err != nil {
 			p.o.workerFailed = true
@@ -73,21 +72,22 @@ func seriesEntry(prev map[string]backupv1alpha1.SeriesRetentionStatus, bs *backu
 }
 
 // applyToSeries pushes the rules to the series' worker when they changed, then (if run) slides
-// and expires, and records what is still pending. It reports whether it slid and expired.
+// and expires, and records what is still pending, as the worker plans it. It reports whether it
+// slid and expired.
 func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backupv1alpha1.RetentionPolicy,
 	bs *backupv1alpha1.BackupSeries, e *backupv1alpha1.SeriesRetentionStatus,
-	wr workerapi.Retention, rules plan.RetentionRules, run bool) (bool, error) {
+	wr workerclient.Retention, run bool) (bool, error) {
 	w := bs.Status.Worker
 	api, err := r.Workers.API(ctx, w.Media, w.Node)
 	if err != nil {
 		return false, err
 	}
 	if e.AppliedGeneration != rp.Generation {
-		if _, err := api.PutRetention(ctx, bs.Namespace, bs.Name, wr); err != nil {
+		if err := api.PutRetention(ctx, bs.Namespace, bs.Name, wr); err != nil {
 			return false, fmt.Errorf("storing the retention: %w", err)
 		}
 		r.Recorder.Eventf(rp, "Normal", "RetentionStored", "series %s: keep %s, live %d",
-			bs.Name, describeKeep(rp.Spec), wr.Live)
+			bs.Name, describeKeep(rp.Spec), *wr.Live)
 	}
 	if run {
 		if err := r.slideAndExpire(ctx, api, rp, bs, e); err != nil {
@@ -96,12 +96,12 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 	}
 	s, err := api.Series(ctx, bs.Namespace, bs.Name)
 	switch {
-	case workerapi.IsNotFound(err):
+	case workerclient.IsNotFound(err):
 		e.PendingExpiry = nil
 	case err != nil:
 		return run, err
 	default:
-		e.PendingExpiry = plan.Expiring(versionsAt(s), rules)
+		e.PendingExpiry = nonEmpty(s.PendingExpiry)
 	}
 	return run, nil
 }
@@ -112,21 +112,21 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 func (r *RetentionPolicyReconciler) slideAndExpire(ctx context.Context, api *instrumented, rp *backupv1alpha1.RetentionPolicy,
 	bs *backupv1alpha1.BackupSeries, e *backupv1alpha1.SeriesRetentionStatus) error {
 	slid, err := api.Slide(ctx, bs.Namespace, bs.Name)
-	if err != nil && !workerapi.IsNotFound(err) {
+	if err != nil && !workerclient.IsNotFound(err) {
 		return fmt.Errorf("slide: %w", err)
 	}
 	exp, err := api.ExpireByRetention(ctx, bs.Namespace, bs.Name)
-	if err != nil && !workerapi.IsNotFound(err) {
+	if err != nil && !workerclient.IsNotFound(err) {
 		return fmt.Errorf("expire: %w", err)
 	}
 	var freed int64
 	e.LastSlid, e.LastExpired = nil, nil
 	if slid != nil {
-		e.LastSlid = slid.Slid
+		e.LastSlid = nonEmpty(slid.Slid)
 		freed += slid.BytesFreed
 	}
 	if exp != nil {
-		e.LastExpired = exp.Expired
+		e.LastExpired = nonEmpty(exp.Expired)
 		freed += exp.BytesFreed
 	}
 	e.BytesReclaimed += freed
@@ -137,6 +137,15 @@ func (r *RetentionPolicyReconciler) slideAndExpire(ctx context.Context, api *ins
 			bs.Name, e.LastExpired, e.LastSlid, freed)
 	}
 	return nil
+}
+
+// nonEmpty is vs, or nil when it holds nothing: the status lists are omitempty, and an empty
+// list the worker sent must compare equal to the one read back from the API server.
+func nonEmpty(vs []int64) []int64 {
+	if len(vs) == 0 {
+		return nil
+	}
+	return vs
 }
 
 // describeKeep says in words which versions the policy keeps, for events.

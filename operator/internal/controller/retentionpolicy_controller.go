@@ -15,8 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
-	"github.com/revault-io/revault/operator/internal/plan"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // RetentionPolicyReconciler pushes a policy's rules to the worker of every series that uses it,
@@ -36,26 +35,26 @@ type RetentionPolicyReconciler struct {
 // +kubebuilder:rbac:groups=backup.revault.io,resources=retentionpolicies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=backup.revault.io,resources=backupseries,verbs=get;list;watch
 
-// Rules turns a policy spec into the worker's retention and the operator's plan rules.
-func Rules(spec backupv1alpha1.RetentionPolicySpec) (workerapi.Retention, plan.RetentionRules) {
-	var wr workerapi.Retention
-	var pr plan.RetentionRules
+// Rules turns a policy spec into the worker's retention. What the rules expire is the worker's
+// to decide (and to report: its series' pendingExpiry), so they are not evaluated here.
+func Rules(spec backupv1alpha1.RetentionPolicySpec) workerclient.Retention {
+	var wr workerclient.Retention
 	if spec.KeepVersions != nil {
 		k := int64(*spec.KeepVersions)
-		wr.Keep, pr.KeepVersions = &k, &k
+		wr.Keep = &k
 	}
 	if spec.KeepWithin != nil {
-		d := spec.KeepWithin.Duration
-		secs := int64(d / time.Second)
-		wr.KeepWithinSeconds, pr.KeepWithin = &secs, &d
+		secs := int64(spec.KeepWithin.Duration / time.Second)
+		wr.KeepWithinSeconds = &secs
 	}
-	wr.Live = 1
+	live := int64(1)
 	if spec.LiveVersions != nil {
-		wr.Live = int64(*spec.LiveVersions)
+		live = int64(*spec.LiveVersions)
 	}
 	// Without an expiry schedule the worker applies the rules after every backup.
-	wr.Auto = spec.ExpirySchedule == ""
-	return wr, pr
+	auto := spec.ExpirySchedule == ""
+	wr.Live, wr.Auto = &live, &auto
+	return wr
 }
 
 // policyRun is one reconcile of a RetentionPolicy: the policy as read (base, for the status patch),

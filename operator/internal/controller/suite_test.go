@@ -33,7 +33,7 @@ import (
 	"github.com/revault-io/revault/operator/internal/config"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/tokens"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // The suite runs the operator's controllers in-process against a real kube-apiserver and etcd
@@ -258,7 +258,7 @@ func startWorker(node, tokenFile string) {
 	Expect(cmd.Start()).To(Succeed())
 	workerProcs = append(workerProcs, cmd)
 	Eventually(func() error {
-		return workerapi.New(workerURL[node], "", nil).Ready(ctx)
+		return workerclient.Done(workerClient(node, "").GetReadyWithResponse(ctx))
 	}).WithTimeout(30*time.Second).Should(Succeed(), "worker on %s did not become ready (log: %s)", node, logf.Name())
 }
 
@@ -316,9 +316,16 @@ func adminToken() string {
 	return tok
 }
 
-// adminClient talks to a worker with the operator's token.
-func adminClient(node string) *workerapi.Client {
-	return workerapi.New(workerURL[node], adminToken(), nil)
+// workerClient talks to node's worker with token (none when empty).
+func workerClient(node, token string) *workerclient.ClientWithResponses {
+	c, err := workerclient.New(workerURL[node], token, nil)
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// adminClient talks to a worker with the operator's token, through the calls the operator makes.
+func adminClient(node string) *instrumented {
+	return &instrumented{workerClient(node, adminToken())}
 }
 
 var nsCounter int

@@ -16,7 +16,7 @@ import (
 	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/tokens"
-	"github.com/revault-io/revault/operator/internal/workerapi"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // Worker is one worker pod as the operator sees it.
@@ -150,7 +150,11 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the operator's worker token: %w", err)
 	}
-	return &instrumented{workerapi.New(w.url(media, node), token, workerHTTP)}, nil
+	c, err := workerclient.New(w.url(media, node), token, workerHTTP)
+	if err != nil {
+		return nil, err
+	}
+	return &instrumented{c}, nil
 }
 
 // RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of
@@ -161,10 +165,10 @@ func (w *Workers) RunningBackupBytes(ctx context.Context, at *backupv1alpha1.Wor
 		return 0, false
 	}
 	p, err := api.BackupProgress(ctx, ns, name)
-	if err != nil || !p.Running {
+	if err != nil || !p.Running || p.LogicalBytes == nil {
 		return 0, false
 	}
-	return p.LogicalBytes, true
+	return *p.LogicalBytes, true
 }
 
 // TokenAccepted reports whether the worker on node already accepts namespace ns's token. The
@@ -176,21 +180,25 @@ func (w *Workers) TokenAccepted(ctx context.Context, media backupv1alpha1.Media,
 		return false, err
 	}
 	// Only the namespace's token is used here: no admin client (and no read of its token).
-	scoped := workerapi.New(w.url(media, node), tok, workerHTTP)
-	_, err = call("list_series", func() ([]workerapi.Series, error) { return scoped.ListSeries(ctx, ns) })
+	scoped, err := workerclient.New(w.url(media, node), tok, workerHTTP)
+	if err != nil {
+		return false, err
+	}
+	_, err = call("list_series", func() (*[]workerclient.Series, error) {
+		return workerclient.JSON(scoped.ListSeriesWithResponse(ctx, &workerclient.ListSeriesParams{Namespace: &ns}))
+	})
 	switch {
 	case err == nil:
 		return true, nil
-	case workerapi.IsUnauthorized(err):
+	case workerclient.IsUnauthorized(err):
 		return false, nil
 	default:
 		return false, err
 	}
 }
 
-// versionsAt lists a worker's versions of a series with their times (for plan.ResolveVersion
-// and plan.Expiring).
-func versionsAt(s *workerapi.Series) []plan.VersionAt {
+// versionsAt lists a worker's versions of a series with their times (for plan.ResolveVersion).
+func versionsAt(s *workerclient.SeriesDetail) []plan.VersionAt {
 	vs := make([]plan.VersionAt, 0, len(s.VersionList))
 	for _, v := range s.VersionList {
 		vs = append(vs, plan.VersionAt{Number: v.Number, Time: v.Time})
@@ -198,8 +206,11 @@ func versionsAt(s *workerapi.Series) []plan.VersionAt {
 	return vs
 }
 
-// instrumented counts every worker call in the operator's metrics.
-type instrumented struct{ c *workerapi.Client }
+// instrumented is the operator's view of a worker: the calls it makes, each counted in the
+// operator's metrics, through the generated client.
+type instrumented struct {
+	c *workerclient.ClientWithResponses
+}
 
 func call[T any](op string, fn func() (T, error)) (T, error) {
 	v, err := fn()
@@ -211,30 +222,56 @@ func call[T any](op string, fn func() (T, error)) (T, error) {
 	return v, err
 }
 
-func (i *instrumented) Stats(ctx context.Context) (*workerapi.Stats, error) {
-	return call("stats", func() (*workerapi.Stats, error) { return i.c.Stats(ctx) })
+func (i *instrumented) Stats(ctx context.Context) (*workerclient.Stats, error) {
+	return call("stats", func() (*workerclient.Stats, error) {
+		return workerclient.JSON(i.c.GetStatsWithResponse(ctx))
+	})
 }
 
-func (i *instrumented) Series(ctx context.Context, ns, name string) (*workerapi.Series, error) {
-	return call("series", func() (*workerapi.Series, error) { return i.c.Series(ctx, ns, name) })
+// Series is one series with its versions and what its retention would expire (a 404 error when
+// the worker has no such series).
+func (i *instrumented) Series(ctx context.Context, ns, name string) (*workerclient.SeriesDetail, error) {
+	return call("series", func() (*workerclient.SeriesDetail, error) {
+		return workerclient.JSON(i.c.GetSeriesWithResponse(ctx, ns, name))
+	})
 }
 
-func (i *instrumented) DeleteSeries(ctx context.Context, ns, name string) (*workerapi.ExpireReport, error) {
-	return call("delete_series", func() (*workerapi.ExpireReport, error) { return i.c.DeleteSeries(ctx, ns, name) })
+// DeleteSeries deletes every version of a series.
+func (i *instrumented) DeleteSeries(ctx context.Context, ns, name string) (*workerclient.ExpireReport, error) {
+	return call("delete_series", func() (*workerclient.ExpireReport, error) {
+		return workerclient.JSON(i.c.DeleteSeriesWithResponse(ctx, ns, name))
+	})
 }
 
-func (i *instrumented) PutRetention(ctx context.Context, ns, name string, r workerapi.Retention) (*workerapi.Retention, error) {
-	return call("put_retention", func() (*workerapi.Retention, error) { return i.c.PutRetention(ctx, ns, name, r) })
+// PutRetention stores a series' retention, creating the series if needed.
+func (i *instrumented) PutRetention(ctx context.Context, ns, name string, r workerclient.Retention) error {
+	_, err := call("put_retention", func() (struct{}, error) {
+		return struct{}{}, workerclient.Done(i.c.PutRetentionWithResponse(ctx, ns, name, r))
+	})
+	return err
 }
 
-func (i *instrumented) Slide(ctx context.Context, ns, name string) (*workerapi.SlideReport, error) {
-	return call("slide", func() (*workerapi.SlideReport, error) { return i.c.Slide(ctx, ns, name) })
+// Slide reverse-deduplicates the versions that left the live window.
+func (i *instrumented) Slide(ctx context.Context, ns, name string) (*workerclient.SlideReport, error) {
+	return call("slide", func() (*workerclient.SlideReport, error) {
+		return workerclient.JSON(i.c.SlideSeriesWithResponse(ctx, ns, name))
+	})
 }
 
-func (i *instrumented) ExpireByRetention(ctx context.Context, ns, name string) (*workerapi.ExpireReport, error) {
-	return call("expire", func() (*workerapi.ExpireReport, error) { return i.c.ExpireByRetention(ctx, ns, name) })
+// ExpireByRetention deletes what the series' retention no longer keeps (its pendingExpiry).
+func (i *instrumented) ExpireByRetention(ctx context.Context, ns, name string) (*workerclient.ExpireReport, error) {
+	return call("expire", func() (*workerclient.ExpireReport, error) {
+		var req workerclient.ExpireRequest
+		if err := req.FromExpireByRetention(workerclient.ExpireByRetention{ApplyRetention: true}); err != nil {
+			return nil, err
+		}
+		return workerclient.JSON(i.c.ExpireVersionsWithResponse(ctx, ns, name, req))
+	})
 }
 
-func (i *instrumented) BackupProgress(ctx context.Context, ns, name string) (*workerapi.BackupProgress, error) {
-	return call("backup_progress", func() (*workerapi.BackupProgress, error) { return i.c.BackupProgress(ctx, ns, name) })
+// BackupProgress reports how far the series' running backup has got.
+func (i *instrumented) BackupProgress(ctx context.Context, ns, name string) (*workerclient.BackupProgress, error) {
+	return call("backup_progress", func() (*workerclient.BackupProgress, error) {
+		return workerclient.JSON(i.c.GetBackupProgressWithResponse(ctx, ns, name))
+	})
 }

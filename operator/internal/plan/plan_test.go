@@ -1,7 +1,6 @@
 package plan
 
 import (
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -46,48 +45,6 @@ func TestChooseWorker(t *testing.T) {
 			got, ok := ChooseWorker(c.cands)
 			if ok != c.ok || got.Node != c.want {
 				t.Fatalf("ChooseWorker = %q, %v; want %q, %v", got.Node, ok, c.want, c.ok)
-			}
-		})
-	}
-}
-
-func i64(v int64) *int64                 { return &v }
-func dur(d time.Duration) *time.Duration { return &d }
-
-func TestExpiring(t *testing.T) {
-	day := 24 * time.Hour
-	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	six := make([]VersionAt, 0, 6)
-	for v := int64(1); v <= 6; v++ {
-		six = append(six, VersionAt{Number: v, Time: t0.Add(time.Duration(v) * day)})
-	}
-	cases := []struct {
-		name  string
-		vs    []VersionAt
-		rules RetentionRules
-		want  []int64
-	}{
-		{"no versions", nil, RetentionRules{KeepVersions: i64(1)}, nil},
-		{"no rules keep everything", six, RetentionRules{}, nil},
-		{"keep 3", six, RetentionRules{KeepVersions: i64(3)}, []int64{1, 2, 3}},
-		{"keep more than exist", six, RetentionRules{KeepVersions: i64(10)}, nil},
-		{"keep 1", six, RetentionRules{KeepVersions: i64(1)}, []int64{1, 2, 3, 4, 5}},
-		{"within 2 days of the newest", six, RetentionRules{KeepWithin: dur(2 * day)}, []int64{1, 2, 3}},
-		{"within 0 keeps the newest", six, RetentionRules{KeepWithin: dur(0)}, []int64{1, 2, 3, 4, 5}},
-		{"union: keep 1 or within 3 days", six, RetentionRules{KeepVersions: i64(1), KeepWithin: dur(3 * day)}, []int64{1, 2}},
-		{"union: keep 4 or within 1 day", six, RetentionRules{KeepVersions: i64(4), KeepWithin: dur(day)}, []int64{1, 2}},
-		{"age counts from the newest time, not the last number",
-			[]VersionAt{{1, t0.Add(100 * time.Second)}, {2, t0.Add(50 * time.Second)}, {3, t0.Add(90 * time.Second)}},
-			RetentionRules{KeepWithin: dur(15 * time.Second)}, []int64{2}},
-		{"unsorted input", []VersionAt{six[4], six[0], six[5], six[2], six[1], six[3]},
-			RetentionRules{KeepVersions: i64(2)}, []int64{1, 2, 3, 4}},
-		{"gaps in numbers (expired before)", []VersionAt{{3, t0}, {7, t0.Add(day)}, {9, t0.Add(2 * day)}},
-			RetentionRules{KeepVersions: i64(2)}, []int64{3}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if got := Expiring(c.vs, c.rules); !reflect.DeepEqual(got, c.want) {
-				t.Fatalf("Expiring = %v, want %v", got, c.want)
 			}
 		})
 	}
@@ -231,10 +188,10 @@ const pullOK = `{
   "seconds": 0.25,
   "series": "ns/db",
   "server": {
-    "bytes_read": 400000,
-    "container_reads": 2,
-    "logical_bytes": 400000,
-    "speed_factor": 0.19,
+    "bytesRead": 400000,
+    "containerReads": 2,
+    "logicalBytes": 400000,
+    "speedFactor": 0.19,
     "state": "done",
     "warnings": []
   },
@@ -295,7 +252,7 @@ func TestParseJobOutput(t *testing.T) {
 }
 
 func TestParsePushReport(t *testing.T) {
-	out := ParseJobOutput("{\n  \"logical_bytes\": 524288,\n  \"new_vbytes\": 4096,\n  \"series\": \"ns/db\",\n  \"version\": 3\n}\n")
+	out := ParseJobOutput("{\n  \"logicalBytes\": 524288,\n  \"newBytes\": 4096,\n  \"series\": \"ns/db\",\n  \"version\": 3\n}\n")
 	r, err := ParsePushReport(out.Report)
 	if err != nil || r.Version == nil || *r.Version != 3 || r.LogicalBytes != 524288 || r.NewBytes != 4096 {
 		t.Fatalf("ParsePushReport = %+v, %v", r, err)

@@ -75,8 +75,8 @@ func ParseJobOutput(text string) JobOutput {
 // backup made (nil when the report names none) and its sizes.
 type PushReport struct {
 	Version      *int64 `json:"version"`
-	LogicalBytes int64  `json:"logical_bytes"`
-	NewBytes     int64  `json:"new_vbytes"`
+	LogicalBytes int64  `json:"logicalBytes"`
+	NewBytes     int64  `json:"newBytes"`
 }
 
 // ParsePushReport decodes a backup report.
@@ -94,10 +94,10 @@ type PullReport struct {
 	Bytes   int64   `json:"bytes"`
 	Seconds float64 `json:"seconds"`
 	Server  *struct {
-		LogicalBytes   int64    `json:"logical_bytes"`
-		ContainerReads int64    `json:"container_reads"`
-		BytesRead      int64    `json:"bytes_read"`
-		SpeedFactor    *float64 `json:"speed_factor"`
+		LogicalBytes   int64    `json:"logicalBytes"`
+		ContainerReads int64    `json:"containerReads"`
+		BytesRead      int64    `json:"bytesRead"`
+		SpeedFactor    *float64 `json:"speedFactor"`
 		Seconds        float64  `json:"seconds"`
 		State          string   `json:"state"`
 	} `json:"server"`

@@ -6,6 +6,12 @@ import (
 	"time"
 )
 
+// VersionAt is a version number and its time.
+type VersionAt struct {
+	Number int64
+	Time   time.Time
+}
+
 // ResolveVersion turns a RestoreJob's version ("latest", a number, or an RFC 3339 time) into a
 // version number of the series, or an error that says why none matches.
 func ResolveVersion(sel, series string, versions []VersionAt) (int64, error) {

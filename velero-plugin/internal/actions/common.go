@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 	"github.com/revault-io/revault/velero-plugin/internal/kube"
-	"github.com/revault-io/revault/velero-plugin/internal/worker"
 )
 
 // apiTimeout bounds each action's calls to the Kubernetes API and workers.
@@ -76,7 +76,7 @@ func recordedVersion(u *unstructured.Unstructured) (version int64, recorded bool
 // workerClient reaches the worker of a series in namespace ns with that namespace's token (the
 // Secret the operator gives every namespace with series). hint is the endpoint recorded at
 // backup time, used when the BackupSeries is gone.
-func workerClient(ctx context.Context, c client.Client, ns, series, hint string) (*worker.Client, error) {
+func workerClient(ctx context.Context, c client.Client, ns, series, hint string) (*workerclient.ClientWithResponses, error) {
 	endpoint := hint
 	bs := &backupv1alpha1.BackupSeries{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: series}, bs); err == nil &&
@@ -90,7 +90,12 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	if err != nil {
 		return nil, fmt.Errorf("reading Secret %s/%s (the namespace's Revault token): %w", ns, kube.TokenSecret, err)
 	}
-	return worker.New(endpoint, token, worker.TLSOptions{})
+	// An expiry may take a while on a large store: no overall timeout but the caller's context.
+	hc, err := workerclient.StreamingHTTPClient(workerclient.TLSOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return workerclient.New(endpoint, token, hc)
 }
 
 // splitID splits an operation ID into n parts separated by '/'.

@@ -9,8 +9,8 @@ import (
 	"github.com/vmware-tanzu/velero/pkg/plugin/velero"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 	"github.com/revault-io/revault/velero-plugin/internal/kube"
-	"github.com/revault-io/revault/velero-plugin/internal/worker"
 )
 
 // PVCDelete is the DeleteItemAction `revault.io/pvc-delete`: when a Velero backup is deleted, the
@@ -79,8 +79,8 @@ func (a *PVCDelete) Execute(in *velero.DeleteItemActionExecuteInput) error {
 		return fmt.Errorf("expiring version %d of series %s/%s (backup %s): %w; the version stays on its worker until expired by hand (DELETE /v1/series/%s/%s/versions/%d)",
 			version, ns, series, in.Backup.Name, err, ns, series, version)
 	}
-	if err := wc.ExpireVersion(ctx, ns, series, version); err != nil {
-		if worker.IsNotFound(err) {
+	if err := workerclient.Done(wc.DeleteVersionWithResponse(ctx, ns, series, strconv.FormatInt(version, 10))); err != nil {
+		if workerclient.IsNotFound(err) {
 			log.Info("the version was already gone")
 			return nil
 		}

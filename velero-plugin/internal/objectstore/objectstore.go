@@ -29,8 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 	"github.com/revault-io/revault/velero-plugin/internal/kube"
-	"github.com/revault-io/revault/velero-plugin/internal/worker"
 )
 
 // Config keys of the BSL (spec.config); credentialsFile is set by Velero from spec.credential.
@@ -55,6 +55,8 @@ const (
 	opTimeout = 2 * time.Minute
 	// kubeTimeout bounds each read from the Kubernetes API (token Secret, BackupSeries).
 	kubeTimeout = 30 * time.Second
+	// pageSize is how many entries a listing asks the worker for per page.
+	pageSize = 1000
 )
 
 // ObjectStore implements velero.ObjectStore.
@@ -64,14 +66,23 @@ type ObjectStore struct {
 	url       string
 	publicURL string
 	token     string
-	tls       worker.TLSOptions
-	mu        sync.Mutex
-	clients   map[string]*worker.Client
+	tls       workerclient.TLSOptions
+	// pageSize is how many entries each listing call asks for (pageSize unless a test sets it).
+	pageSize int
+	mu       sync.Mutex
+	clients  map[string]*bucketWorker
+}
+
+// bucketWorker is the worker holding a bucket: its client and its address (signed URLs are
+// relative to it).
+type bucketWorker struct {
+	*workerclient.ClientWithResponses
+	base string
 }
 
 // New returns an uninitialised ObjectStore (Velero calls Init).
 func New(log logrus.FieldLogger) *ObjectStore {
-	return &ObjectStore{log: log, clients: map[string]*worker.Client{}}
+	return &ObjectStore{log: log, pageSize: pageSize, clients: map[string]*bucketWorker{}}
 }
 
 // Init reads the BSL config.
@@ -180,7 +191,7 @@ func secretToken(ns, name string) (string, error) {
 
 // client returns the worker client of a bucket: the configured URL, or the worker the operator
 // placed the bucket's BackupSeries on.
-func (o *ObjectStore) client(bucket string) (*worker.Client, error) {
+func (o *ObjectStore) client(bucket string) (*bucketWorker, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if c, ok := o.clients[bucket]; ok {
@@ -204,10 +215,15 @@ func (o *ObjectStore) client(bucket string) (*worker.Client, error) {
 		}
 		base = bs.Status.Worker.Endpoint
 	}
-	c, err := worker.New(base, o.token, o.tls)
+	hc, err := workerclient.StreamingHTTPClient(o.tls)
 	if err != nil {
 		return nil, err
 	}
+	wc, err := workerclient.New(base, o.token, hc)
+	if err != nil {
+		return nil, err
+	}
+	c := &bucketWorker{wc, base}
 	o.clients[bucket] = c
 	return c, nil
 }
@@ -224,8 +240,13 @@ func (o *ObjectStore) PutObject(bucket, key string, body io.Reader) error {
 	}
 	br := bufio.NewReaderSize(body, 64<<10)
 	magic, _ := br.Peek(2)
-	gzip := strings.HasSuffix(key, ".gz") && len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b
-	obj, err := c.PutObject(context.Background(), o.ns, bucket, key, br, gzip)
+	params := &workerclient.PutObjectParams{Key: key}
+	if strings.HasSuffix(key, ".gz") && len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gzip := workerclient.PutObjectParamsEncodingGzip
+		params.Encoding = &gzip
+	}
+	obj, err := workerclient.Created(c.PutObjectWithBodyWithResponse(context.Background(), o.ns, bucket, params,
+		"application/octet-stream", br))
 	if err != nil {
 		return fmt.Errorf("putting %s/%s: %w", bucket, key, err)
 	}
@@ -242,11 +263,11 @@ func (o *ObjectStore) ObjectExists(bucket, key string) (bool, error) {
 	}
 	ctx, cancel := o.ctx()
 	defer cancel()
-	_, err = c.ObjectMeta(ctx, o.ns, bucket, key)
+	_, err = workerclient.JSON(c.GetObjectMetaWithResponse(ctx, o.ns, bucket, &workerclient.GetObjectMetaParams{Key: key}))
 	switch {
 	case err == nil:
 		return true, nil
-	case worker.IsNotFound(err):
+	case workerclient.IsNotFound(err):
 		return false, nil
 	default:
 		return false, err
@@ -259,7 +280,11 @@ func (o *ObjectStore) GetObject(bucket, key string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.GetObject(context.Background(), o.ns, bucket, key)
+	resp, err := c.GetObject(context.Background(), o.ns, bucket, &workerclient.GetObjectParams{Key: key})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
 }
 
 // ListCommonPrefixes returns the prefixes under prefix up to and including the delimiter.
@@ -270,7 +295,7 @@ func (o *ObjectStore) ListCommonPrefixes(bucket, prefix, delimiter string) ([]st
 	}
 	ctx, cancel := o.ctx()
 	defer cancel()
-	_, prefixes, err := c.List(ctx, o.ns, bucket, prefix, delimiter)
+	_, prefixes, err := o.list(ctx, c, bucket, prefix, delimiter)
 	return prefixes, err
 }
 
@@ -282,7 +307,7 @@ func (o *ObjectStore) ListObjects(bucket, prefix string) ([]string, error) {
 	}
 	ctx, cancel := o.ctx()
 	defer cancel()
-	objs, _, err := c.List(ctx, o.ns, bucket, prefix, "")
+	objs, _, err := o.list(ctx, c, bucket, prefix, "")
 	if err != nil {
 		return nil, err
 	}
@@ -301,10 +326,39 @@ func (o *ObjectStore) DeleteObject(bucket, key string) error {
 	}
 	ctx, cancel := o.ctx()
 	defer cancel()
-	if err := c.DeleteObject(ctx, o.ns, bucket, key); err != nil && !worker.IsNotFound(err) {
+	err = workerclient.Done(c.DeleteObjectWithResponse(ctx, o.ns, bucket, &workerclient.DeleteObjectParams{Key: key}))
+	if err != nil && !workerclient.IsNotFound(err) {
 		return err
 	}
 	return nil
+}
+
+// list returns every object under prefix and, with a delimiter, the common prefixes, walking all
+// pages. A bucket the worker does not have lists empty: a bucket comes into being with its first
+// object, and Velero lists a new backup storage location (to validate it) before it writes one.
+func (o *ObjectStore) list(ctx context.Context, c *bucketWorker, bucket, prefix, delimiter string) (
+	[]workerclient.Object, []string, error) {
+	var objects []workerclient.Object
+	var prefixes []string
+	q := workerclient.ListObjectsParams{Prefix: &prefix, Limit: &o.pageSize}
+	if delimiter != "" {
+		q.Delimiter = &delimiter
+	}
+	for {
+		page, err := workerclient.JSON(c.ListObjectsWithResponse(ctx, o.ns, bucket, &q))
+		if workerclient.HasCode(err, workerclient.ErrorCodeUnknownBucket) {
+			return nil, nil, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		objects = append(objects, page.Objects...)
+		prefixes = append(prefixes, page.CommonPrefixes...)
+		if page.NextStartAfter == nil || *page.NextStartAfter == "" {
+			return objects, prefixes, nil
+		}
+		q.StartAfter = page.NextStartAfter
+	}
 }
 
 // CreateSignedURL returns a URL that reads key without a token until ttl passes (the worker
@@ -321,13 +375,15 @@ func (o *ObjectStore) CreateSignedURL(bucket, key string, ttl time.Duration) (st
 	if ttl > maxTTL {
 		ttl = maxTTL
 	}
-	path, err := c.SignURL(ctx, o.ns, bucket, key, ttl)
+	secs := max(int64(ttl/time.Second), 1)
+	signed, err := workerclient.JSON(c.SignObjectUrlWithResponse(ctx, o.ns, bucket,
+		workerclient.SignRequest{Key: key, TtlSeconds: &secs}))
 	if err != nil {
 		return "", err
 	}
-	base := c.BaseURL
+	base := c.base
 	if o.publicURL != "" {
 		base = o.publicURL
 	}
-	return base + path, nil
+	return base + signed.Url, nil
 }

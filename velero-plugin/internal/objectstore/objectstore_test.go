@@ -16,9 +16,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 	"github.com/revault-io/revault/velero-plugin/internal/testutil"
-	"github.com/revault-io/revault/velero-plugin/internal/worker"
 )
+
+// objectMeta is what the worker knows about key in velero's bucket b.
+func objectMeta(t *testing.T, w *testutil.Worker, b, key string) (*workerclient.Object, error) {
+	t.Helper()
+	c, err := workerclient.New(w.URL, w.Tokens["velero"], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return workerclient.JSON(c.GetObjectMetaWithResponse(context.Background(), "velero", b,
+		&workerclient.GetObjectMetaParams{Key: key}))
+}
 
 // veleroTarball is a tar like Velero's backup contents: one JSON file per resource.
 func veleroTarball(t *testing.T, n int, mtime time.Time) []byte {
@@ -87,16 +98,15 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 			t.Fatalf("PutObject %s: %v", k, err)
 		}
 	}
-	c, _ := worker.New(w.URL, w.Tokens["velero"], worker.TLSOptions{})
-	m, err := c.ObjectMeta(context.Background(), "velero", b, "backups/b1/b1.tar.gz")
+	m, err := objectMeta(t, w, b, "backups/b1/b1.tar.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Encoding != "gzip" || m.Size != int64(len(tarball)) || m.TarMembers != 50 {
 		t.Fatalf("the tarball is stored decompressed and split per member: %+v", m)
 	}
-	if m, _ := c.ObjectMeta(context.Background(), "velero", b, "backups/b1/velero-backup.json"); m.Encoding != "identity" {
-		t.Fatalf("plain objects are stored as they are: %+v", m)
+	if m, err := objectMeta(t, w, b, "backups/b1/velero-backup.json"); err != nil || m.Encoding != "identity" {
+		t.Fatalf("plain objects are stored as they are: %+v, %v", m, err)
 	}
 
 	// Reads: gzip objects come back as gzip of the same content, others byte-exact.
@@ -116,7 +126,7 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 	_ = r.Close()
-	if _, err := o.GetObject(b, "backups/nope"); !worker.IsNotFound(err) {
+	if _, err := o.GetObject(b, "backups/nope"); !workerclient.IsNotFound(err) {
 		t.Fatalf("missing object: %v", err)
 	}
 
@@ -138,15 +148,16 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 		t.Fatalf("objects: %v %v", keys, err)
 	}
 	// Listings longer than a page are walked to their end.
-	c.PageSize = 1
-	objs, prefixes, err := c.List(context.Background(), "velero", b, "", "/")
-	if err != nil || len(objs) != 0 || strings.Join(prefixes, ",") != "backups/,restores/" {
-		t.Fatalf("paged prefixes: %v %v %v", objs, prefixes, err)
+	o.pageSize = 1
+	prefixes, err = o.ListCommonPrefixes(b, "", "/")
+	if err != nil || strings.Join(prefixes, ",") != "backups/,restores/" {
+		t.Fatalf("paged prefixes: %v %v", prefixes, err)
 	}
-	objs, _, err = c.List(context.Background(), "velero", b, "backups/", "")
-	if err != nil || len(objs) != 4 || objs[0].Key != "backups/b1/b1-logs.gz" || objs[3].Key != "backups/b2/velero-backup.json" {
-		t.Fatalf("paged objects: %+v %v", objs, err)
+	keys, err = o.ListObjects(b, "backups/")
+	if err != nil || len(keys) != 4 || keys[0] != "backups/b1/b1-logs.gz" || keys[3] != "backups/b2/velero-backup.json" {
+		t.Fatalf("paged objects: %v %v", keys, err)
 	}
+	o.pageSize = pageSize
 
 	// Signed URLs: readable without a token, rewritten to the public address.
 	u, err := o.CreateSignedURL(b, "backups/b1/b1-logs.gz", 10*time.Minute)
@@ -192,15 +203,14 @@ func TestObjectStoreAgainstAWorker(t *testing.T) {
 func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
 	w := testutil.StartWorker(t, "velero")
 	o := newStore(t, w, nil)
-	c, _ := worker.New(w.URL, w.Tokens["velero"], worker.TLSOptions{})
-	var first, second *worker.Object
+	var first, second *workerclient.Object
 	for i, key := range []string{"backups/d1/d1.tar.gz", "backups/d2/d2.tar.gz"} {
 		// The same resources, backed up a day apart: every tar header differs (mtime).
 		body := testutil.Gzip(t, veleroTarball(t, 300, time.Unix(1_767_225_600+int64(i)*86400, 0)))
 		if err := o.PutObject("default", key, bytes.NewReader(body)); err != nil {
 			t.Fatal(err)
 		}
-		m, err := c.ObjectMeta(context.Background(), "velero", "default", key)
+		m, err := objectMeta(t, w, "default", key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,6 +227,32 @@ func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
 	// The second tarball's new bytes are its tar headers, nothing else.
 	if added[first.Version] < 300*2000 || added[second.Version] > 300*512+1024 {
 		t.Fatalf("new bytes: first %d, second %d: the second should deduplicate", added[first.Version], added[second.Version])
+	}
+}
+
+// Velero validates a backup storage location by listing it, before it has written anything: a
+// bucket the worker does not have yet lists empty (the worker answers 404 unknown_bucket), and
+// comes into being with its first object.
+func TestANewBucketListsEmpty(t *testing.T) {
+	w := testutil.StartWorker(t, "velero")
+	o := newStore(t, w, nil)
+	prefixes, err := o.ListCommonPrefixes("fresh", "", "/")
+	if err != nil || len(prefixes) != 0 {
+		t.Fatalf("ListCommonPrefixes of a new bucket: %v, %v", prefixes, err)
+	}
+	keys, err := o.ListObjects("fresh", "backups/")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("ListObjects of a new bucket: %v, %v", keys, err)
+	}
+	if ok, err := o.ObjectExists("fresh", "backups/b1/velero-backup.json"); ok || err != nil {
+		t.Fatalf("ObjectExists in a new bucket: %v, %v", ok, err)
+	}
+	if err := o.PutObject("fresh", "backups/b1/velero-backup.json", strings.NewReader("{}")); err != nil {
+		t.Fatal(err)
+	}
+	keys, err = o.ListObjects("fresh", "")
+	if err != nil || strings.Join(keys, ",") != "backups/b1/velero-backup.json" {
+		t.Fatalf("ListObjects after the first put: %v, %v", keys, err)
 	}
 }
 

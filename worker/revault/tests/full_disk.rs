@@ -365,7 +365,7 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
 
     // A restore that started before the reopen and whose client stops
     // reading: the reopen waits for it only within the grace.
-    let slow = SlowRestore::start(&srv, "/v1/series/ns/big/versions/1?cache_mib=1", 1 << 20);
+    let slow = SlowRestore::start(&srv, "/v1/series/ns/big/versions/1?cacheMib=1", 1 << 20);
 
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
@@ -494,7 +494,7 @@ fn a_full_data_directory_fails_writes_cleanly_and_needs_no_reopen() {
     let r = post(&srv, "/v1/gc", r#"{"full": true, "compactBelow": 1.0}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(
-        r.json()["containers_compacted"].as_u64() >= Some(1),
+        r.json()["containersCompacted"].as_u64() >= Some(1),
         "gc compacted nothing: {}",
         r.text()
     );

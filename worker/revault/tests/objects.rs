@@ -252,7 +252,7 @@ fn objects_round_trip_list_overwrite_and_delete() {
     // Delete frees the content; the key is gone for reads, lists and deletes.
     let big = random(3 << 20, 99);
     assert_eq!(put(&s, b, "backups/b3/big.bin", &big, false).status, 201);
-    let before = call(&s, "GET", "/v1/stats", ADMIN, b"").json()["container_bytes"]
+    let before = call(&s, "GET", "/v1/stats", ADMIN, b"").json()["containerBytes"]
         .as_u64()
         .unwrap();
     let d = call(
@@ -268,7 +268,7 @@ fn objects_round_trip_list_overwrite_and_delete() {
         "{}",
         d.text()
     );
-    let after_stats = call(&s, "GET", "/v1/stats", ADMIN, b"").json()["container_bytes"]
+    let after_stats = call(&s, "GET", "/v1/stats", ADMIN, b"").json()["containerBytes"]
         .as_u64()
         .unwrap();
     assert!(
@@ -288,13 +288,12 @@ fn objects_round_trip_list_overwrite_and_delete() {
         !keys(&list(&s, b, "prefix=backups%2Fb3%2F")).contains(&"backups/b3/big.bin".to_string())
     );
 
-    // Bucket totals; a bucket never written to is empty for listings and 404 for totals.
+    // Bucket totals; a bucket never written to does not exist, for listings
+    // as for totals.
     let t = call(&s, "GET", &format!("/v1/buckets/{b}"), VELERO, b"").json();
     assert_eq!(t["objects"], keys_in.len());
-    assert!(list(&s, "velero/empty", "")["objects"]
-        .as_array()
-        .unwrap()
-        .is_empty());
+    call(&s, "GET", "/v1/buckets/velero/empty/objects", VELERO, b"")
+        .assert_error(404, "unknown_bucket");
     call(&s, "GET", "/v1/buckets/velero/empty", VELERO, b"").assert_error(404, "unknown_bucket");
 
     // The objects survive a restart.
@@ -473,7 +472,9 @@ fn scopes_and_bad_input_get_clear_errors() {
     .assert_error(400, "bad_key");
     p("/v1/buckets/velero/bsl/object?key=k&encoding=zip").assert_error(400, "invalid_argument");
     p("/v1/buckets/velero/bsl/object?key=k&colour=red").assert_error(400, "bad_query");
-    p("/v1/buckets/velero/Bad_Bucket/object?key=k").assert_error(400, "bad_series_name");
+    p("/v1/buckets/velero/Bad_Bucket/object?key=k").assert_error(400, "bad_bucket_name");
+    call(&s, "GET", "/v1/buckets/Velero/bsl/objects", VELERO, b"")
+        .assert_error(400, "bad_bucket_name");
     call(
         &s,
         "GET",

@@ -115,7 +115,7 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     );
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["version"], 1);
-    assert_eq!(rep["logical_bytes"], data.len());
+    assert_eq!(rep["logicalBytes"], data.len());
     data[100..200].fill(9);
     std::fs::write(&input, &data).unwrap();
     client_ok(
@@ -142,11 +142,11 @@ fn stream_and_directory_round_trips_are_byte_exact() {
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["version"], 1);
     assert!(
-        rep["server"]["container_reads"].as_u64().unwrap() >= 1,
+        rep["server"]["containerReads"].as_u64().unwrap() >= 1,
         "{rep}"
     );
     assert!(
-        rep["server"]["speed_factor"].as_f64().unwrap() > 0.0,
+        rep["server"]["speedFactor"].as_f64().unwrap() > 0.0,
         "{rep}"
     );
     assert_eq!(rep["server"]["state"], "done");
@@ -696,9 +696,9 @@ fn bad_input_gets_json_4xx_and_never_a_version() {
     }
     srv.get("/v1/series/default/db/versions/7", None)
         .assert_error(404, "unknown_version");
-    srv.get("/v1/series/default/db/versions/1?cache_mib=0", None)
+    srv.get("/v1/series/default/db/versions/1?cacheMib=0", None)
         .assert_error(400, "invalid_argument");
-    srv.get("/v1/series/default/db/versions/1?cache_mib=abc", None)
+    srv.get("/v1/series/default/db/versions/1?cacheMib=abc", None)
         .assert_error(400, "bad_query");
     srv.get("/v1/series/default/db/versions/1?cache=mru", None)
         .assert_error(400, "invalid_argument");
@@ -932,7 +932,12 @@ fn retention_runs_after_backups_and_on_schedule() {
         &js,
         b"{\"keep\":2,\"live\":1,\"auto\":true}",
     );
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.status,
+        201,
+        "a retention that creates its series: {}",
+        r.text()
+    );
     assert_eq!(r.json()["keep"], 2);
     for i in 0..3u8 {
         data[i as usize * 1000] ^= 0xff;
@@ -954,6 +959,28 @@ fn retention_runs_after_backups_and_on_schedule() {
         data[5] ^= 0x11;
         push(&data, "default/later");
     }
+    // What the retention would remove, as the worker plans it (oldest first),
+    // is what the scheduler then expires.
+    let pending =
+        |s: &Server| s.get("/v1/series/default/later", None).json()["pendingExpiry"].clone();
+    assert_eq!(
+        pending(&srv),
+        serde_json::json!([]),
+        "no retention, nothing pending"
+    );
+    let r = srv.request(
+        "PUT",
+        "/v1/series/default/later/retention",
+        &js,
+        b"{\"keep\":1,\"auto\":false}",
+    );
+    assert_eq!(
+        r.status,
+        200,
+        "a retention of an existing series: {}",
+        r.text()
+    );
+    assert_eq!(pending(&srv), serde_json::json!([1, 2]));
     let r = srv.request(
         "PUT",
         "/v1/series/default/later/retention",
@@ -972,6 +999,11 @@ fn retention_runs_after_backups_and_on_schedule() {
                 .len()
                 == 1
         },
+    );
+    assert_eq!(
+        pending(&srv),
+        serde_json::json!([]),
+        "nothing left to expire"
     );
     let out = client_ok(
         &["pull", "--server", &url, "--series", "default/later"],

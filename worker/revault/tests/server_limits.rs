@@ -622,7 +622,7 @@ fn a_pull_whose_client_stops_reading_is_aborted() {
     let dir = tempfile::tempdir().unwrap();
     let srv = start(dir.path(), &[("REVAULT_SEND_TIMEOUT", "1s")], &[], None);
     let url = srv.url();
-    // Far more than the response queue (8 MiB at cache_mib=1) and the
+    // Far more than the response queue (8 MiB at cacheMib=1) and the
     // sockets' buffers hold.
     let size = 96usize << 20;
     let input = dir.path().join("big.bin");
@@ -641,7 +641,7 @@ fn a_pull_whose_client_stops_reading_is_aborted() {
 
     let mut s = connect_from([127, 0, 0, 1], server_addr(&srv)).unwrap();
     s.write_all(
-        b"GET /v1/series/default/big/versions/latest?cache_mib=1 HTTP/1.1\r\nHost: revault\r\n\r\n",
+        b"GET /v1/series/default/big/versions/latest?cacheMib=1 HTTP/1.1\r\nHost: revault\r\n\r\n",
     )
     .unwrap();
     let mut head = Vec::new();

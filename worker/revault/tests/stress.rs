@@ -991,7 +991,7 @@ fn gc(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng) -> Step {
     }
     ctx.count(if full { "gc full" } else { "gc" });
     let rep: serde_json::Value = serde_json::from_slice(&r.body).map_err(|e| format!("gc: {e}"))?;
-    if rep["containers_compacted"].as_u64().unwrap_or(0) > 0 {
+    if rep["containersCompacted"].as_u64().unwrap_or(0) > 0 {
         ctx.count("gc that compacted");
     }
     Ok(())
@@ -1017,7 +1017,8 @@ fn set_retention(ctx: &Ctx<'_>, c: usize, rng: &mut ChaCha8Rng, s: usize) -> Ste
     let r = r?;
     ctx.note(c, format!("retention {name} {}: {}", p.json(), r.status));
     match r.status {
-        200 => {
+        // 201: the retention created the series (no push reached it yet).
+        200 | 201 => {
             sm.confirmed = sm.policies.len() - 1;
             ctx.count("retention");
         }

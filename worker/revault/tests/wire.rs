@@ -75,56 +75,56 @@ const RETENTION: &[(&str, &str)] = &[
 ];
 
 const STATS: &[(&str, &str)] = &[
-    ("logical_bytes", "int"),
+    ("logicalBytes", "int"),
     ("versions", "int"),
-    ("unit_vbytes", "int"),
-    ("container_bytes", "int"),
-    ("container_vbytes", "int"),
+    ("uniqueBytes", "int"),
+    ("containerBytes", "int"),
+    ("containerUncompressedBytes", "int"),
     ("containers", "int"),
     ("units", "int"),
-    ("recipe_bytes", "int"),
-    ("catalog_bytes", "int"),
-    ("dedup_ratio", "float"),
-    ("total_ratio", "float"),
+    ("recipeBytes", "int"),
+    ("catalogBytes", "int"),
+    ("dedupRatio", "float"),
+    ("totalRatio", "float"),
 ];
 
 const GC: &[(&str, &str)] = &[
     ("orphans", "object"),
     ("groups", "int"),
-    ("groups_marked", "int"),
-    ("units_marked", "int"),
-    ("containers_swept", "int"),
-    ("units_freed", "int"),
-    ("units_trimmed", "int"),
-    ("containers_compacted", "int"),
-    ("containers_freed", "int"),
-    ("bytes_freed", "int"),
-    ("bytes_written", "int"),
-    ("mark_secs", "float"),
-    ("sweep_secs", "float"),
+    ("groupsMarked", "int"),
+    ("unitsMarked", "int"),
+    ("containersSwept", "int"),
+    ("unitsFreed", "int"),
+    ("unitsTrimmed", "int"),
+    ("containersCompacted", "int"),
+    ("containersFreed", "int"),
+    ("bytesFreed", "int"),
+    ("bytesWritten", "int"),
+    ("markSeconds", "float"),
+    ("sweepSeconds", "float"),
     ("seconds", "float"),
 ];
 
 const ORPHANS: &[(&str, &str)] = &[
-    ("orphan_files", "int"),
-    ("orphan_bytes", "int"),
-    ("empty_dirs", "int"),
-    ("quarantined_files", "int"),
-    ("quarantined_bytes", "int"),
+    ("orphanFiles", "int"),
+    ("orphanBytes", "int"),
+    ("emptyDirs", "int"),
+    ("quarantinedFiles", "int"),
+    ("quarantinedBytes", "int"),
 ];
 
 const SLIDE: &[(&str, &str)] = &[
     ("series", "string"),
     ("slid", "array"),
-    ("indirect_chunks", "int"),
-    ("direct_chunks", "int"),
-    ("units_trimmed", "int"),
-    ("units_freed", "int"),
-    ("units_moved", "int"),
-    ("links_resolved", "int"),
-    ("bytes_written", "int"),
-    ("containers_freed", "int"),
-    ("bytes_freed", "int"),
+    ("indirectChunks", "int"),
+    ("directChunks", "int"),
+    ("unitsTrimmed", "int"),
+    ("unitsFreed", "int"),
+    ("unitsMoved", "int"),
+    ("linksResolved", "int"),
+    ("bytesWritten", "int"),
+    ("containersFreed", "int"),
+    ("bytesFreed", "int"),
     ("seconds", "float"),
 ];
 
@@ -132,37 +132,39 @@ const EXPIRE: &[(&str, &str)] = &[
     ("series", "string"),
     ("expired", "array"),
     ("spliced", "array"),
-    ("units_freed", "int"),
-    ("containers_freed", "int"),
-    ("bytes_freed", "int"),
-    ("logical_bytes_expired", "int"),
+    ("unitsFreed", "int"),
+    ("containersFreed", "int"),
+    ("bytesFreed", "int"),
+    ("logicalBytesExpired", "int"),
     ("seconds", "float"),
 ];
 
 /// A backup's report; `slide` and `expire` join it when the series'
-/// retention is automatic, `retention_error` when that failed.
+/// retention is automatic, `retentionError` when that failed. The figures a
+/// version's listing also carries have its names (`time`, `newBytes`,
+/// `storedBytes`).
 const BACKUP: &[(&str, &str)] = &[
     ("series", "string"),
     ("version", "int"),
     ("kind", "string"),
     ("unit", "string"),
-    ("time_unix", "int"),
-    ("logical_bytes", "int"),
+    ("time", "string"),
+    ("logicalBytes", "int"),
     ("chunks", "int"),
     ("units", "int"),
-    ("new_units", "int"),
-    ("new_vbytes", "int"),
-    ("new_container_bytes", "int"),
-    ("zero_bytes", "int"),
-    ("catalog_entries", "int"),
-    ("recipe_bytes", "int"),
-    ("catalog_bytes", "int"),
+    ("newUnits", "int"),
+    ("newBytes", "int"),
+    ("storedBytes", "int"),
+    ("zeroBytes", "int"),
+    ("catalogEntries", "int"),
+    ("recipeBytes", "int"),
+    ("catalogBytes", "int"),
     ("seconds", "float"),
     ("rewrite", "string"),
-    ("rewritten_units", "int"),
-    ("rewritten_chunks", "int"),
-    ("rewritten_bytes", "int"),
-    ("predicted_bytes", "int"),
+    ("rewrittenUnits", "int"),
+    ("rewrittenChunks", "int"),
+    ("rewrittenBytes", "int"),
+    ("predictedBytes", "int"),
 ];
 
 const RESTORE_DONE: &[(&str, &str)] = &[
@@ -171,19 +173,19 @@ const RESTORE_DONE: &[(&str, &str)] = &[
     ("series", "string"),
     ("version", "int"),
     ("kind", "string"),
-    ("logical_bytes", "int"),
-    ("container_reads", "int"),
-    ("bytes_read", "int"),
-    ("bytes_decoded", "int"),
-    ("read_amplification", "float"),
-    ("speed_factor", "float"),
-    ("chain_depth", "int"),
+    ("logicalBytes", "int"),
+    ("containerReads", "int"),
+    ("bytesRead", "int"),
+    ("bytesDecoded", "int"),
+    ("readAmplification", "float"),
+    ("speedFactor", "float"),
+    ("chainDepth", "int"),
     ("cache", "string"),
-    ("cache_auto", "bool"),
-    ("cache_bytes", "int"),
-    ("peak_cache_bytes", "int"),
-    ("reused_bytes", "int"),
-    ("reuse_peak_bytes", "int"),
+    ("cacheAuto", "bool"),
+    ("cacheBytes", "int"),
+    ("peakCacheBytes", "int"),
+    ("reusedBytes", "int"),
+    ("reusePeakBytes", "int"),
     ("seconds", "float"),
     ("warnings", "array"),
 ];
@@ -284,9 +286,9 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     let srv = Server::start(&dir.path().join("store"), &[]);
 
     // Backups: a stream, a tree, and one whose retention runs after it.
-    let b = put_version(&srv, "default/db", OCTETS, &random(2 << 20, 1));
-    assert_shape("backup report", &b, BACKUP);
-    assert_eq!(b["kind"], "stream");
+    let first = put_version(&srv, "default/db", OCTETS, &random(2 << 20, 1));
+    assert_shape("backup report", &first, BACKUP);
+    assert_eq!(first["kind"], "stream");
     let t = put_version(
         &srv,
         "default/tree",
@@ -296,16 +298,20 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     assert_shape("backup report (tar)", &t, BACKUP);
     assert_eq!(t["kind"], "tree");
 
-    let r = ok(
-        srv.request(
+    // A retention that creates its series answers 201, one that replaces
+    // another 200; the body is the same.
+    let retention = b"{\"keep\": 1, \"live\": 1, \"auto\": true}";
+    let put = |status| {
+        let r = srv.request(
             "PUT",
             "/v1/series/default/auto/retention",
             &[JSON],
-            b"{\"keep\": 1, \"live\": 1, \"auto\": true}",
-        ),
-        200,
-    );
-    assert_shape("retention", &r, RETENTION);
+            retention,
+        );
+        ok(r, status)
+    };
+    assert_shape("retention (created)", &put(201), RETENTION);
+    assert_shape("retention (replaced)", &put(200), RETENTION);
     put_version(&srv, "default/auto", OCTETS, &random(2 << 20, 2));
     let mut data = random(2 << 20, 2);
     data[..4096].fill(7);
@@ -324,7 +330,14 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     let l = ok(srv.get("/v1/series", None), 200);
     assert_items("series list", &l, SERIES);
     let s = ok(srv.get("/v1/series/default/db", None), 200);
-    assert_shape("series", &s, &with(SERIES, &[("versionList", "array")]));
+    assert_shape(
+        "series",
+        &s,
+        &with(
+            SERIES,
+            &[("versionList", "array"), ("pendingExpiry", "array")],
+        ),
+    );
     assert_shape(
         "series retention",
         &s["retention"],
@@ -338,6 +351,17 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     assert_items("series versionList", &s["versionList"], VERSION);
     let vs = ok(srv.get("/v1/series/default/db/versions", None), 200);
     assert_items("versions", &vs, VERSION);
+    // The backup's report and the version's listing name a figure alike, and agree on it.
+    for k in [
+        "time",
+        "logicalBytes",
+        "newBytes",
+        "storedBytes",
+        "chunks",
+        "kind",
+    ] {
+        assert_eq!(first[k], vs[0][k], "{k}: {first} vs {}", vs[0]);
+    }
     let p = ok(srv.get("/v1/series/default/db/backup", None), 200);
     assert_shape("progress (idle)", &p, PROGRESS_IDLE);
 
@@ -576,7 +600,7 @@ fn a_report_of_a_restore_still_running_keeps_its_keys() {
     let srv = Server::start(&dir.path().join("store"), &[]);
     // More than the socket buffers and the body queue hold.
     put_version(&srv, "default/big", OCTETS, &vec![0u8; 64 << 20]);
-    let (s, head) = restore_head(&srv, "/v1/series/default/big/versions/1?cache_mib=1");
+    let (s, head) = restore_head(&srv, "/v1/series/default/big/versions/1?cacheMib=1");
     let id = restore_id(&head);
     let rep = ok(srv.get(&format!("/v1/restores/{id}"), None), 200);
     assert_shape("restore report (running)", &rep, RESTORE_RUNNING);

@@ -81,7 +81,7 @@ pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Re
         }
         ExpireSel::Retention => {
             let vt: Vec<(u32, i64)> = versions.iter().map(|v| (v.number, v.time_unix)).collect();
-            crate::maintenance::retention::plan(&vt, &s.retention)
+            crate::maintenance::retention::plan_expiry(&vt, &s.retention)
         }
     };
     let mut rep = ExpireReport {

@@ -16,6 +16,12 @@ use crate::store::{check_series_name, now_unix, Store};
 /// Stores a series' retention, creating the series (without versions) if it
 /// does not exist yet, so a policy can be set before the first backup.
 pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<SeriesRecord> {
+    store_retention(store, series, r).map(|(s, _)| s)
+}
+
+/// [`set_retention`], and whether the series was created by it. That is
+/// decided under the series' claim, so of two callers only one creates it.
+pub fn store_retention(store: &Store, series: &str, r: Retention) -> Result<(SeriesRecord, bool)> {
     store.require_writable()?;
     check_series_name(series)?;
     if r.live == 0 {
@@ -37,9 +43,9 @@ pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<Series
         }
     }
     let _claim = store.claim_series(series)?;
-    let id = match store.meta.series(series)? {
-        Some(s) => s.id,
-        None => store.alloc_series(),
+    let (id, created) = match store.meta.series(series)? {
+        Some(s) => (s.id, false),
+        None => (store.alloc_series(), true),
     };
     let name = series.to_string();
     let mut txn = Txn::default();
@@ -66,11 +72,11 @@ pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<Series
         }),
     ));
     store.commit(txn)?;
-    store.series(series)
+    Ok((store.series(series)?, created))
 }
 
 /// Versions (number, time) in ascending order → the numbers to expire.
-pub fn plan(versions: &[(u32, i64)], r: &Retention) -> Vec<u32> {
+pub fn plan_expiry(versions: &[(u32, i64)], r: &Retention) -> Vec<u32> {
     if versions.is_empty() || (r.keep.is_none() && r.keep_within_secs.is_none()) {
         return Vec::new();
     }
@@ -94,6 +100,25 @@ pub fn plan(versions: &[(u32, i64)], r: &Retention) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{InitOptions, OpenMode};
+
+    #[test]
+    fn storing_a_retention_says_whether_it_created_the_series() {
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        let store = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+        let keep = |k| Retention {
+            keep: Some(k),
+            ..Default::default()
+        };
+        let (s, created) = store_retention(&store, "default/db", keep(3)).unwrap();
+        assert!(created);
+        assert_eq!(s.retention.keep, Some(3));
+        let (s, created) = store_retention(&store, "default/db", keep(2)).unwrap();
+        assert!(!created, "the second call replaces the retention");
+        assert_eq!(s.retention.keep, Some(2));
+        assert_eq!(store.series("default/db").unwrap().retention.keep, Some(2));
+    }
 
     fn r(keep: Option<u32>, within: Option<u64>) -> Retention {
         Retention {
@@ -134,11 +159,11 @@ mod tests {
             ),
         ];
         for (name, ret, want) in cases {
-            assert_eq!(plan(&vs, ret), *want, "{name}");
+            assert_eq!(plan_expiry(&vs, ret), *want, "{name}");
         }
-        assert!(plan(&[], &r(Some(1), None)).is_empty());
+        assert!(plan_expiry(&[], &r(Some(1), None)).is_empty());
         // Out-of-order times: age is measured from the newest time, not the last number.
         let odd = [(1, 100), (2, 50), (3, 90)];
-        assert_eq!(plan(&odd, &r(None, Some(15))), vec![2]);
+        assert_eq!(plan_expiry(&odd, &r(None, Some(15))), vec![2]);
     }
 }

@@ -290,7 +290,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             q.push(("cache", c.clone()));
         }
         if let Some(m) = a.cache_mib {
-            q.push(("cache_mib", m.to_string()));
+            q.push(("cacheMib", m.to_string()));
         }
         let mut req = conn
             .req(reqwest::Method::GET, &format!("{path}/versions/{version}"))
@@ -404,7 +404,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             "kind": kind,
             "bytes": restored,
             "transfer": if blocks { "blocks" } else { "bytes" },
-            "wire_bytes": received,
+            "wireBytes": received,
             "seconds": secs,
             "output": a.output,
             "server": report,
@@ -422,8 +422,8 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             mib(restored),
             secs,
             rate(restored, secs),
-            report["container_reads"],
-            report["speed_factor"]
+            report["containerReads"],
+            report["speedFactor"]
                 .as_f64()
                 .map(|s| format!("{s:.2}"))
                 .unwrap_or_else(|| "-".into()),

@@ -148,10 +148,10 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
     let secs = started.elapsed().as_secs_f64();
     if json {
         let mut out = rep.clone();
-        out["client_seconds"] = secs.into();
+        out["clientSeconds"] = secs.into();
         output::json(&out);
     } else {
-        let bytes = rep["logical_bytes"].as_u64().unwrap_or(0);
+        let bytes = rep["logicalBytes"].as_u64().unwrap_or(0);
         println!(
             "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} MiB new data ({} MiB on disk)",
             rep["series"].as_str().unwrap_or(series),
@@ -159,8 +159,8 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
             mib(bytes),
             secs,
             rate(bytes, secs),
-            mib(rep["new_vbytes"].as_u64().unwrap_or(0)),
-            mib(rep["new_container_bytes"].as_u64().unwrap_or(0)),
+            mib(rep["newBytes"].as_u64().unwrap_or(0)),
+            mib(rep["storedBytes"].as_u64().unwrap_or(0)),
         );
     }
     if rep["version"].as_u64().is_none() {

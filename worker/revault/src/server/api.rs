@@ -206,10 +206,7 @@ pub async fn get_series(
     let detail = blocking(move || {
         let s = store.series(&name)?;
         let vs = store.versions(&s)?;
-        Ok(wire::SeriesDetail {
-            series: wire::Series::new(&s, &vs),
-            version_list: vs.iter().map(wire::Version::from).collect(),
-        })
+        Ok(wire::SeriesDetail::new(&s, &vs))
     })
     .await?;
     Ok(Json(detail).into_response())
@@ -337,12 +334,18 @@ pub async fn put_retention(
             format!("keepWithinSeconds is at most {MAX_KEEP_WITHIN}"),
         ));
     }
-    let s = guarded(&app, move |_, store| {
+    let (s, created) = guarded(&app, move |_, store| {
         let ret = Retention::from(&r);
-        Ok(revault_engine::set_retention(store, &name, ret)?)
+        Ok(revault_engine::store_retention(store, &name, ret)?)
     })
     .await?;
-    Ok(Json(wire::Retention::from(&s.retention)).into_response())
+    // 201 when the retention created the series (a policy set before the first backup).
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(wire::Retention::from(&s.retention))).into_response())
 }
 
 pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiResult<Response> {

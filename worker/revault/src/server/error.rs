@@ -73,7 +73,8 @@ impl ApiError {
 }
 
 /// The status for each kind of engine error: the caller's mistakes are 4xx,
-/// a busy series or store 409, a full disk 507, storage faults and the
+/// a busy series or store and an `init` in the way of existing data 409, a
+/// store not there to serve 503, a full disk 507, storage faults and the
 /// engine's own failures 500. No default: a new kind must be placed here.
 fn engine_status(kind: ErrorKind) -> StatusCode {
     match kind {
@@ -83,7 +84,13 @@ fn engine_status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::BadGzip
         | ErrorKind::UnitMismatch
         | ErrorKind::Cancelled => StatusCode::BAD_REQUEST,
-        ErrorKind::SeriesBusy | ErrorKind::Locked => StatusCode::CONFLICT,
+        ErrorKind::SeriesBusy
+        | ErrorKind::Locked
+        | ErrorKind::AlreadyInitialised
+        | ErrorKind::NotEmpty => StatusCode::CONFLICT,
+        // The worker has no store to serve from (it is not a fault of the request, and it
+        // passes once the store is initialised).
+        ErrorKind::NotInitialised => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         ErrorKind::CorruptContainer
         | ErrorKind::CorruptMetadata
@@ -91,11 +98,6 @@ fn engine_status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::Io
         | ErrorKind::Metadata
         | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        // The server opens its store before it serves: a store missing or
-        // in the way of `init` cannot reach a request.
-        ErrorKind::NotInitialised | ErrorKind::AlreadyInitialised | ErrorKind::NotEmpty => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
     }
 }
 
@@ -223,14 +225,14 @@ mod tests {
         let s = || "default/db".to_string();
         let p = || PathBuf::from("/store");
         vec![
-            (Error::NotInitialised(p()), 500, "not_initialised"),
-            (Error::AlreadyInitialised(p()), 500, "already_initialised"),
+            (Error::NotInitialised(p()), 503, "not_initialised"),
+            (Error::AlreadyInitialised(p()), 409, "already_initialised"),
             (
                 Error::NotEmpty {
                     path: p(),
                     found: "files".into(),
                 },
-                500,
+                409,
                 "not_empty",
             ),
             (

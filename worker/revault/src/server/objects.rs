@@ -40,12 +40,12 @@ fn bucket_of(p: &Principal, path: BucketPath) -> ApiResult<String> {
     Ok(format!("{ns}/{bucket}"))
 }
 
-/// The namespace and bucket of a request path, checked as a series name.
+/// The namespace and bucket of a request path (a bucket is named like a series).
 fn bucket_parts(path: BucketPath) -> ApiResult<(String, String)> {
     let Path((ns, bucket)) = path.map_err(path_err)?;
     check_series_name(&format!("{ns}/{bucket}")).map_err(|_| {
         ApiError::bad_request(
-            ApiCode::BadSeriesName,
+            ApiCode::BadBucketName,
             format!("invalid bucket {ns}/{bucket}: the namespace is a DNS label, the bucket lowercase letters, digits, '-' and '.'"),
         )
     })?;

@@ -93,7 +93,7 @@ fn parse_restore(
     if !(1..=16384).contains(&cache_mib) {
         return Err(ApiError::bad_request(
             ApiCode::InvalidArgument,
-            "cache_mib must be between 1 and 16384",
+            "cacheMib must be between 1 and 16384",
         ));
     }
     Ok(RestoreRequest {

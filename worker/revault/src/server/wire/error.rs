@@ -54,6 +54,7 @@ api_codes! {
     UnknownBucket => "unknown_bucket",
     NotABucket => "not_a_bucket",
     BadKey => "bad_key",
+    BadBucketName => "bad_bucket_name",
     // The server's own: requests it cannot take.
     NotFound => "not_found",
     MethodNotAllowed => "method_not_allowed",

@@ -7,10 +7,11 @@
 //! `worker/api/openapi.yaml` describes the same bodies under the same names
 //! (`Stats`, `GcReport`, `Series`, ...); `schema_tests` compares the two.
 //!
-//! Casing: the bodies that mirror engine reports (`Stats`, `GcReport`,
-//! `SlideReport`, `ExpireReport`, `BackupReport`, `RestoreReport`) still use
-//! snake_case keys, the others camelCase. Unifying them (camelCase) changes
-//! the contract, and ships with the clients that read it.
+//! One casing: every key and query parameter is camelCase (as Kubernetes
+//! APIs are); `schema_tests` checks the bodies and the spec. A figure two
+//! bodies carry has one name in both (`newBytes`, `storedBytes`), and every
+//! time is an RFC 3339 string (`format_time`), never unix seconds. The
+//! offline CLI's `--json` keeps the engine's own (snake_case) serialisation.
 
 mod error;
 mod objects;

@@ -1,8 +1,8 @@
-//! What the store and its maintenance report: mirrors of the engine's
-//! reports, field for field as they were serialised before the wire had
-//! types of its own (snake_case keys). Each conversion names every field of
-//! the engine's struct (no `..`): a field the engine adds fails to compile
-//! here until someone decides whether clients get it.
+//! What the store and its maintenance report: the engine's reports as the
+//! wire carries them (camelCase; a figure another body also carries has the
+//! same name there: `newBytes`, `storedBytes`, `time`). Each conversion
+//! names every field of the engine's struct (no `..`): a field the engine
+//! adds fails to compile here until someone decides whether clients get it.
 
 use serde::Serialize;
 
@@ -13,19 +13,21 @@ use revault_engine::{
 };
 
 use super::{DedupUnit, ErrorBody, VersionKind};
+use crate::cli::format_time;
 
 /// Store totals (`GET /v1/stats`).
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct Stats {
     /// Logical bytes of every version currently stored.
     pub logical_bytes: u64,
     pub versions: u64,
-    /// Uncompressed chunk bytes held by live units.
-    pub unit_vbytes: u64,
+    /// Uncompressed chunk bytes held by live units (the unique data).
+    pub unique_bytes: u64,
     /// Bytes of container files on disk (compressed).
     pub container_bytes: u64,
     /// Uncompressed bytes in container files (live and dead).
-    pub container_vbytes: u64,
+    pub container_uncompressed_bytes: u64,
     pub containers: u64,
     pub units: u64,
     pub recipe_bytes: u64,
@@ -52,9 +54,9 @@ impl From<Totals> for Stats {
         Stats {
             logical_bytes,
             versions,
-            unit_vbytes,
+            unique_bytes: unit_vbytes,
             container_bytes,
-            container_vbytes,
+            container_uncompressed_bytes: container_vbytes,
             containers,
             units,
             recipe_bytes,
@@ -67,6 +69,7 @@ impl From<Totals> for Stats {
 
 /// What gc did (`POST /v1/gc`).
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct GcReport {
     pub orphans: OrphanReport,
     pub groups: u64,
@@ -80,8 +83,8 @@ pub struct GcReport {
     /// Container bytes freed and written (net reclaimed = freed - written).
     pub bytes_freed: u64,
     pub bytes_written: u64,
-    pub mark_secs: f64,
-    pub sweep_secs: f64,
+    pub mark_seconds: f64,
+    pub sweep_seconds: f64,
     pub seconds: f64,
 }
 
@@ -115,8 +118,8 @@ impl From<EngineGc> for GcReport {
             containers_freed,
             bytes_freed,
             bytes_written,
-            mark_secs,
-            sweep_secs,
+            mark_seconds: mark_secs,
+            sweep_seconds: sweep_secs,
             seconds,
         }
     }
@@ -124,6 +127,7 @@ impl From<EngineGc> for GcReport {
 
 /// Files in the data directory that gc found no record for.
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct OrphanReport {
     /// Freed container files deleted (a crash came between their commit and
     /// their unlink).
@@ -156,6 +160,7 @@ impl From<EngineOrphans> for OrphanReport {
 
 /// What a slide did (`POST …/slide`, and after a backup).
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct SlideReport {
     pub series: String,
     /// Versions moved to the archival window.
@@ -211,6 +216,7 @@ impl From<EngineSlide> for SlideReport {
 
 /// What was expired (`POST …/expire`, the deletes, and after a backup).
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct ExpireReport {
     pub series: String,
     pub expired: Vec<u32>,
@@ -250,20 +256,23 @@ impl From<EngineExpire> for ExpireReport {
 
 /// The committed version (`PUT …/versions`).
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct BackupReport {
     pub series: String,
     pub version: u32,
     pub kind: VersionKind,
     pub unit: DedupUnit,
-    pub time_unix: i64,
+    /// The version's time (RFC 3339, as in the version's listing).
+    pub time: String,
     pub logical_bytes: u64,
     pub chunks: u64,
     /// Distinct units the version references.
     pub units: u64,
     pub new_units: u64,
-    /// New unique data (uncompressed) and what it took on disk.
-    pub new_vbytes: u64,
-    pub new_container_bytes: u64,
+    /// New unique data (uncompressed) and the container bytes it took on
+    /// disk (compressed): the version listing's `newBytes` and `storedBytes`.
+    pub new_bytes: u64,
+    pub stored_bytes: u64,
     pub zero_bytes: u64,
     pub catalog_entries: u64,
     pub recipe_bytes: u64,
@@ -319,13 +328,13 @@ impl From<EngineBackup> for BackupReport {
             version,
             kind: kind.into(),
             unit: unit.into(),
-            time_unix,
+            time: format_time(time_unix),
             logical_bytes,
             chunks,
             units,
             new_units,
-            new_vbytes,
-            new_container_bytes,
+            new_bytes: new_vbytes,
+            stored_bytes: new_container_bytes,
             zero_bytes,
             catalog_entries,
             recipe_bytes,
@@ -345,7 +354,11 @@ impl From<EngineBackup> for BackupReport {
 
 /// A restore's report (`GET /v1/restores/{id}`), by its `state`.
 #[derive(Serialize, Clone, Debug)]
-#[serde(tag = "state", rename_all = "lowercase")]
+#[serde(
+    tag = "state",
+    rename_all = "lowercase",
+    rename_all_fields = "camelCase"
+)]
 pub enum RestoreReport {
     /// The body was sent whole: what it took.
     Done {
@@ -369,6 +382,7 @@ pub enum RestoreReport {
 
 /// What a restore that completed read and held.
 #[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
 pub struct RestoreFigures {
     pub series: String,
     pub version: u32,

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use revault_engine::ErrorKind;
 
 use super::objects::Encoding;
-use super::reports::{OrphanReport, RestoreFigures};
+use super::reports::RestoreFigures;
 use super::*;
 
 fn spec() -> Value {
@@ -201,13 +201,13 @@ fn backup(auto: bool) -> BackupReport {
         version: 3,
         kind: VersionKind::Stream,
         unit: DedupUnit::Chunk,
-        time_unix: 1_769_824_800,
+        time: TIME.into(),
         logical_bytes: 1 << 20,
         chunks: 10,
         units: 9,
         new_units: 1,
-        new_vbytes: 4096,
-        new_container_bytes: 2048,
+        new_bytes: 4096,
+        stored_bytes: 2048,
         zero_bytes: 0,
         catalog_entries: 0,
         recipe_bytes: 120,
@@ -293,10 +293,12 @@ fn samples() -> Vec<(&'static str, &'static str, Value)> {
             to_json(SeriesDetail {
                 series: series(),
                 version_list: vec![version()],
+                pending_expiry: vec![1],
             }),
         ),
         ("deleteSeries", "200", to_json(expire())),
         ("putRetention", "200", to_json(retention())),
+        ("putRetention", "201", to_json(retention())),
         ("slideSeries", "200", to_json(slide())),
         ("expireVersions", "200", to_json(expire())),
         ("listVersions", "200", to_json(vec![version()])),
@@ -548,39 +550,60 @@ fn engine_error_kinds_keep_their_codes_on_the_wire() {
     }
 }
 
+/// A key of the wire is camelCase: a lowercase ASCII letter, then letters
+/// and digits (no `_` or `-`).
+fn camel_case(k: &str) -> bool {
+    k.starts_with(|c: char| c.is_ascii_lowercase()) && k.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// Every object key in `v`, at any depth, that is not camelCase.
+fn not_camel(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, v) in o {
+                if !camel_case(k) {
+                    out.push(format!("{at}.{k}"));
+                }
+                not_camel(v, &format!("{at}.{k}"), out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| not_camel(v, &format!("{at}[]"), out)),
+        _ => {}
+    }
+}
+
 #[test]
-fn the_mirrors_serialise_like_the_engine_structs_they_replace() {
-    // The engine's own Serialize (the CLI's --json) and the wire's give the
-    // same keys and values, for the reports that were sent as they were.
-    let gc = revault_engine::GcReport {
-        groups: 3,
-        bytes_freed: 7,
-        ..Default::default()
-    };
-    assert_eq!(to_json(&gc), to_json(GcReport::from(gc.clone())));
-    let o = revault_engine::OrphanReport {
-        empty_dirs: 2,
-        ..Default::default()
-    };
-    assert_eq!(to_json(&o), to_json(OrphanReport::from(o.clone())));
-    let s = revault_engine::SlideReport {
-        slid: vec![1, 2],
-        ..Default::default()
-    };
-    assert_eq!(to_json(&s), to_json(SlideReport::from(s.clone())));
-    let e = revault_engine::ExpireReport {
-        expired: vec![4],
-        ..Default::default()
-    };
-    assert_eq!(to_json(&e), to_json(ExpireReport::from(e.clone())));
-    let r = revault_engine::RestoreReport {
-        kind: Some(revault_engine::VersionKind::Tree),
-        speed_factor: None,
-        ..Default::default()
-    };
-    assert_eq!(to_json(&r), to_json(RestoreFigures::from(r.clone())));
-    let mut t = to_json(revault_engine::Totals::default());
-    t["dedup_ratio"] = json!(0.0);
-    t["total_ratio"] = json!(0.0);
-    assert_eq!(t, to_json(Stats::from(revault_engine::Totals::default())));
+fn every_key_on_the_wire_is_camel_case() {
+    let mut bad = Vec::new();
+    for (id, status, body) in samples() {
+        not_camel(&body, &format!("{id} {status}"), &mut bad);
+    }
+    // The spec's properties and query parameters too (what clients are generated from).
+    let spec = spec();
+    for (name, schema) in spec["components"]["schemas"].as_object().unwrap() {
+        let branches = schema["oneOf"].as_array().cloned().unwrap_or_default();
+        for s in std::iter::once(schema).chain(branches.iter()) {
+            let s = resolve(&spec, s);
+            for k in s["properties"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|p| p.0)
+            {
+                if !camel_case(k) {
+                    bad.push(format!("schema {name}.{k}"));
+                }
+            }
+        }
+    }
+    for (id, op) in operations(&spec) {
+        for p in op["parameters"].as_array().into_iter().flatten() {
+            let p = resolve(&spec, p);
+            let n = p["name"].as_str().unwrap();
+            if p["in"] == "query" && !camel_case(n) {
+                bad.push(format!("{id} query parameter {n}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "keys not in camelCase:\n{}", bad.join("\n"));
 }

@@ -83,6 +83,22 @@ pub struct SeriesDetail {
     #[serde(flatten)]
     pub series: Series,
     pub version_list: Vec<Version>,
+    /// The versions the series' retention no longer keeps, oldest first:
+    /// what the next expiry by retention removes (the engine's plan, so
+    /// clients need not repeat its rules).
+    pub pending_expiry: Vec<u32>,
+}
+
+impl SeriesDetail {
+    /// The series `s` whose versions are `vs` (oldest first).
+    pub fn new(s: &SeriesRecord, vs: &[VersionRecord]) -> Self {
+        let at: Vec<(u32, i64)> = vs.iter().map(|v| (v.number, v.time_unix)).collect();
+        SeriesDetail {
+            series: Series::new(s, vs),
+            version_list: vs.iter().map(Version::from).collect(),
+            pending_expiry: revault_engine::plan_expiry(&at, &s.retention),
+        }
+    }
 }
 
 /// A version as listed.
@@ -165,9 +181,9 @@ pub struct PutVersionQuery {
     pub time: Option<String>,
 }
 
-/// `GET …/versions/{version}?cache=&cache_mib=`.
+/// `GET …/versions/{version}?cache=&cacheMib=`.
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GetVersionQuery {
     pub cache: Option<String>,
     pub cache_mib: Option<u64>,
