@@ -62,7 +62,8 @@ func (r *BackupSeriesReconciler) observeJobs(ctx context.Context, s *seriesRun) 
 }
 
 // tallyJobs counts the Jobs still running (not those being deleted) and finds the newest finished
-// one: the latest to finish, the greater name on a tie.
+// one: the latest to finish; of two that finished in the same second (Kubernetes times have
+// seconds only), the later created; the greater name when both tie.
 func tallyJobs(jobs []*batchv1.Job) (active int, newest *batchv1.Job, newestRes jobResult) {
 	for _, j := range jobs {
 		res := jobFinished(j)
@@ -72,9 +73,21 @@ func tallyJobs(jobs []*batchv1.Job) (active int, newest *batchv1.Job, newestRes 
 			}
 			continue
 		}
-		if newest == nil || res.at.After(newestRes.at) || (res.at.Equal(newestRes.at) && j.Name > newest.Name) {
+		if newest == nil || newerFinish(j, res, newest, newestRes) {
 			newest, newestRes = j, res
 		}
 	}
 	return active, newest, newestRes
+}
+
+// newerFinish says whether Job a (finished as ra) is newer than Job b (finished as rb).
+func newerFinish(a *batchv1.Job, ra jobResult, b *batchv1.Job, rb jobResult) bool {
+	if !ra.at.Equal(rb.at) {
+		return ra.at.After(rb.at)
+	}
+	ca, cb := a.CreationTimestamp.Time, b.CreationTimestamp.Time
+	if !ca.Equal(cb) {
+		return ca.After(cb)
+	}
+	return a.Name > b.Name
 }
