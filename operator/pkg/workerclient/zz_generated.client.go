@@ -396,7 +396,7 @@ type BackupReport struct {
 	RewrittenBytes  int64        `json:"rewrittenBytes"`
 	RewrittenChunks int64        `json:"rewrittenChunks"`
 	RewrittenUnits  int64        `json:"rewrittenUnits"`
-	Seconds         float32      `json:"seconds"`
+	Seconds         float64      `json:"seconds"`
 	Series          string       `json:"series"`
 	Slide           *SlideReport `json:"slide,omitempty"`
 
@@ -473,7 +473,7 @@ type ExpireReport struct {
 	ContainersFreed     int64   `json:"containersFreed"`
 	Expired             []int64 `json:"expired"`
 	LogicalBytesExpired int64   `json:"logicalBytesExpired"`
-	Seconds             float32 `json:"seconds"`
+	Seconds             float64 `json:"seconds"`
 	Series              string  `json:"series"`
 
 	// Spliced older versions whose references were spliced onto a deleted one's
@@ -501,12 +501,12 @@ type GcReport struct {
 	ContainersSwept     int64   `json:"containersSwept"`
 	Groups              int64   `json:"groups"`
 	GroupsMarked        int64   `json:"groupsMarked"`
-	MarkSeconds         float32 `json:"markSeconds"`
+	MarkSeconds         float64 `json:"markSeconds"`
 
 	// Orphans files in the data directory that no record explains
 	Orphans      OrphanReport `json:"orphans"`
-	Seconds      float32      `json:"seconds"`
-	SweepSeconds float32      `json:"sweepSeconds"`
+	Seconds      float64      `json:"seconds"`
+	SweepSeconds float64      `json:"sweepSeconds"`
 	UnitsFreed   int64        `json:"unitsFreed"`
 	UnitsMarked  int64        `json:"unitsMarked"`
 	UnitsTrimmed int64        `json:"unitsTrimmed"`
@@ -514,7 +514,7 @@ type GcReport struct {
 
 // GcRequest defines model for GcRequest.
 type GcRequest struct {
-	CompactBelow *float32 `json:"compactBelow,omitempty"`
+	CompactBelow *float64 `json:"compactBelow,omitempty"`
 	Full         *bool    `json:"full,omitempty"`
 }
 
@@ -596,16 +596,16 @@ type RestoreDone struct {
 	PeakCacheBytes int64            `json:"peakCacheBytes"`
 
 	// ReadAmplification bytes decoded per byte restored
-	ReadAmplification float32 `json:"readAmplification"`
+	ReadAmplification float64 `json:"readAmplification"`
 	ReusePeakBytes    int64   `json:"reusePeakBytes"`
 
 	// ReusedBytes bytes of repeated chunks served from memory
 	ReusedBytes int64   `json:"reusedBytes"`
-	Seconds     float32 `json:"seconds"`
+	Seconds     float64 `json:"seconds"`
 	Series      string  `json:"series"`
 
 	// SpeedFactor MiB restored per container read (null when nothing was read)
-	SpeedFactor *float32         `json:"speedFactor"`
+	SpeedFactor *float64         `json:"speedFactor"`
 	State       RestoreDoneState `json:"state"`
 	Version     int64            `json:"version"`
 	Warnings    []string         `json:"warnings"`
@@ -738,7 +738,7 @@ type SlideReport struct {
 	// IndirectChunks chunks that became references into the next version
 	IndirectChunks int64   `json:"indirectChunks"`
 	LinksResolved  int64   `json:"linksResolved"`
-	Seconds        float32 `json:"seconds"`
+	Seconds        float64 `json:"seconds"`
 	Series         string  `json:"series"`
 
 	// Slid versions moved to the archival window
@@ -762,14 +762,14 @@ type Stats struct {
 	Containers                 int64 `json:"containers"`
 
 	// DedupRatio logicalBytes / uniqueBytes (0 when empty)
-	DedupRatio float32 `json:"dedupRatio"`
+	DedupRatio float64 `json:"dedupRatio"`
 
 	// LogicalBytes logical bytes of every version stored
 	LogicalBytes int64 `json:"logicalBytes"`
 	RecipeBytes  int64 `json:"recipeBytes"`
 
 	// TotalRatio logicalBytes / containerBytes (0 when empty)
-	TotalRatio float32 `json:"totalRatio"`
+	TotalRatio float64 `json:"totalRatio"`
 
 	// UniqueBytes uncompressed bytes held by live units (the unique data)
 	UniqueBytes int64 `json:"uniqueBytes"`
@@ -1297,10 +1297,11 @@ type ClientInterface interface {
 	// With a `delimiter`, keys that contain it after the prefix are rolled up
 	// into `commonPrefixes` (each ending with the delimiter), as S3 does.
 	// At most `limit` entries (objects and prefixes together) per page;
-	// pass `nextStartAfter` as `startAfter` for the next page. A bucket
-	// exists from its first put until its series is deleted; one that does
-	// not answers 404 `unknown_bucket`, as its totals do (a bucket whose
-	// objects were all deleted lists empty).
+	// pass `nextStartAfter` as `startAfter` for the next page. A listing
+	// says what the bucket holds: a bucket never written to lists empty,
+	// like one whose objects were all deleted (Velero validates a new
+	// location by listing it before its first put), while its totals
+	// answer 404 `unknown_bucket` until the first put creates it.
 	//
 	// Corresponds with GET /v1/buckets/{ns}/{bucket}/objects (the `ListObjects` operationId).
 	ListObjects(ctx context.Context, ns Ns, bucket BucketName, params *ListObjectsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1616,10 +1617,11 @@ func (c *Client) GetObjectMeta(ctx context.Context, ns Ns, bucket BucketName, pa
 // With a `delimiter`, keys that contain it after the prefix are rolled up
 // into `commonPrefixes` (each ending with the delimiter), as S3 does.
 // At most `limit` entries (objects and prefixes together) per page;
-// pass `nextStartAfter` as `startAfter` for the next page. A bucket
-// exists from its first put until its series is deleted; one that does
-// not answers 404 `unknown_bucket`, as its totals do (a bucket whose
-// objects were all deleted lists empty).
+// pass `nextStartAfter` as `startAfter` for the next page. A listing
+// says what the bucket holds: a bucket never written to lists empty,
+// like one whose objects were all deleted (Velero validates a new
+// location by listing it before its first put), while its totals
+// answer 404 `unknown_bucket` until the first put creates it.
 //
 // Corresponds with GET /v1/buckets/{ns}/{bucket}/objects (the `ListObjects` operationId).
 func (c *Client) ListObjects(ctx context.Context, ns Ns, bucket BucketName, params *ListObjectsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3457,10 +3459,11 @@ type ClientWithResponsesInterface interface {
 	// With a `delimiter`, keys that contain it after the prefix are rolled up
 	// into `commonPrefixes` (each ending with the delimiter), as S3 does.
 	// At most `limit` entries (objects and prefixes together) per page;
-	// pass `nextStartAfter` as `startAfter` for the next page. A bucket
-	// exists from its first put until its series is deleted; one that does
-	// not answers 404 `unknown_bucket`, as its totals do (a bucket whose
-	// objects were all deleted lists empty).
+	// pass `nextStartAfter` as `startAfter` for the next page. A listing
+	// says what the bucket holds: a bucket never written to lists empty,
+	// like one whose objects were all deleted (Velero validates a new
+	// location by listing it before its first put), while its totals
+	// answer 404 `unknown_bucket` until the first put creates it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5603,10 +5606,11 @@ func (c *ClientWithResponses) GetObjectMetaWithResponse(ctx context.Context, ns 
 // With a `delimiter`, keys that contain it after the prefix are rolled up
 // into `commonPrefixes` (each ending with the delimiter), as S3 does.
 // At most `limit` entries (objects and prefixes together) per page;
-// pass `nextStartAfter` as `startAfter` for the next page. A bucket
-// exists from its first put until its series is deleted; one that does
-// not answers 404 `unknown_bucket`, as its totals do (a bucket whose
-// objects were all deleted lists empty).
+// pass `nextStartAfter` as `startAfter` for the next page. A listing
+// says what the bucket holds: a bucket never written to lists empty,
+// like one whose objects were all deleted (Velero validates a new
+// location by listing it before its first put), while its totals
+// answer 404 `unknown_bucket` until the first put creates it.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -334,8 +334,9 @@ func (o *ObjectStore) DeleteObject(bucket, key string) error {
 }
 
 // list returns every object under prefix and, with a delimiter, the common prefixes, walking all
-// pages. A bucket the worker does not have lists empty: a bucket comes into being with its first
-// object, and Velero lists a new backup storage location (to validate it) before it writes one.
+// pages. The worker lists a bucket it does not have yet as empty: a bucket comes into being with
+// its first object, and Velero lists a new backup storage location (to validate it) before it
+// writes one.
 func (o *ObjectStore) list(ctx context.Context, c *bucketWorker, bucket, prefix, delimiter string) (
 	[]workerclient.Object, []string, error) {
 	var objects []workerclient.Object
@@ -346,9 +347,6 @@ func (o *ObjectStore) list(ctx context.Context, c *bucketWorker, bucket, prefix,
 	}
 	for {
 		page, err := workerclient.JSON(c.ListObjectsWithResponse(ctx, o.ns, bucket, &q))
-		if workerclient.HasCode(err, workerclient.ErrorCodeUnknownBucket) {
-			return nil, nil, nil
-		}
 		if err != nil {
 			return nil, nil, err
 		}

@@ -231,7 +231,7 @@ func TestGzipTarballsDeduplicateAcrossBackups(t *testing.T) {
 }
 
 // Velero validates a backup storage location by listing it, before it has written anything: a
-// bucket the worker does not have yet lists empty (the worker answers 404 unknown_bucket), and
+// bucket the worker does not have yet lists empty (the worker answers 200 with no objects), and
 // comes into being with its first object.
 func TestANewBucketListsEmpty(t *testing.T) {
 	w := testutil.StartWorker(t, "velero")

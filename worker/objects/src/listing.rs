@@ -5,9 +5,7 @@ use std::collections::HashMap;
 
 use revault_engine::{check_series_name, keys::bucket_objects_prefix, MetaRead, Store};
 
-use crate::records::{
-    bucket_record, bucket_versions, decode_record, is_bucket, version_exists, CF,
-};
+use crate::records::{bucket_record, bucket_versions, decode_record, version_exists, CF};
 use crate::{ObjResult, ObjectError, ObjectInfo};
 
 /// One page of a listing.
@@ -23,8 +21,7 @@ pub struct Listing {
 
 /// Lists keys starting with `prefix`, in key order, after `start_after`, at
 /// most `limit` entries (objects and common prefixes together). A bucket
-/// that does not exist is [`ObjectError::NoBucket`], as for its totals (a
-/// bucket exists from its first put until its series is deleted).
+/// that does not exist lists empty.
 pub fn list(
     store: &Store,
     bucket: &str,
@@ -34,9 +31,6 @@ pub fn list(
     limit: usize,
 ) -> ObjResult<Listing> {
     check_series_name(bucket)?;
-    if !is_bucket(store.meta(), bucket)? {
-        return Err(ObjectError::NoBucket(bucket.to_string()));
-    }
     let delimiter = delimiter.filter(|d| !d.is_empty());
     // Entries are checked against their version one by one, as `head` does:
     // a page holds far fewer keys than the bucket may have versions.
