@@ -9,9 +9,11 @@
 //! `docs/architecture.md` for the design as built (its "Code map" names the
 //! room of each algorithm).
 //!
-//! The rooms are private: everything a caller may use is listed below, so a
-//! change inside a room cannot break the server, the CLI or the object API
-//! unless it changes this list.
+//! The rooms are private: everything a caller may use is listed below. One
+//! door is wider than the rest: [`Store::meta`] gives the object API the
+//! metadata database itself ([`Meta`], [`Batch`]), so its buckets can live in
+//! their own column family beside the engine's records; a change to `Meta`'s
+//! methods reaches that crate too.
 
 mod bufpool;
 mod config;
@@ -32,7 +34,8 @@ mod store;
 // Opening a store, and what every call can fail with.
 pub use error::{panicked, Error, ErrorKind, IoContext, Result};
 pub use store::{
-    check_series_name, now_unix, InitOptions, OpenMode, PauseHook, Store, VersionSel, META_DIR,
+    check_series_name, now_unix, InitOptions, OpenMode, PauseHook, ReadView, Store, VersionSel,
+    META_DIR,
 };
 
 // A store's settings.
@@ -51,7 +54,7 @@ pub use restore::{restore, transfer, RestoreOptions, RestoreReport, RestoreTarge
 
 // Maintenance: retention, reverse dedup (slide), expiry, garbage collection, checks.
 pub use maintenance::auto::apply_auto;
-pub use maintenance::check::check;
+pub use maintenance::check::{check, CheckReport};
 pub use maintenance::expire::{expire, ExpireReport, ExpireSel};
 pub use maintenance::gc::{gc, GcOptions, GcReport};
 pub use maintenance::repeats::{repeats, RepeatReport};
@@ -67,7 +70,7 @@ pub use format::records::{
     RecipeForm, Retention, SeriesRecord, Totals, VersionKind, VersionRecord,
 };
 pub use format::{catalog, keys};
-pub use meta::MetaRead;
+pub use meta::{Batch, Meta, MetaRead};
 
 /// The tar helpers the object API shares with the tar reader.
 pub mod tar {

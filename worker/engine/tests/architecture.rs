@@ -366,9 +366,9 @@ fn the_rooms_are_private() {
     );
 }
 
-/// The rooms the first column of docs/architecture.md's "Code map" table names (a cell may
-/// name several: `` `error`, `config` ``; a trailing `/` marks a folder).
-fn code_map_rooms(doc: &str) -> BTreeSet<String> {
+/// The rows of docs/architecture.md's "Code map" table, top to bottom, each the rooms its first
+/// column names (a cell may name several: `` `error`, `config` ``; a trailing `/` marks a folder).
+fn code_map_rows(doc: &str) -> Vec<Vec<String>> {
     let table = doc
         .split("## Code map")
         .nth(1)
@@ -379,28 +379,71 @@ fn code_map_rooms(doc: &str) -> BTreeSet<String> {
         .take_while(|l| l.starts_with('|'))
         .skip(2) // header and separator
         .filter_map(|l| l.split('|').nth(1))
-        .flat_map(|cell| {
+        .map(|cell| {
             cell.split(',')
                 .map(|n| n.trim().trim_matches('`').trim_end_matches('/').to_string())
+                .filter(|n| !n.is_empty())
+                .collect()
         })
-        .filter(|n| !n.is_empty())
         .collect()
 }
 
-#[test]
-fn the_code_map_in_the_docs_lists_the_rooms() {
-    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architecture.md");
-    let doc = fs::read_to_string(&doc_path).unwrap();
-    let in_doc = code_map_rooms(&doc);
-    let in_code: BTreeSet<String> = ROOMS.iter().map(|r| r.to_string()).collect();
-    assert_eq!(
-        in_doc, in_code,
-        "docs/architecture.md's Code map and ROOMS disagree"
+/// Where the code map and `rooms` disagree: a room in one and not the other, or two rooms whose
+/// rows are in the opposite order of `rooms` (rooms in one row may come in any order).
+fn code_map_problems(rows: &[Vec<String>], rooms: &[&str]) -> Vec<String> {
+    let row_of: BTreeMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, row)| row.iter().map(move |r| (r.as_str(), i)))
+        .collect();
+    let mut problems: Vec<String> = rooms
+        .iter()
+        .filter(|r| !row_of.contains_key(*r))
+        .map(|r| format!("room `{r}` has no row in the code map"))
+        .collect();
+    problems.extend(
+        row_of
+            .keys()
+            .filter(|r| !rooms.contains(r))
+            .map(|r| format!("the code map names `{r}`, which ROOMS does not list")),
     );
-    let edited = doc.replace("| `meta/` |", "| `metadata/` |");
+    for pair in rooms.windows(2) {
+        if let (Some(a), Some(b)) = (row_of.get(pair[0]), row_of.get(pair[1])) {
+            if a > b {
+                problems.push(format!(
+                    "the code map puts `{}` above `{}`",
+                    pair[1], pair[0]
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_code_map_in_the_docs_lists_the_rooms_in_order() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architecture.md");
+    let rows = code_map_rows(&fs::read_to_string(&doc_path).unwrap());
+    let problems = code_map_problems(&rows, ROOMS);
     assert!(
-        code_map_rooms(&edited).contains("metadata"),
-        "the reader must see a renamed row"
+        problems.is_empty(),
+        "docs/architecture.md's Code map and ROOMS disagree:\n{}",
+        problems.join("\n")
+    );
+    // The check finds each kind of drift.
+    let row = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let rows = [row(&["error", "config"]), row(&["store"]), row(&["meta"])];
+    assert_eq!(
+        code_map_problems(&rows, &["error", "config", "meta", "store"]).len(),
+        1
+    );
+    assert_eq!(
+        code_map_problems(&rows, &["error", "config", "store", "meta", "index"]).len(),
+        1
+    );
+    assert_eq!(
+        code_map_problems(&rows, &["error", "store", "meta"]).len(),
+        1
     );
 }
 

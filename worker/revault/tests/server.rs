@@ -700,6 +700,9 @@ fn bad_input_gets_json_4xx_and_never_a_version() {
         .assert_error(400, "invalid_argument");
     srv.get("/v1/series/default/db/versions/1?cacheMib=abc", None)
         .assert_error(400, "bad_query");
+    // The previous release's spelling, from a restore Job older than its worker.
+    srv.get("/v1/series/default/db/versions/1?cache_mib=0", None)
+        .assert_error(400, "invalid_argument");
     srv.get("/v1/series/default/db/versions/1?cache=mru", None)
         .assert_error(400, "invalid_argument");
     srv.get("/v1/restores/XYZ", None)

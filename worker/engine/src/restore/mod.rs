@@ -132,7 +132,7 @@ pub fn restore(
         let p = reuse::plan(&all, next, reuse::budget_of(budget, share));
         (!p.is_empty()).then_some(p)
     };
-    let mut reuse: Option<(reuse::Plan, Vec<crate::recipe::archival::Loc>)> = None;
+    let mut chosen: Option<(reuse::Plan, Vec<crate::recipe::archival::Loc>)> = None;
     if policy == CachePolicy::Auto {
         rep.cache_auto = true;
         let cb = store.config().container_bytes;
@@ -143,19 +143,19 @@ pub fn restore(
             let (engine, reads) = cache::choose(&locs, budget - p.peak_bytes, cb);
             if reads < fewest {
                 (policy, fewest) = (engine, reads);
-                reuse = Some((p, locs));
+                chosen = Some((p, locs));
             }
         }
     } else if let Some(p) = plan(reuse::DEFAULT_SHARE) {
         let locs = p.engine_locs(&all);
-        reuse = Some((p, locs));
+        chosen = Some((p, locs));
     }
     drop(next);
-    let (reuse, locs) = match reuse {
+    let (reuse_plan, locs) = match chosen {
         Some((p, locs)) => (Some(p), locs),
         None => (None, all),
     };
-    if let Some(p) = &reuse {
+    if let Some(p) = &reuse_plan {
         rep.reused_bytes = p.served_bytes;
         rep.reuse_peak_bytes = p.peak_bytes;
     }
@@ -168,7 +168,7 @@ pub fn restore(
             next: PROGRESS_STEP,
             progress: opts.progress.clone(),
         };
-        match &reuse {
+        match &reuse_plan {
             None => run_engine(&view, policy, locs, engine_budget, opts, &mut out, rep)?,
             Some(p) => {
                 let mut w = reuse::ReuseWriter::new(&mut out, p);

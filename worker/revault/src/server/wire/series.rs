@@ -186,5 +186,8 @@ pub struct PutVersionQuery {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GetVersionQuery {
     pub cache: Option<String>,
+    /// `cache_mib` is what restore Jobs of the previous release send; a
+    /// worker upgraded before the operator's Jobs still serves them.
+    #[serde(alias = "cache_mib")]
     pub cache_mib: Option<u64>,
 }
