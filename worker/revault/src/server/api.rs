@@ -13,7 +13,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::{check_series_name, expire, ExpireReport, ExpireSel, Retention, VersionSel};
+use revault_engine::{
+    check_series_name, expire, ErrorKind, ExpireReport, ExpireSel, Retention, VersionSel,
+};
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
@@ -34,7 +36,7 @@ fn check_namespace(ns: &str) -> ApiResult<()> {
         return Ok(());
     }
     Err(ApiError::bad_request(
-        ApiCode::BadSeriesName,
+        ApiCode::Engine(ErrorKind::BadSeriesName),
         format!(
             "invalid namespace {ns:?}: expected a DNS label (lowercase letters, digits and '-')"
         ),
@@ -57,7 +59,7 @@ pub(crate) fn series_of(p: &Principal, ns: &str, name: &str) -> ApiResult<String
 pub(crate) fn version_sel(v: &str) -> ApiResult<VersionSel> {
     if v.len() > 10 {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             format!("version {v:?}: expected a version number (1, 2, ...) or `latest`"),
         ));
     }
@@ -69,7 +71,7 @@ pub(crate) fn parse_rfc3339(what: &str, s: &str) -> ApiResult<i64> {
         .map(|t| t.unix_timestamp())
         .map_err(|_| {
             ApiError::bad_request(
-                ApiCode::InvalidArgument,
+                ApiCode::Engine(ErrorKind::InvalidArgument),
                 format!("{what} {s:?}: expected an RFC 3339 time, e.g. 2026-01-31T02:00:00Z"),
             )
         })
@@ -150,7 +152,7 @@ pub async fn gc(
     let compact_below = req.compact_below.unwrap_or(0.5);
     if !(0.0..=1.0).contains(&compact_below) {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             "compactBelow is a fraction between 0 and 1",
         ));
     }
@@ -330,7 +332,7 @@ pub async fn put_retention(
     };
     if r.keep_within_seconds.is_some_and(|s| s > MAX_KEEP_WITHIN) {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             format!("keepWithinSeconds is at most {MAX_KEEP_WITHIN}"),
         ));
     }
@@ -370,7 +372,7 @@ pub async fn post_expire(
     let req: Option<wire::ExpireRequest> = json_body(&headers, body).await?;
     let bad = || {
         ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             "give exactly one of {\"version\": N}, {\"before\": \"RFC 3339 time\"} or {\"applyRetention\": true}",
         )
     };

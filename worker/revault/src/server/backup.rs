@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use revault_engine::{
-    backup, tar::TarSource, BackupOptions, BackupReport, DedupUnit, Source, Store, StreamSource,
+    backup, tar::TarSource, BackupOptions, BackupReport, DedupUnit, ErrorKind, Source, Store,
+    StreamSource,
 };
 
 use super::api::{parse_rfc3339, series_name, AppState, SeriesPath};
@@ -54,7 +55,7 @@ impl WriterClaim {
         if backups.contains_key(name) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                ApiCode::SeriesBusy,
+                ApiCode::Engine(ErrorKind::SeriesBusy),
                 format!("series {name} already has a backup in progress"),
             ));
         }

@@ -66,7 +66,7 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            ApiCode::Internal,
+            ApiCode::Engine(ErrorKind::Internal),
             message,
         )
     }
@@ -133,7 +133,7 @@ fn no_space_message(e: &revault_engine::Error) -> String {
 impl From<revault_engine::Error> for ApiError {
     fn from(e: revault_engine::Error) -> Self {
         let mut err = ApiError::from_engine(&e);
-        if err.code == ApiCode::Cancelled {
+        if err.code == ApiCode::Engine(ErrorKind::Cancelled) {
             err.message = "the request body ended before it was complete (or the backup was cancelled); no version was created".to_string();
         }
         err
@@ -147,7 +147,9 @@ impl From<ObjectError> for ApiError {
             ObjectError::NoBucket(_) => (StatusCode::NOT_FOUND, ApiCode::UnknownBucket),
             ObjectError::NotABucket(_) => (StatusCode::CONFLICT, ApiCode::NotABucket),
             ObjectError::BadKey { .. } => (StatusCode::BAD_REQUEST, ApiCode::BadKey),
-            ObjectError::BadGzip(_) => (StatusCode::BAD_REQUEST, ApiCode::BadGzip),
+            ObjectError::BadGzip(_) => {
+                (StatusCode::BAD_REQUEST, ApiCode::Engine(ErrorKind::BadGzip))
+            }
             ObjectError::Engine(inner) => return ApiError::from_engine(inner),
         };
         ApiError::new(status, code, e.to_string())

@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::{check_series_name, RestoreOptions};
+use revault_engine::{check_series_name, ErrorKind, RestoreOptions};
 use revault_objects::{self as objects, Encoding, ObjectError, ObjectInfo, PutOptions};
 
 use super::auth::Principal;
@@ -76,7 +76,7 @@ pub async fn list_objects(
     let limit = q.limit.unwrap_or(DEFAULT_LIST);
     if !(1..=MAX_LIST).contains(&limit) {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             format!("limit must be between 1 and {MAX_LIST}"),
         ));
     }
@@ -87,7 +87,7 @@ pub async fn list_objects(
     ] {
         if v.is_some_and(|v| v.len() > objects::MAX_KEY_BYTES) {
             return Err(ApiError::bad_request(
-                ApiCode::InvalidArgument,
+                ApiCode::Engine(ErrorKind::InvalidArgument),
                 format!("{what} is at most {} bytes", objects::MAX_KEY_BYTES),
             ));
         }
@@ -124,7 +124,7 @@ pub async fn put_object(
         None => Encoding::Identity,
         Some(e) => e
             .parse::<Encoding>()
-            .map_err(|m| ApiError::bad_request(ApiCode::InvalidArgument, m))?,
+            .map_err(|m| ApiError::bad_request(ApiCode::Engine(ErrorKind::InvalidArgument), m))?,
     };
     let store = app.store()?;
     let key = q.key;
@@ -307,7 +307,7 @@ pub async fn sign_url(
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
     if !(1..=MAX_URL_TTL).contains(&ttl) {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             format!("ttlSeconds must be between 1 and {MAX_URL_TTL}"),
         ));
     }
@@ -346,7 +346,7 @@ pub async fn get_signed(
             .all(|b| b.is_ascii_hexdigit());
     if !valid_form {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             "id and sig must be the hex values of a signed URL",
         ));
     }

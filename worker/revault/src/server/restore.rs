@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use revault_engine::{
-    restore, transfer, CachePolicy, RestoreOptions, RestoreReport, RestoreTarget, Store,
+    restore, transfer, CachePolicy, ErrorKind, RestoreOptions, RestoreReport, RestoreTarget, Store,
     VersionKind, VersionRecord, VersionSel, MIB,
 };
 
@@ -92,7 +92,7 @@ fn parse_restore(
     let cache_mib = q.cache_mib.unwrap_or(64);
     if !(1..=16384).contains(&cache_mib) {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             "cacheMib must be between 1 and 16384",
         ));
     }
@@ -236,7 +236,7 @@ pub async fn get_restore(
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
         return Err(ApiError::bad_request(
-            ApiCode::InvalidArgument,
+            ApiCode::Engine(ErrorKind::InvalidArgument),
             format!("restore id {id:?}: expected up to 32 lowercase hex digits"),
         ));
     }
@@ -258,7 +258,7 @@ pub async fn get_restore(
         series: None,
         version: None,
         error: wire::ErrorBody {
-            code: ApiCode::Internal,
+            code: ApiCode::Engine(ErrorKind::Internal),
             message: "the restore task ended without a report".into(),
         },
     });

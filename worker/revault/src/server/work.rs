@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::HeaderMap;
 
-use revault_engine::{RestoreOptions, RestoreReport, Store};
+use revault_engine::{ErrorKind, RestoreOptions, RestoreReport, Store};
 
 use super::error::{ApiError, ApiResult};
 use super::request::content_length;
@@ -96,11 +96,13 @@ where
     pump.settle().await;
     if let Some(t) = timed_out.filter(|_| err.status.is_client_error()) {
         err = ApiError::body_timeout(&t, lost);
-    } else if err.code == ApiCode::Cancelled && app.draining.load(Ordering::SeqCst) {
+    } else if err.code == ApiCode::Engine(ErrorKind::Cancelled)
+        && app.draining.load(Ordering::SeqCst)
+    {
         err = ApiError::unavailable(format!(
             "the server shut down before the {what} completed; {lost}"
         ));
-    } else if err.code == ApiCode::Cancelled && app.health.refusal().is_some() {
+    } else if err.code == ApiCode::Engine(ErrorKind::Cancelled) && app.health.refusal().is_some() {
         err = ApiError::unavailable(format!(
             "the server reopened its store (recovering from a full disk) before the {what} completed; {lost}"
         ));
