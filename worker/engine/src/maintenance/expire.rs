@@ -265,22 +265,10 @@ impl Expiring<'_> {
 /// P's spliced recipe replaces its old one, and its version record says so.
 fn replace_recipe(txn: &mut Txn, s: &SeriesRecord, p: &VersionRecord, spliced: &[Ref]) {
     let parts = refs_to_recipe(spliced).finish();
-    let bytes: u64 = parts.iter().map(|x| x.len() as u64).sum();
+    let (n, bytes) = txn.replace_recipe_parts(s.id, p.number, parts);
     let mut prec = p.clone();
-    prec.recipe_parts = parts.len() as u32;
+    prec.recipe_parts = n;
     prec.recipe_bytes = bytes;
     txn.totals.recipe_bytes += bytes as i64 - p.recipe_bytes as i64;
-    txn.delete_ranges.push((
-        CF_RECIPES,
-        part_key(s.id, p.number, 0).to_vec(),
-        part_key(s.id, p.number, u32::MAX).to_vec(),
-    ));
-    for (i, part) in parts.into_iter().enumerate() {
-        txn.puts.push((
-            CF_RECIPES,
-            part_key(s.id, p.number, i as u32).to_vec(),
-            part,
-        ));
-    }
     txn.put_json(CF_VERSIONS, &version_key(s.id, p.number), &prec);
 }

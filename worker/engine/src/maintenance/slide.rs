@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
-use crate::format::keys::{part_key, version_key, CF_RECIPES, CF_VERSIONS};
+use crate::format::keys::{version_key, CF_VERSIONS};
 use crate::format::records::{ContainerRecord, RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
@@ -526,22 +526,10 @@ impl<'a> Repack<'a> {
 /// Last step before the commit: the archival recipe replaces the live one.
 fn archive_recipe(txn: &mut Txn, s: &SeriesRecord, v: &VersionRecord, new_refs: &[Ref]) {
     let parts = refs_to_recipe(new_refs).finish();
-    let recipe_bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
-    txn.delete_ranges.push((
-        CF_RECIPES,
-        part_key(s.id, v.number, 0).to_vec(),
-        part_key(s.id, v.number, u32::MAX).to_vec(),
-    ));
-    for (i, p) in parts.iter().enumerate() {
-        txn.puts.push((
-            CF_RECIPES,
-            part_key(s.id, v.number, i as u32).to_vec(),
-            p.clone(),
-        ));
-    }
+    let (n, recipe_bytes) = txn.replace_recipe_parts(s.id, v.number, parts);
     let mut rec = v.clone();
     rec.form = RecipeForm::Archival;
-    rec.recipe_parts = parts.len() as u32;
+    rec.recipe_parts = n;
     rec.recipe_bytes = recipe_bytes;
     txn.put_json(CF_VERSIONS, &version_key(s.id, v.number), &rec);
     txn.totals.recipe_bytes = recipe_bytes as i64 - v.recipe_bytes as i64;

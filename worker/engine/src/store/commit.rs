@@ -14,7 +14,9 @@ use crate::config::DedupUnit;
 use crate::error::{corrupt_meta, Result};
 use crate::format::container::ContainerId;
 use crate::format::fp::Fp;
-use crate::format::keys::{freed_key, zombie_key, CF_CONTAINERS, CF_MARKS, CF_SESSIONS, CF_UNITS};
+use crate::format::keys::{
+    freed_key, part_key, zombie_key, CF_CONTAINERS, CF_MARKS, CF_RECIPES, CF_SESSIONS, CF_UNITS,
+};
 use crate::format::records::{ContainerRecord, SeriesRecord, Totals};
 use crate::format::refcounts::{Refs, RefsBlock, REFS_BLOCK};
 use crate::format::unit::UnitRecord;
@@ -56,6 +58,31 @@ impl Txn {
     /// A unit of this commit links to (or stops linking to) `unit`'s chunks.
     pub fn link_delta(&mut self, unit: u64, d: i64) {
         self.ref_deltas.entry(unit).or_default()[2] += d;
+    }
+
+    /// Stages `parts` as the whole recipe of `version`: its old parts go as one range (a
+    /// shorter recipe leaves no stale tail), then the new ones are put. Returns (parts, bytes).
+    pub fn replace_recipe_parts(
+        &mut self,
+        series: u32,
+        version: u32,
+        parts: Vec<Vec<u8>>,
+    ) -> (u32, u64) {
+        let n = parts.len() as u32;
+        let bytes = parts.iter().map(|p| p.len() as u64).sum();
+        self.delete_ranges.push((
+            CF_RECIPES,
+            part_key(series, version, 0).to_vec(),
+            part_key(series, version, u32::MAX).to_vec(),
+        ));
+        for (i, part) in parts.into_iter().enumerate() {
+            self.puts.push((
+                CF_RECIPES,
+                part_key(series, version, i as u32).to_vec(),
+                part,
+            ));
+        }
+        (n, bytes)
     }
 
     pub fn put_json<T: Serialize>(&mut self, cf: &'static str, key: &[u8], v: &T) {
