@@ -185,6 +185,14 @@ fn backup_survives_gc_compacting_the_previous_versions_containers() {
 /// counts again once it holds the unit, and this test fails without that.)
 #[test]
 fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
+    // Before the slide dooms the units it trims, team-b deduplicates against them; at the
+    // slide's commit they are doomed and team-b must not build on what the commit trims.
+    for point in ["slide.before_doom", "commit.enter"] {
+        backup_inside_a_slide(point);
+    }
+}
+
+fn backup_inside_a_slide(point: &'static str) {
     let unit = DedupUnit::Segment;
     let (_d, st) = new_store(small_config());
     // The second version repeats most of the first: the slide trims the
@@ -200,26 +208,28 @@ fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
     let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (copy, ran2) = (old.clone(), ran.clone());
     st.on_pause_point(
-        "slide.before_doom",
+        point,
         Box::new(move |st: &Store| {
             let rep = backup_bytes(st, "team-b/db", &copy, unit);
-            assert!(
-                rep.new_vbytes < copy.len() as u64 / 10,
-                "team-b did not dedup against team-a's first version: {rep:?}"
-            );
+            if point == "slide.before_doom" {
+                assert!(
+                    rep.new_vbytes < copy.len() as u64 / 10,
+                    "team-b did not dedup against team-a's first version: {rep:?}"
+                );
+            }
             ran2.store(true, std::sync::atomic::Ordering::SeqCst);
         }),
     );
     let slid = revault_engine::slide(&st, "team-a/db").unwrap();
     assert!(
         ran.load(std::sync::atomic::Ordering::SeqCst),
-        "the pause point was not reached"
+        "{point}: the pause point was not reached"
     );
-    assert_eq!(slid.slid, vec![1]);
+    assert_eq!(slid.slid, vec![1], "{point}");
     assert_eq!(
         restore_bytes(&st, "team-b/db", 1).0,
         old,
-        "team-b after the slide"
+        "{point}: team-b after the slide"
     );
     // What the slide thought the first version alone referenced goes with it.
     expire(&st, "team-a/db", &ExpireSel::Version(1)).unwrap();
@@ -227,9 +237,9 @@ fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
     assert_eq!(
         restore_bytes(&st, "team-b/db", 1).0,
         old,
-        "team-b after team-a's first version expired"
+        "{point}: team-b after team-a's first version expired"
     );
-    assert_eq!(restore_bytes(&st, "team-a/db", 2).0, new);
+    assert_eq!(restore_bytes(&st, "team-a/db", 2).0, new, "{point}");
     let c = check(&st).unwrap();
-    assert!(c.ok, "{:?}", c.errors);
+    assert!(c.ok, "{point}: {:?}", c.errors);
 }

@@ -211,15 +211,18 @@ pub fn gc(store: &Store, opts: &GcOptions) -> Result<GcReport> {
     let sweep_started = Instant::now();
     let sweep = containers_to_sweep(meta, opts.full)?;
     let mut session = store.begin_session("gc")?;
-    let mut sweeper = Sweeper::start(store, &session, opts.compact_below)?;
+    // Units the sweep frees or trims are doomed: no backup may deduplicate against them from
+    // now on. They stay doomed until gc returns, committed or not.
+    let mut doomed = Undoom(store, Vec::new());
+    let mut sweeper = Sweeper::start(store, &session, opts.compact_below, &mut doomed.1)?;
     for cid in sweep {
         sweeper.sweep_container(cid, &mut rep)?;
     }
-    // The doomed units stay doomed until gc returns, committed or not.
-    let (mut txn, _doomed) = sweeper.finish()?;
+    let mut txn = sweeper.finish()?;
     session.sync()?;
     txn.session = Some(session.id);
     store.failpoint("gc.before_sweep_commit")?;
+    store.pause_point("gc.before_sweep_commit");
     let out = store.commit(txn)?;
     session.mark_committed();
     rep.containers_freed = out.freed_containers;
@@ -344,25 +347,26 @@ fn containers_to_sweep(meta: &Meta, full: bool) -> Result<BTreeSet<ContainerId>>
 }
 
 /// Sweep phase: what sweeping the containers one by one builds up.
-struct Sweeper<'s> {
+struct Sweeper<'s, 'd> {
     store: &'s Store,
     compact_below: f64,
-    // Fields drop in this order when gc fails half-way: doomed units are released first,
-    // then the pack writer stops.
-    /// Units doomed to be freed or trimmed; released when gc ends, whether it
-    /// commits or fails half-way.
-    doomed: Undoom<'s>,
+    /// The ids of the units doomed so far (gc's `Undoom` releases them).
+    doomed: &'d mut Vec<u64>,
     txn: Txn,
     pack: PackWriter,
 }
 
-impl<'s> Sweeper<'s> {
+impl<'s, 'd> Sweeper<'s, 'd> {
     /// A step: the pack writer for compacted units, and the zombies to free: units whose
     /// references reached zero while a backup had them pinned.
-    fn start(store: &'s Store, session: &Session, compact_below: f64) -> Result<Self> {
+    fn start(
+        store: &'s Store,
+        session: &Session,
+        compact_below: f64,
+        doomed: &'d mut Vec<u64>,
+    ) -> Result<Self> {
         let pack = PackWriter::for_session(store, session);
         let mut txn = Txn::default();
-        let doomed = Undoom(store, Vec::new());
         txn.free_units.extend(store.zombies()?);
         Ok(Sweeper {
             store,
@@ -434,7 +438,7 @@ impl<'s> Sweeper<'s> {
             };
             match m {
                 None if refs.is_zero() && store.try_doom(*id) => {
-                    self.doomed.1.push(*id);
+                    self.doomed.push(*id);
                     self.txn.free_units.push(*id);
                     rep.units_freed += 1;
                 }
@@ -474,7 +478,7 @@ impl<'s> Sweeper<'s> {
             let Some(m) = keep.get(id) else { continue };
             let chunks = match m {
                 Mark::Whole => None,
-                Mark::Chunks(c) => trim_to(self.store, *id, c, &mut self.doomed.1)?,
+                Mark::Chunks(c) => trim_to(self.store, *id, c, self.doomed)?,
             };
             let new = repack(
                 *id,
@@ -493,19 +497,11 @@ impl<'s> Sweeper<'s> {
         Ok(())
     }
 
-    /// A step: the compacted containers sealed into the transaction, which is returned
-    /// with the doomed units (released when dropped).
-    fn finish(self) -> Result<(Txn, Undoom<'s>)> {
-        // Bound in this order so that, on an error, the doomed units go before the
-        // transaction, as they always have.
-        let Sweeper {
-            mut txn,
-            doomed,
-            pack,
-            ..
-        } = self;
-        txn.new_containers = pack.finish()?;
-        Ok((txn, doomed))
+    /// A step: the compacted containers sealed into the transaction.
+    fn finish(self) -> Result<Txn> {
+        let mut txn = self.txn;
+        txn.new_containers = self.pack.finish()?;
+        Ok(txn)
     }
 }
 
