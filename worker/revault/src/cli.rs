@@ -780,7 +780,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 OpenMode::ReadWrite,
                 "revault retention set",
             )?;
-            let s = revault_engine::set_retention(&store, &a.series.series, r)?;
+            let (s, _) = revault_engine::set_retention(&store, &a.series.series, r)?;
             if json {
                 output::json(&s.retention);
             } else {

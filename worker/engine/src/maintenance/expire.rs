@@ -22,7 +22,7 @@ use crate::error::{corrupt_meta, Error, Result};
 use crate::format::keys::{part_key, version_key, CF_CATALOGS, CF_RECIPES, CF_VERSIONS};
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
-use crate::recipe::archival::{expand_refs, refs_to_recipe, Ref};
+use crate::recipe::archival::{expand_refs, Ref};
 use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::Store;
@@ -80,8 +80,7 @@ pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Re
                 .collect()
         }
         ExpireSel::Retention => {
-            let vt: Vec<(u32, i64)> = versions.iter().map(|v| (v.number, v.time_unix)).collect();
-            crate::maintenance::retention::plan_expiry(&vt, &s.retention)
+            crate::maintenance::retention::plan_expiry(&versions, &s.retention)
         }
     };
     let mut rep = ExpireReport {
@@ -189,7 +188,7 @@ impl Expiring<'_> {
         for u in after.difference(&before) {
             txn.ref_delta(*u, 0, 1);
         }
-        replace_recipe(txn, self.s, p, &spliced);
+        super::stage_recipe(txn, self.s.id, p, p.clone(), &spliced);
         Ok(())
     }
 
@@ -262,13 +261,4 @@ impl Expiring<'_> {
     }
 }
 
-/// P's spliced recipe replaces its old one, and its version record says so.
-fn replace_recipe(txn: &mut Txn, s: &SeriesRecord, p: &VersionRecord, spliced: &[Ref]) {
-    let parts = refs_to_recipe(spliced).finish();
-    let (n, bytes) = txn.replace_recipe_parts(s.id, p.number, parts);
-    let mut prec = p.clone();
-    prec.recipe_parts = n;
-    prec.recipe_bytes = bytes;
-    txn.totals.recipe_bytes += bytes as i64 - p.recipe_bytes as i64;
-    txn.put_json(CF_VERSIONS, &version_key(s.id, p.number), &prec);
-}
+

@@ -8,20 +8,16 @@
 
 use crate::config::DedupUnit;
 use crate::error::{Error, Result};
-use crate::format::records::{Retention, SeriesRecord};
+use crate::format::records::{Retention, SeriesRecord, VersionRecord};
 use crate::meta::MetaRead;
 use crate::store::commit::Txn;
 use crate::store::{check_series_name, now_unix, Store};
 
 /// Stores a series' retention, creating the series (without versions) if it
-/// does not exist yet, so a policy can be set before the first backup.
-pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<SeriesRecord> {
-    store_retention(store, series, r).map(|(s, _)| s)
-}
-
-/// [`set_retention`], and whether the series was created by it. That is
-/// decided under the series' claim, so of two callers only one creates it.
-pub fn store_retention(store: &Store, series: &str, r: Retention) -> Result<(SeriesRecord, bool)> {
+/// does not exist yet, so a policy can be set before the first backup. Returns
+/// the series and whether this call created it (decided under the series'
+/// claim: of two callers only one creates it, the other finds it busy or made).
+pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<(SeriesRecord, bool)> {
     store.require_writable()?;
     check_series_name(series)?;
     if r.live == 0 {
@@ -75,8 +71,15 @@ pub fn store_retention(store: &Store, series: &str, r: Retention) -> Result<(Ser
     Ok((store.series(series)?, created))
 }
 
+/// A series' versions in ascending order → the numbers its retention no longer keeps (what
+/// the next expiry by retention removes).
+pub fn plan_expiry(versions: &[VersionRecord], r: &Retention) -> Vec<u32> {
+    let at: Vec<(u32, i64)> = versions.iter().map(|v| (v.number, v.time_unix)).collect();
+    plan(&at, r)
+}
+
 /// Versions (number, time) in ascending order → the numbers to expire.
-pub fn plan_expiry(versions: &[(u32, i64)], r: &Retention) -> Vec<u32> {
+fn plan(versions: &[(u32, i64)], r: &Retention) -> Vec<u32> {
     if versions.is_empty() || (r.keep.is_none() && r.keep_within_secs.is_none()) {
         return Vec::new();
     }
@@ -111,10 +114,10 @@ mod tests {
             keep: Some(k),
             ..Default::default()
         };
-        let (s, created) = store_retention(&store, "default/db", keep(3)).unwrap();
+        let (s, created) = set_retention(&store, "default/db", keep(3)).unwrap();
         assert!(created);
         assert_eq!(s.retention.keep, Some(3));
-        let (s, created) = store_retention(&store, "default/db", keep(2)).unwrap();
+        let (s, created) = set_retention(&store, "default/db", keep(2)).unwrap();
         assert!(!created, "the second call replaces the retention");
         assert_eq!(s.retention.keep, Some(2));
         assert_eq!(store.series("default/db").unwrap().retention.keep, Some(2));
@@ -159,11 +162,11 @@ mod tests {
             ),
         ];
         for (name, ret, want) in cases {
-            assert_eq!(plan_expiry(&vs, ret), *want, "{name}");
+            assert_eq!(plan(&vs, ret), *want, "{name}");
         }
-        assert!(plan_expiry(&[], &r(Some(1), None)).is_empty());
+        assert!(plan(&[], &r(Some(1), None)).is_empty());
         // Out-of-order times: age is measured from the newest time, not the last number.
         let odd = [(1, 100), (2, 50), (3, 90)];
-        assert_eq!(plan_expiry(&odd, &r(None, Some(15))), vec![2]);
+        assert_eq!(plan(&odd, &r(None, Some(15))), vec![2]);
     }
 }

@@ -30,12 +30,11 @@ use serde::Serialize;
 use crate::error::{corrupt_meta, Error, Result};
 use crate::format::container::{ContainerFile, ContainerId};
 use crate::format::fp::Fp;
-use crate::format::keys::{version_key, CF_VERSIONS};
 use crate::format::records::{ContainerRecord, RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::meta::MetaRead;
-use crate::recipe::archival::{expand_refs, refs_to_recipe, Ref};
+use crate::recipe::archival::{expand_refs, Ref};
 use crate::recipe::recipe_entries;
 use crate::store::commit::Txn;
 use crate::store::pack::{repack, PackWriter};
@@ -525,14 +524,9 @@ impl<'a> Repack<'a> {
 
 /// Last step before the commit: the archival recipe replaces the live one.
 fn archive_recipe(txn: &mut Txn, s: &SeriesRecord, v: &VersionRecord, new_refs: &[Ref]) {
-    let parts = refs_to_recipe(new_refs).finish();
-    let (n, recipe_bytes) = txn.replace_recipe_parts(s.id, v.number, parts);
     let mut rec = v.clone();
     rec.form = RecipeForm::Archival;
-    rec.recipe_parts = n;
-    rec.recipe_bytes = recipe_bytes;
-    txn.put_json(CF_VERSIONS, &version_key(s.id, v.number), &rec);
-    txn.totals.recipe_bytes = recipe_bytes as i64 - v.recipe_bytes as i64;
+    super::stage_recipe(txn, s.id, v, rec, new_refs);
     txn.series_updates.push((
         s.name.clone(),
         Box::new(|cur| {

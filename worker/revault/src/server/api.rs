@@ -338,7 +338,7 @@ pub async fn put_retention(
     }
     let (s, created) = guarded(&app, move |_, store| {
         let ret = Retention::from(&r);
-        Ok(revault_engine::store_retention(store, &name, ret)?)
+        Ok(revault_engine::set_retention(store, &name, ret)?)
     })
     .await?;
     // 201 when the retention created the series (a policy set before the first backup).

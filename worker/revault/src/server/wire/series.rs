@@ -92,11 +92,10 @@ pub struct SeriesDetail {
 impl SeriesDetail {
     /// The series `s` whose versions are `vs` (oldest first).
     pub fn new(s: &SeriesRecord, vs: &[VersionRecord]) -> Self {
-        let at: Vec<(u32, i64)> = vs.iter().map(|v| (v.number, v.time_unix)).collect();
         SeriesDetail {
             series: Series::new(s, vs),
             version_list: vs.iter().map(Version::from).collect(),
-            pending_expiry: revault_engine::plan_expiry(&at, &s.retention),
+            pending_expiry: revault_engine::plan_expiry(vs, &s.retention),
         }
     }
 }
