@@ -27,7 +27,7 @@ export GOTOOLCHAIN ?= local
 # Which dataset `make demo` uses: synthetic (default) or kube.
 DATA ?= synthetic
 
-.PHONY: help tools build build-bench demo test test-worker test-api test-fuzz fuzz lint fmt bench
+.PHONY: help tools build build-bench demo test test-worker test-api test-fuzz fuzz lint fmt bench s3-server
 .PHONY: k8s-tools manifests generate generate-client build-operator lint-operator test-operator
 .PHONY: images e2e test-e2e lint-e2e
 
@@ -68,7 +68,11 @@ lint: tools lint-operator lint-e2e lint-velero
 fmt:
 	$(CARGO) fmt --all
 
-test-worker: build
+# The remote tier's tests run against a real S3 server (versitygw, hack/s3-server.sh).
+s3-server:
+	@hack/s3-server.sh install >/dev/null
+
+test-worker: build s3-server
 	$(CARGO) test --release --locked --workspace
 
 # The worker API fuzzed with schemathesis (installed into $(REVAULT_CACHE)/venv).

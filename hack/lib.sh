@@ -19,6 +19,7 @@ CONTROLLER_GEN_VERSION=v0.18.0  # controller-tools release built against k8s 1.3
 GINKGO_VERSION=v2.28.3        # keep equal to github.com/onsi/ginkgo/v2 in operator/go.mod
 GOLANGCI_LINT_VERSION=v2.15.0 # hack/go-lint.sh; built with the local Go (see there)
 OAPI_CODEGEN_VERSION=v2.8.2   # hack/worker-client.sh; its runtime is pinned in operator/go.mod
+VERSITYGW_VERSION=v1.8.0      # hack/s3-server.sh: the S3-compatible server of the remote tier's tests
 
 REVAULT_CACHE=${REVAULT_CACHE:-$HOME/.cache/revault}
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

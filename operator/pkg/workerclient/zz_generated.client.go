@@ -83,6 +83,8 @@ const (
 	ErrorCodeNotEmpty             ErrorCode = "not_empty"
 	ErrorCodeNotFound             ErrorCode = "not_found"
 	ErrorCodeNotInitialised       ErrorCode = "not_initialised"
+	ErrorCodeRemoteFenced         ErrorCode = "remote_fenced"
+	ErrorCodeRemoteUnavailable    ErrorCode = "remote_unavailable"
 	ErrorCodeRequestTimeout       ErrorCode = "request_timeout"
 	ErrorCodeSeriesBusy           ErrorCode = "series_busy"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
@@ -152,6 +154,10 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeNotFound:
 		return true
 	case ErrorCodeNotInitialised:
+		return true
+	case ErrorCodeRemoteFenced:
+		return true
+	case ErrorCodeRemoteUnavailable:
 		return true
 	case ErrorCodeRequestTimeout:
 		return true
@@ -572,6 +578,30 @@ type OrphanReport struct {
 	QuarantinedFiles int64 `json:"quarantinedFiles"`
 }
 
+// RemoteStats defines model for RemoteStats.
+type RemoteStats struct {
+	// Fenced the store was rebuilt on another node; this worker takes no writes
+	Fenced bool `json:"fenced"`
+
+	// Generation 1 at init, one more at every rebuild (`revault recover`)
+	Generation int64 `json:"generation"`
+
+	// HeadTime when the newest checkpoint the bucket holds was taken
+	HeadTime *time.Time `json:"headTime"`
+
+	// LagSeconds age of the oldest change the bucket does not hold yet (0 when it holds everything)
+	LagSeconds float64 `json:"lagSeconds"`
+
+	// LastError the last upload's error
+	LastError *string `json:"lastError"`
+
+	// Store the store's id
+	Store string `json:"store"`
+
+	// Url Example: s3://backups/cluster-a/ssd/node1
+	Url string `json:"url"`
+}
+
 // RestoreDone the body was sent whole; what the restore read and held
 type RestoreDone struct {
 	// BytesDecoded uncompressed bytes decoded from blocks
@@ -679,9 +709,13 @@ type RetentionState struct {
 
 // Series defines model for Series.
 type Series struct {
-	Latest       *int64     `json:"latest"`
-	LatestTime   *time.Time `json:"latestTime"`
-	LogicalBytes int64      `json:"logicalBytes"`
+	// DurableVersion the newest version the store's remote (its S3 bucket) holds: a store
+	// rebuilt from the bucket has every version up to it. null when the
+	// store has no remote, or nothing of the series was uploaded yet.
+	DurableVersion *int64     `json:"durableVersion"`
+	Latest         *int64     `json:"latest"`
+	LatestTime     *time.Time `json:"latestTime"`
+	LogicalBytes   int64      `json:"logicalBytes"`
 
 	// Retention a series' stored retention (every field present)
 	Retention RetentionState `json:"retention"`
@@ -694,9 +728,11 @@ type Series struct {
 
 // SeriesDetail a Series with its versions, and what its retention would expire
 type SeriesDetail struct {
-	Latest       *int64     `json:"latest"`
-	LatestTime   *time.Time `json:"latestTime"`
-	LogicalBytes int64      `json:"logicalBytes"`
+	// DurableVersion as in Series
+	DurableVersion *int64     `json:"durableVersion"`
+	Latest         *int64     `json:"latest"`
+	LatestTime     *time.Time `json:"latestTime"`
+	LogicalBytes   int64      `json:"logicalBytes"`
 
 	// PendingExpiry the versions the series' retention no longer keeps, oldest first:
 	// what `POST …/expire {"applyRetention": true}` (or automatic
@@ -767,6 +803,9 @@ type Stats struct {
 	// LogicalBytes logical bytes of every version stored
 	LogicalBytes int64 `json:"logicalBytes"`
 	RecipeBytes  int64 `json:"recipeBytes"`
+
+	// Remote the store's remote (its encrypted copy in an S3 bucket); null without one
+	Remote *RemoteStats `json:"remote"`
 
 	// TotalRatio logicalBytes / containerBytes (0 when empty)
 	TotalRatio float64 `json:"totalRatio"`

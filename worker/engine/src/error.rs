@@ -74,6 +74,11 @@ pub enum Error {
     #[error("metadata store: {0}")]
     Db(#[from] rocksdb::Error),
 
+    /// The durable tier could not be read (a container evicted from the data directory
+    /// whose remote copy is out of reach): try again when the remote is back.
+    #[error("{0}")]
+    RemoteUnavailable(String),
+
     #[error("operation cancelled")]
     Cancelled,
 
@@ -131,6 +136,8 @@ error_kinds! {
     Metadata => "metadata_error",
     /// A disk or quota was full (see [`Error::is_no_space`]).
     NoSpace => "no_space",
+    /// A container's copy in the durable tier is out of reach for now.
+    RemoteUnavailable => "remote_unavailable",
     Cancelled => "cancelled",
     /// A failure of the engine itself, never the caller's fault.
     Internal => "internal",
@@ -158,6 +165,7 @@ impl ErrorKind {
             | ErrorKind::Io
             | ErrorKind::Metadata
             | ErrorKind::NoSpace
+            | ErrorKind::RemoteUnavailable
             | ErrorKind::Cancelled
             | ErrorKind::Internal => false,
         }
@@ -188,6 +196,7 @@ impl Error {
             Error::BadGzip(_) => ErrorKind::BadGzip,
             Error::Io { .. } => ErrorKind::Io,
             Error::Db(_) => ErrorKind::Metadata,
+            Error::RemoteUnavailable(_) => ErrorKind::RemoteUnavailable,
             Error::Cancelled => ErrorKind::Cancelled,
             Error::Internal(_) => ErrorKind::Internal,
         }

@@ -669,9 +669,7 @@ fn seeds_in(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
         if entry.extension().is_some_and(|e| e == "rvc") {
             // Two ranges inside the data: its start, and its second half.
             let id = ContainerId(u64::from_le_bytes(file[8..16].try_into().expect("8 bytes")));
-            let vbytes = ContainerFile::open(store.data_dir(), id, false)?
-                .footer
-                .vbytes;
+            let vbytes = store.open_container(id, false)?.footer.vbytes;
             let half = u32::try_from(vbytes / 2).expect("a seed container is small");
             let mut ops = vec![3u8];
             ops.extend_from_slice(&0u64.to_le_bytes());

@@ -34,8 +34,8 @@ mod store;
 // Opening a store, and what every call can fail with.
 pub use error::{panicked, Error, ErrorKind, IoContext, Result};
 pub use store::{
-    check_series_name, now_unix, InitOptions, OpenMode, PauseHook, ReadView, Store, VersionSel,
-    META_DIR,
+    check_series_name, now_unix, ColdTier, InitOptions, OpenMode, PauseHook, ReadView, Store,
+    VersionSel, META_DIR,
 };
 
 // A store's settings.
@@ -60,11 +60,12 @@ pub use maintenance::gc::{gc, GcOptions, GcReport};
 pub use maintenance::repeats::{repeats, RepeatReport};
 pub use maintenance::retention::{plan_expiry, set_retention};
 pub use maintenance::slide::{slide, SlideReport};
+pub use maintenance::tiering::live_containers;
 pub use store::orphans::{OrphanReport, QUARANTINE};
 
 // What is stored: records, their keys, and the formats the object API shares.
 pub use bufpool::BufPool;
-pub use format::container::ContainerId;
+pub use format::container::{ColdFile, ContainerId};
 pub use format::fp::Fp;
 pub use format::records::{
     RecipeForm, Retention, SeriesRecord, Totals, VersionKind, VersionRecord,

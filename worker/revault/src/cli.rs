@@ -15,6 +15,7 @@ use revault_engine::{
 };
 
 use crate::output::{self, mib, rate, ratio, Table};
+use crate::remote_cli::Opened;
 use crate::{Cli, Cmd};
 
 #[derive(Args)]
@@ -43,6 +44,8 @@ pub struct InitArgs {
     /// Keep containers in another directory (e.g. an HDD) than the metadata.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: crate::remote_cli::RemoteInitArgs,
 }
 
 #[derive(Args)]
@@ -270,11 +273,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Slide(a) => slide(a, json),
         Cmd::Expire(a) => expire(a, json),
         Cmd::Gc(a) => gc(a, json),
+        Cmd::Recover(a) => crate::remote_cli::recover(a, json),
+        Cmd::Remote(c) => crate::remote_cli::remote(c, json),
     }
 }
 
-fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Store> {
-    Ok(Store::open(&store.store, mode, what)?)
+fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
+    crate::remote_cli::open(store, mode, what)
 }
 
 fn init(a: InitArgs, json: bool) -> Result<()> {
@@ -297,9 +302,21 @@ fn init(a: InitArgs, json: bool) -> Result<()> {
             data_dir: a.data_dir,
         },
     )?;
+    let remote = match &a.remote.remote {
+        Some(_) => {
+            let store = Store::open(&a.store.store, OpenMode::ReadWrite, "revault init")?;
+            crate::remote_cli::init_remote(&store, &a.remote)?
+        }
+        None => None,
+    };
     if json {
-        output::json(&serde_json::json!({ "store": a.store.store, "config": config }));
+        output::json(
+            &serde_json::json!({ "store": a.store.store, "config": config, "remote": remote }),
+        );
     } else {
+        if let Some(r) = &remote {
+            crate::remote_cli::print_init(&a.remote, r);
+        }
         println!(
             "initialised store {} ({} MiB containers, {} compression, {} KiB chunks, {} KiB segments)",
             a.store.store.display(),
@@ -368,6 +385,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
     let rep = backup(&store, series, source, &opts);
     pb.finish_and_clear();
     let rep = rep?;
+    store.durable(|| format!("version {} of {series}", rep.version))?;
     if json {
         output::json(&rep);
     } else {
@@ -718,6 +736,7 @@ fn gc(a: GcArgs, json: bool) -> Result<()> {
         full: a.full,
     };
     let rep = revault_engine::gc(&store, &opts)?;
+    store.durable(|| "the gc".into())?;
     if json {
         output::json(&rep);
     } else {
@@ -781,6 +800,7 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 "revault retention set",
             )?;
             let (s, _) = revault_engine::set_retention(&store, &a.series.series, r)?;
+            store.durable(|| format!("the retention of {}", a.series.series))?;
             if json {
                 output::json(&s.retention);
             } else {
@@ -812,6 +832,7 @@ fn slide(a: SeriesArgs, json: bool) -> Result<()> {
         &format!("revault slide {}", a.series),
     )?;
     let rep = revault_engine::slide(&store, &a.series)?;
+    store.durable(|| format!("the slide of {}", a.series))?;
     if json {
         output::json(&rep);
     } else if rep.slid.is_empty() {
@@ -850,6 +871,7 @@ fn expire(a: ExpireArgs, json: bool) -> Result<()> {
         &format!("revault expire {}", a.series.series),
     )?;
     let rep = revault_engine::expire(&store, &a.series.series, &sel)?;
+    store.durable(|| format!("the expiry of {:?} of {}", rep.expired, a.series.series))?;
     if json {
         output::json(&rep);
     } else {

@@ -5,6 +5,7 @@ mod alloc;
 mod cli;
 mod client;
 mod output;
+mod remote_cli;
 mod server;
 
 use clap::{Parser, Subcommand};
@@ -28,7 +29,7 @@ enum TopCmd {
     #[command(flatten)]
     Offline(Cmd),
     /// Run the worker: the HTTP API over a local store (see docs/service.md).
-    Serve(server::ServeArgs),
+    Serve(Box<server::ServeArgs>),
     /// Back up a file, a directory or stdin to a worker (`revault serve`).
     Push(client::push::PushArgs),
     /// Restore a version from a worker to a file, a directory or stdout.
@@ -64,6 +65,11 @@ pub enum Cmd {
     Expire(cli::ExpireArgs),
     /// Grouped mark-and-sweep: orphans, dead chunks in shared units, compaction.
     Gc(cli::GcArgs),
+    /// Rebuild a store from its remote (an S3 bucket) alone.
+    Recover(remote_cli::RecoverArgs),
+    /// The store's remote: status, sync, evicting containers to it.
+    #[command(subcommand)]
+    Remote(remote_cli::RemoteCmd),
 }
 
 fn main() {
@@ -74,7 +80,7 @@ fn main() {
         TopCmd::Offline(cmd) => Cli { json, quiet, cmd },
         TopCmd::Serve(a) => {
             server::init_logging(a.log_format);
-            exit_on_error(server::run(a), false);
+            exit_on_error(server::run(*a), false);
             return;
         }
         TopCmd::Push(a) => {
@@ -116,6 +122,10 @@ fn exit_on_error(r: anyhow::Result<()>, json: bool) {
             (err.code().to_string(), err.to_string())
         } else if let Some(err) = e.downcast_ref::<client::RemoteError>() {
             (err.code.clone(), err.message.clone())
+        } else if let Some(err) = e.downcast_ref::<revault_remote::RemoteError>() {
+            (err.code().to_string(), err.to_string())
+        } else if let Some(err) = e.downcast_ref::<remote_cli::NotDurable>() {
+            ("not_durable".to_string(), err.to_string())
         } else {
             ("error".to_string(), format!("{e:#}"))
         };

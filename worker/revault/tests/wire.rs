@@ -86,6 +86,8 @@ const STATS: &[(&str, &str)] = &[
     ("catalogBytes", "int"),
     ("dedupRatio", "float"),
     ("totalRatio", "float"),
+    // A store without a remote (server_remote.rs has one).
+    ("remote", "null"),
 ];
 
 const GC: &[(&str, &str)] = &[
@@ -208,6 +210,8 @@ const SERIES: &[(&str, &str)] = &[
     ("latestTime", "string"),
     ("logicalBytes", "int"),
     ("retention", "object"),
+    // A store without a remote (server_remote.rs has one).
+    ("durableVersion", "null"),
 ];
 
 const VERSION: &[(&str, &str)] = &[

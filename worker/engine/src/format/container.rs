@@ -493,42 +493,83 @@ pub(crate) fn decode_footer(id: ContainerId, buf: &[u8], with_units: bool) -> Re
     Ok(f)
 }
 
+/// A container's file that is not in the data directory: evicted to the durable tier
+/// (revault-remote) and read back on demand. Offsets are those of the file as written.
+pub trait ColdFile: Send + Sync {
+    /// The file's length in bytes.
+    fn file_len(&self) -> u64;
+    /// Reads `buf.len()` bytes at `offset`; a copy that does not open (corrupt or tampered)
+    /// is an error naming the container, never bytes.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Hints that `range` will be read soon (a restore's next window).
+    fn prefetch(&self, _range: Range<u64>) {}
+}
+
+/// Where an open container's bytes come from.
+pub enum Backing {
+    /// Its file in the data directory.
+    Local(File),
+    /// The durable tier.
+    Cold(Box<dyn ColdFile>),
+}
+
+impl Backing {
+    fn read_at(&self, buf: &mut [u8], offset: u64, id: ContainerId) -> Result<()> {
+        match self {
+            Backing::Local(f) => read_at(f, buf, offset, id),
+            Backing::Cold(c) => c.read_at(buf, offset),
+        }
+    }
+}
+
 /// An open container: its file and decoded footer.
 pub struct ContainerFile {
     pub id: ContainerId,
-    pub file: File,
+    pub backing: Backing,
     pub footer: Footer,
     pub file_len: u64,
 }
 
 impl ContainerFile {
-    /// Opens and validates header, trailer and footer checksums.
+    /// Opens the container's file in `data_dir` and validates header, trailer and footer
+    /// checksums.
     pub fn open(data_dir: &Path, id: ContainerId, with_units: bool) -> Result<Self> {
+        match Self::open_local(data_dir, id)? {
+            Some(file) => Self::open_backing(id, Backing::Local(file), with_units),
+            None => Err(Error::MissingContainer {
+                container: id.to_string(),
+                path: id.path(data_dir),
+            }),
+        }
+    }
+
+    /// The container's file in `data_dir`, or `None` if there is none.
+    pub fn open_local(data_dir: &Path, id: ContainerId) -> Result<Option<File>> {
         let path = id.path(data_dir);
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::MissingContainer {
-                    container: id.to_string(),
-                    path,
-                })
-            }
-            Err(e) => {
-                return Err(Error::Io {
-                    context: format!("opening container {}", path.display()),
-                    source: e,
-                })
-            }
+        match File::open(&path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Io {
+                context: format!("opening container {}", path.display()),
+                source: e,
+            }),
+        }
+    }
+
+    /// Validates header, trailer and footer checksums of the container behind `backing`.
+    pub fn open_backing(id: ContainerId, backing: Backing, with_units: bool) -> Result<Self> {
+        let file_len = match &backing {
+            Backing::Local(f) => f
+                .metadata()
+                .ctx(|| format!("reading container {id}"))?
+                .len(),
+            Backing::Cold(c) => c.file_len(),
         };
-        let file_len = file
-            .metadata()
-            .ctx(|| format!("reading container {}", path.display()))?
-            .len();
         if file_len < HEADER_LEN + TRAILER_LEN {
             return Err(corrupt(id, format!("file is truncated ({file_len} bytes)")));
         }
         let mut header = [0u8; HEADER_LEN as usize];
-        read_at(&file, &mut header, 0, id)?;
+        backing.read_at(&mut header, 0, id)?;
         if &header[..8] != MAGIC {
             return Err(corrupt(id, "bad header magic"));
         }
@@ -539,7 +580,7 @@ impl ContainerFile {
             return Err(corrupt(id, "header names a different container"));
         }
         let mut trailer = [0u8; TRAILER_LEN as usize];
-        read_at(&file, &mut trailer, file_len - TRAILER_LEN, id)?;
+        backing.read_at(&mut trailer, file_len - TRAILER_LEN, id)?;
         if &trailer[24..32] != END_MAGIC {
             return Err(corrupt(
                 id,
@@ -559,7 +600,7 @@ impl ContainerFile {
             ));
         }
         let mut fbuf = vec![0u8; flen as usize];
-        read_at(&file, &mut fbuf, foff, id)?;
+        backing.read_at(&mut fbuf, foff, id)?;
         if crc32c::crc32c(&fbuf) != fcrc {
             return Err(corrupt(id, "footer checksum mismatch"));
         }
@@ -574,7 +615,7 @@ impl ContainerFile {
         }
         Ok(ContainerFile {
             id,
-            file,
+            backing,
             footer,
             file_len,
         })
@@ -591,7 +632,7 @@ impl ContainerFile {
         let start = first.offset;
         let end = last.offset + u64::from(last.stored_len);
         buf.resize((end - start) as usize, 0);
-        read_at(&self.file, buf, start, self.id)?;
+        self.backing.read_at(buf, start, self.id)?;
         Ok(end - start)
     }
 

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::format::container::{ContainerFile, ContainerId, CHUNK_ZERO};
+use crate::format::container::{ContainerId, CHUNK_ZERO};
 use crate::format::fp::Fp;
 use crate::format::keys::{CF_CONTAINERS, CF_INDEX, CF_UNITS};
 use crate::format::recipe::Entry;
@@ -391,7 +391,7 @@ fn verify_container(
     ids: &[u64],
     units: &BTreeMap<u64, UnitRecord>,
 ) -> Result<u64> {
-    let cf = ContainerFile::open(store.data_dir(), id, true)?;
+    let cf = store.open_container(id, true)?;
     if cf.file_len != rec.file_bytes || cf.footer.vbytes != rec.vbytes {
         return Err(crate::error::Error::CorruptContainer {
             container: id.to_string(),

@@ -79,9 +79,7 @@ pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Re
                 .map(|v| v.number)
                 .collect()
         }
-        ExpireSel::Retention => {
-            crate::maintenance::retention::plan_expiry(&versions, &s.retention)
-        }
+        ExpireSel::Retention => crate::maintenance::retention::plan_expiry(&versions, &s.retention),
     };
     let mut rep = ExpireReport {
         series: s.name.clone(),
@@ -260,5 +258,3 @@ impl Expiring<'_> {
         ));
     }
 }
-
-

@@ -387,7 +387,7 @@ impl<'s, 'd> Sweeper<'s, 'd> {
             return Ok(());
         };
         rep.containers_swept += 1;
-        let cf = ContainerFile::open(store.data_dir(), cid, true)?;
+        let cf = store.open_container(cid, true)?;
         let ids: Vec<u64> = cf.footer.units.iter().map(|u| u.unit).collect();
         let units: Vec<(u64, UnitRecord)> = ids
             .iter()

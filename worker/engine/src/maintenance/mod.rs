@@ -12,6 +12,7 @@ pub mod gc;
 pub mod repeats;
 pub mod retention;
 pub mod slide;
+pub mod tiering;
 
 use crate::format::keys::{version_key, CF_VERSIONS};
 use crate::format::records::VersionRecord;
@@ -21,7 +22,13 @@ use crate::store::commit::Txn;
 /// Stages `refs` as the recipe of version `old` of series `series`, replacing its parts, and
 /// `rec` (the version's record with whatever else changed) as its record; the store's recipe
 /// bytes move by the difference. Expiry's splice and the slide's archival recipe both end so.
-fn stage_recipe(txn: &mut Txn, series: u32, old: &VersionRecord, mut rec: VersionRecord, refs: &[Ref]) {
+fn stage_recipe(
+    txn: &mut Txn,
+    series: u32,
+    old: &VersionRecord,
+    mut rec: VersionRecord,
+    refs: &[Ref],
+) {
     let parts = refs_to_recipe(refs).finish();
     let (n, bytes) = txn.replace_recipe_parts(series, old.number, parts);
     rec.recipe_parts = n;

@@ -413,7 +413,7 @@ impl<'a> Repack<'a> {
             }
         }
         for cid in &touched {
-            let cf = ContainerFile::open(self.store.data_dir(), *cid, true)?;
+            let cf = self.store.open_container(*cid, true)?;
             let data = cf.read_all()?;
             self.trim_exclusive(*cid, &data, ex)?;
             self.move_out(*cid, &cf, &data, &ex.set, &mut moved)?;
@@ -538,7 +538,7 @@ fn archive_recipe(txn: &mut Txn, s: &SeriesRecord, v: &VersionRecord, new_refs: 
 }
 
 fn read_container(store: &Store, cid: ContainerId) -> Result<Vec<u8>> {
-    ContainerFile::open(store.data_dir(), cid, true)?.read_all()
+    store.open_container(cid, true)?.read_all()
 }
 
 /// The chunks each exclusive unit keeps: those V references directly, and
@@ -585,7 +585,7 @@ fn read_linked_chunks(
     }
     let mut out = HashMap::new();
     for (cid, ats) in wanted {
-        let cf = ContainerFile::open(store.data_dir(), cid, true)?;
+        let cf = store.open_container(cid, true)?;
         for (t, j) in ats {
             let u = &units[&t];
             let c = &u.chunks[j as usize];

@@ -32,6 +32,10 @@ pub struct Meta {
     /// Writes what the open recovered from the log to tables (see
     /// [`Meta::open`]); the store does not close before it is done.
     flusher: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// RocksDB's sequence number after the last write through [`Meta::write`]: it grows with
+    /// every change to the records, and not with the health probe's writes (see
+    /// [`Meta::changes`]).
+    changes: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Meta {
@@ -179,14 +183,23 @@ impl Meta {
         } else {
             DB::open_cf_descriptors(&o, path, cfs)?
         };
+        let changes = std::sync::atomic::AtomicU64::new(db.latest_sequence_number());
         Ok(Meta {
             db: Arc::new(db),
             flusher: parking_lot::Mutex::new(None),
+            changes,
         })
     }
 
     pub(crate) fn db(&self) -> &DB {
         &self.db
+    }
+
+    /// A RocksDB checkpoint of the metadata at `path` (memtables flushed first, so it needs
+    /// no log to be complete).
+    pub(crate) fn checkpoint(&self, path: &Path) -> Result<()> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(path)?;
+        Ok(())
     }
 
     pub(crate) fn cf(&self, name: &str) -> &ColumnFamily {
@@ -286,7 +299,18 @@ impl Meta {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         self.db.write_opt(batch.inner, &wo)?;
+        self.changes.fetch_max(
+            self.db.latest_sequence_number(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
         Ok(())
+    }
+
+    /// A number that grows with every write of records (and never shrinks, across reopens
+    /// too): whoever noted it can tell whether the store changed since. The health probe's
+    /// writes do not count.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits until what the open recovered from the log is in tables (see

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::format::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
+use crate::format::container::{decode_block, Backing, BlockInfo, ContainerFile, ContainerId};
 use crate::recipe::{Extent, Extents};
 use crate::store::Store;
 
@@ -33,7 +33,7 @@ impl ContainerCache {
         if let Some(c) = self.map.lock().get(&id) {
             return Ok(c.clone());
         }
-        let c = Arc::new(ContainerFile::open(store.data_dir(), id, false)?);
+        let c = Arc::new(store.open_container(id, false)?);
         let mut m = self.map.lock();
         if m.len() >= 1024 {
             m.clear();
@@ -179,15 +179,21 @@ pub(crate) fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent])
         }
         let b0 = &cf.footer.blocks[r.start];
         let b1 = &cf.footer.blocks[r.end - 1];
-        use std::os::fd::AsRawFd;
-        // SAFETY: advisory call on a valid fd.
-        unsafe {
-            libc::posix_fadvise(
-                cf.file.as_raw_fd(),
-                b0.offset as libc::off_t,
-                (b1.offset + u64::from(b1.stored_len) - b0.offset) as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            );
+        let (start, end) = (b0.offset, b1.offset + u64::from(b1.stored_len));
+        match &cf.backing {
+            Backing::Local(file) => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: advisory call on a valid fd.
+                unsafe {
+                    libc::posix_fadvise(
+                        file.as_raw_fd(),
+                        start as libc::off_t,
+                        (end - start) as libc::off_t,
+                        libc::POSIX_FADV_WILLNEED,
+                    );
+                }
+            }
+            Backing::Cold(c) => c.prefetch(start..end),
         }
     }
 }

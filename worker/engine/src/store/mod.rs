@@ -17,6 +17,7 @@
 //! version nor leaked space. Container files that become unreachable are
 //! unlinked only after the commit that made them so is durable.
 
+mod cold;
 pub mod commit;
 mod failpoints;
 pub mod lock;
@@ -26,6 +27,7 @@ mod pins;
 mod session;
 mod view;
 
+pub use cold::ColdTier;
 pub use failpoints::PauseHook;
 pub(crate) use pins::{PinState, Undoom, UnitCopy};
 pub(crate) use session::{ContainerAlloc, Session};
@@ -94,6 +96,8 @@ pub struct Store {
     readers: Mutex<ReaderState>,
     /// Slides, expiries and gc run one at a time: they move and free units.
     maintenance: Mutex<()>,
+    /// Where containers missing from the data directory are read (the durable tier).
+    cold: parking_lot::RwLock<Option<Arc<dyn ColdTier>>>,
     /// Test hook: the failpoint that will simulate a crash, if armed.
     failpoint: Mutex<Option<String>>,
     /// Test hook: what runs when the engine reaches a pause point.
@@ -137,6 +141,37 @@ impl Store {
         meta.write(b, true)?;
         drop(meta);
         // The marker is written last: a store is initialised only once complete.
+        write_marker(
+            root,
+            &Marker {
+                format: FORMAT,
+                data_dir: data_rel,
+            },
+        )
+    }
+
+    /// Makes `root` a store around metadata already in `root/meta` (a checkpoint the
+    /// durable tier brought back): creates the data directory (`data_dir`, default `data`)
+    /// and writes the marker last. The metadata must open; the data directory must be empty.
+    pub fn init_recovered(root: &Path, data_dir: Option<PathBuf>) -> Result<()> {
+        if root.join(MARKER).exists() {
+            return Err(Error::AlreadyInitialised(root.to_path_buf()));
+        }
+        let data_rel = data_dir.unwrap_or_else(|| PathBuf::from("data"));
+        let data = resolve(root, &data_rel);
+        if std::fs::read_dir(&data).is_ok_and(|mut d| d.next().is_some()) {
+            return Err(Error::NotEmpty {
+                path: data.clone(),
+                found: "files in the data directory".into(),
+            });
+        }
+        let meta =
+            Meta::open(&root.join(META_DIR), true).map_err(|e| explain_meta_open(root, e))?;
+        meta.config()?
+            .ok_or_else(|| corrupt_meta("store config", "missing"))?;
+        drop(meta);
+        create_dir_durable(&data)?;
+        sync_dir(&root.join(META_DIR))?;
         write_marker(
             root,
             &Marker {
@@ -207,6 +242,7 @@ impl Store {
             pins: Mutex::new(PinState::default()),
             readers: Mutex::new(ReaderState::default()),
             maintenance: Mutex::new(()),
+            cold: parking_lot::RwLock::new(None),
             failpoint: Mutex::new(None),
             pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -257,6 +293,11 @@ impl Store {
 
     pub fn meta(&self) -> &Meta {
         &self.meta
+    }
+
+    /// How the store was opened.
+    pub fn mode(&self) -> OpenMode {
+        self.mode
     }
 
     pub(crate) fn require_writable(&self) -> Result<()> {

@@ -398,7 +398,7 @@ pub(crate) fn repack(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::container::{ChunkEntry, ContainerFile};
+    use crate::format::container::ChunkEntry;
     use crate::format::fp::Fp;
     use crate::store::{InitOptions, OpenMode, Store};
 
@@ -416,7 +416,8 @@ mod tests {
             trimmed: false,
             chunks: chunks.iter().map(|c| c.entry.clone()).collect(),
         };
-        let data = ContainerFile::open(store.data_dir(), container, false)
+        let data = store
+            .open_container(container, false)
             .unwrap()
             .read_all()
             .unwrap();
@@ -459,7 +460,8 @@ mod tests {
         assert_ne!(new.chunks[0].flags & CHUNK_ABSENT, 0);
         assert_eq!(new.chunks[2].link_target(), None);
         assert_eq!(new.chunks[2].stored_len(), a.len() as u64);
-        let moved = ContainerFile::open(store.data_dir(), new.container, false)
+        let moved = store
+            .open_container(new.container, false)
             .unwrap()
             .read_all()
             .unwrap();

@@ -138,7 +138,9 @@ pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     p.check_all("store totals")?;
     let store = app.store_to_read()?;
     let t = blocking(move || Ok(store.totals()?)).await?;
-    Ok(Json(wire::Stats::from(t)).into_response())
+    let mut stats = wire::Stats::from(t);
+    stats.remote = app.durable.stats();
+    Ok(Json(stats).into_response())
 }
 
 pub async fn gc(
@@ -190,7 +192,11 @@ pub async fn list_series(
                 continue;
             }
             let vs = store.versions(&s)?;
-            rows.push(wire::Series::new(&s, &vs));
+            rows.push(wire::Series::new(
+                &s,
+                &vs,
+                app.durable.durable_version(&s.name),
+            ));
         }
         Ok(rows)
     })
@@ -208,7 +214,11 @@ pub async fn get_series(
     let detail = blocking(move || {
         let s = store.series(&name)?;
         let vs = store.versions(&s)?;
-        Ok(wire::SeriesDetail::new(&s, &vs))
+        Ok(wire::SeriesDetail::new(
+            &s,
+            &vs,
+            app.durable.durable_version(&s.name),
+        ))
     })
     .await?;
     Ok(Json(detail).into_response())

@@ -46,6 +46,11 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, ApiCode::Unauthorized, message)
     }
 
+    /// 409: the store was recovered elsewhere (a newer generation owns its remote).
+    pub fn fenced(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, ApiCode::RemoteFenced, message)
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -91,6 +96,8 @@ fn engine_status(kind: ErrorKind) -> StatusCode {
         // The worker has no store to serve from (it is not a fault of the request, and it
         // passes once the store is initialised).
         ErrorKind::NotInitialised => StatusCode::SERVICE_UNAVAILABLE,
+        // An evicted container's remote copy is out of reach: retry when it is back.
+        ErrorKind::RemoteUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         ErrorKind::CorruptContainer
         | ErrorKind::CorruptMetadata
@@ -201,12 +208,13 @@ mod tests {
             Error::BadGzip(_) => "BadGzip",
             Error::Io { .. } => "Io",
             Error::Db(_) => "Db",
+            Error::RemoteUnavailable(_) => "RemoteUnavailable",
             Error::Cancelled => "Cancelled",
             Error::Internal(_) => "Internal",
         }
     }
 
-    const VARIANTS: usize = 18;
+    const VARIANTS: usize = 19;
 
     fn io(context: &str, source: io::Error) -> Error {
         Error::Io {
@@ -313,6 +321,11 @@ mod tests {
                 "no_space",
             ),
             (Error::Db(db_error()), 500, "metadata_error"),
+            (
+                Error::RemoteUnavailable("reading container 1 from the remote: refused".into()),
+                503,
+                "remote_unavailable",
+            ),
             (Error::Cancelled, 400, "cancelled"),
             (Error::Internal("x".into()), 500, "internal"),
         ]

@@ -270,6 +270,10 @@ async fn reopen(app: &Arc<App>, root: &Path, grace: Duration) -> Result<(), Stat
             reason: format!("reopening the store failed: {e}"),
         })?;
     if let Some(st) = store {
+        // Containers evicted to the remote are read through it by the new store too.
+        if let Some(r) = app.durable.remote() {
+            r.serve_cold_reads(&st);
+        }
         app.put_store(Arc::new(st));
         app.metrics.store_reopens.inc();
         let a = app.clone();

@@ -105,6 +105,13 @@ pub struct Metrics {
     /// 1 while the metadata takes no writes (see `health`).
     pub store_degraded: Gauge,
     pub store_reopens: Counter,
+    /// The durable tier (see `durable`): syncs by result, bytes uploaded, objects deleted,
+    /// and how far the bucket is behind (set at each scrape).
+    pub remote_syncs: Family<ResultLabel, Counter>,
+    pub remote_uploaded_bytes: Counter,
+    pub remote_deleted_objects: Counter,
+    pub remote_lag_seconds: Gauge<f64, AtomicU64>,
+    pub remote_fenced: Gauge,
 }
 
 /// The registry being filled: each metric is made, named and described in
@@ -252,6 +259,33 @@ impl Metrics {
                 "timeouts",
                 "Connections and requests cut by a timeout, by kind",
                 Family::default(),
+            ),
+            remote_syncs: r.add(
+                "remote_syncs",
+                "Syncs of the store to its remote (S3 bucket), by result",
+                Family::default(),
+            ),
+            remote_uploaded_bytes: r.with_unit(
+                "remote_uploaded",
+                "Bytes uploaded to the remote (containers and metadata, before sealing)",
+                Unit::Bytes,
+                Counter::default(),
+            ),
+            remote_deleted_objects: r.add(
+                "remote_deleted_objects",
+                "Objects deleted from the remote (freed containers, old metadata)",
+                Counter::default(),
+            ),
+            remote_lag_seconds: r.with_unit(
+                "remote_lag",
+                "Age of the oldest change the remote does not hold yet (0: it holds everything)",
+                Unit::Seconds,
+                Gauge::default(),
+            ),
+            remote_fenced: r.add(
+                "remote_fenced",
+                "1 when the store was recovered elsewhere (a newer generation owns its remote): it takes no writes",
+                Gauge::default(),
             ),
             series: Mutex::new(BTreeMap::new()),
             registry: r.0,

@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 pub mod backup;
 pub mod conn;
+pub mod durable;
 pub mod error;
 pub mod health;
 pub mod limits;
@@ -103,6 +104,8 @@ pub struct ServeArgs {
     pub reopen_grace: Duration,
     #[command(flatten)]
     pub limits: limits::LimitArgs,
+    #[command(flatten)]
+    pub remote: durable::RemoteArgs,
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -212,6 +215,8 @@ pub struct App {
     pub backups: Mutex<HashMap<String, Arc<InflightBackup>>>,
     /// Object buckets (one writer per bucket).
     pub objects: revault_objects::Objects,
+    /// The store's remote and its uploader's state.
+    pub durable: durable::Durable,
     pub inflight: Inflight,
     pub max_cache_mib: u64,
     /// Bumped whenever the server gives up on in-flight work (shutdown's
@@ -232,6 +237,7 @@ impl App {
             reports: Mutex::new(Reports::default()),
             backups: Mutex::new(HashMap::new()),
             objects: revault_objects::Objects::new(),
+            durable: durable::Durable::default(),
             inflight: Inflight::default(),
             max_cache_mib,
             abort: watch::Sender::new(0),
@@ -244,6 +250,9 @@ impl App {
         let store = self.store_to_read()?;
         if let Some(why) = self.health.refusal() {
             return Err(error::ApiError::unavailable(health::degraded_message(&why)));
+        }
+        if let Some(why) = self.durable.fenced() {
+            return Err(error::ApiError::fenced(why));
         }
         Ok(store)
     }
@@ -326,6 +335,12 @@ impl App {
             m.containers.set(t.containers as i64);
             m.dedup_ratio.set(t.dedup_ratio());
         }
+        self.metrics
+            .remote_lag_seconds
+            .set(self.durable.lag_seconds());
+        self.metrics
+            .remote_fenced
+            .set(self.durable.fenced().is_some() as i64);
     }
 
     /// Refreshes every series' gauges (at start, after a reopen).
@@ -394,13 +409,15 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let app = App::new(auth, a.max_cache_mib.max(1));
     app.metrics.tokens.set(app.auth.count() as i64);
     let (mut server, handle) = listen(&a, &app)?;
-    let store = tokio::task::spawn_blocking({
-        let (root, init, lock_wait) = (a.store.clone(), a.init, a.lock_wait);
-        move || open_store(&root, init, lock_wait)
+    let (store, remote) = tokio::task::spawn_blocking({
+        let (root, init, lock_wait, ra) = (a.store.clone(), a.init, a.lock_wait, a.remote.clone());
+        move || open_store(&root, init, lock_wait, &ra)
     })
     .await
     .context("opening the store")??;
+    app.durable.set_remote(remote);
     become_ready(&app, Arc::new(store)).await?;
+    let uploader = durable::spawn(app.clone(), &a.remote);
 
     auth::spawn_reloader(app.clone(), a.token_reload.max(Duration::from_millis(100)));
     let sched = scheduler::spawn(app.clone(), a.maintenance_interval, a.gc_interval);
@@ -426,12 +443,17 @@ async fn serve(a: ServeArgs) -> Result<()> {
     // Stop accepting; let in-flight requests finish within the grace period.
     app.draining.store(true, Ordering::SeqCst);
     sched.abort();
+    uploader.abort();
     // The watcher is not aborted: it stops by itself when draining, and a
     // reopen under way hands the store back instead of dropping it here.
     drop(watcher);
     drain(&app, server, handle, a.grace_period).await;
+    durable::final_sync(&app, FINAL_SYNC_LIMIT).await;
     Ok(())
 }
+
+/// How long a shutting-down worker tries to hand its last changes to the bucket.
+const FINAL_SYNC_LIMIT: Duration = Duration::from_secs(30);
 
 /// Binds the listening socket and starts serving connections (readiness
 /// stays false until the store is open); writes `--addr-file`.
@@ -481,13 +503,30 @@ fn listen(a: &ServeArgs, app: &Arc<App>) -> Result<(ServerTask, conn::Shutdown)>
     Ok(served)
 }
 
-/// Opens the store read-write (creating it with `init`), waiting up to
-/// `lock_wait` for another process that holds it to exit.
-fn open_store(root: &Path, init: bool, lock_wait: Duration) -> Result<Store> {
+/// Opens the store read-write (creating it with `init`, or rebuilding it from its remote
+/// with `--recover`), waiting up to `lock_wait` for another process that holds it to exit,
+/// and attaches its remote.
+fn open_store(
+    root: &Path,
+    init: bool,
+    lock_wait: Duration,
+    ra: &durable::RemoteArgs,
+) -> Result<(Store, Option<revault_remote::Remote>)> {
     if init && !root.join("revault.store").exists() {
+        if let Some(store) = durable::recover_if_asked(root, ra)? {
+            return Ok(store);
+        }
         Store::init(root, &InitOptions::default())?;
         tracing::info!(store = %root.display(), "initialised a new store");
     }
+    let store = open_locked(root, lock_wait)?;
+    let remote = durable::attach(&store, ra)?;
+    Ok((store, remote))
+}
+
+/// Opens the store read-write, waiting up to `lock_wait` for another process that holds it
+/// to exit.
+pub(crate) fn open_locked(root: &Path, lock_wait: Duration) -> Result<Store> {
     let deadline = std::time::Instant::now() + lock_wait;
     let mut said = false;
     loop {

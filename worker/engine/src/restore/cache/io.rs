@@ -39,7 +39,7 @@ impl<'s> Loader<'s> {
                 return Ok(f.clone());
             }
         }
-        let f = Arc::new(ContainerFile::open(self.store.data_dir(), id, with_units)?);
+        let f = Arc::new(self.store.open_container(id, with_units)?);
         if self.files.len() > 4096 {
             self.files.clear();
         }

@@ -57,6 +57,8 @@ api_codes! {
     Forbidden => "forbidden",
     Unavailable => "unavailable",
     RequestTimeout => "request_timeout",
+    // The durable tier's.
+    RemoteFenced => "remote_fenced",
 }
 
 impl From<ErrorKind> for ApiCode {

@@ -31,7 +31,9 @@ pub use objects::{
     Bucket, GetObjectQuery, KeyQuery, Object, ObjectDeleted, ObjectList, ObjectListQuery,
     PutObjectQuery, SignRequest, SignedQuery, SignedUrl, StoredObject,
 };
-pub use reports::{BackupReport, ExpireReport, GcReport, RestoreReport, SlideReport, Stats};
+pub use reports::{
+    BackupReport, ExpireReport, GcReport, RemoteStats, RestoreReport, SlideReport, Stats,
+};
 pub use series::{
     BackupProgress, ExpireRequest, GcRequest, GetVersionQuery, PutVersionQuery, Retention, Series,
     SeriesDetail, SeriesListQuery, Version,

@@ -36,6 +36,26 @@ pub struct Stats {
     pub dedup_ratio: f64,
     /// Logical bytes per byte on disk (0 for an empty store).
     pub total_ratio: f64,
+    /// The store's remote, if it has one.
+    pub remote: Option<RemoteStats>,
+}
+
+/// The durable tier, as `GET /v1/stats` reports it.
+#[derive(Serialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteStats {
+    /// `s3://BUCKET/PREFIX`.
+    pub url: String,
+    pub store: String,
+    pub generation: u32,
+    /// When the newest head the bucket holds was taken (RFC 3339).
+    pub head_time: Option<String>,
+    /// Age of the oldest change the bucket does not hold yet (0: it holds everything).
+    pub lag_seconds: f64,
+    /// The last sync's error, until a sync succeeds.
+    pub last_error: Option<String>,
+    /// The store was rebuilt elsewhere and takes no writes here.
+    pub fenced: bool,
 }
 
 impl From<Totals> for Stats {
@@ -63,6 +83,7 @@ impl From<Totals> for Stats {
             catalog_bytes,
             dedup_ratio: t.dedup_ratio(),
             total_ratio: t.total_ratio(),
+            remote: None,
         }
     }
 }

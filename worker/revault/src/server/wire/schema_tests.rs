@@ -151,6 +151,20 @@ fn retention() -> Retention {
     }
 }
 
+fn stats_with_remote(totals: revault_engine::Totals) -> Stats {
+    let mut s = Stats::from(totals);
+    s.remote = Some(RemoteStats {
+        url: "s3://backups/cluster-a/ssd/node1".into(),
+        store: "3f2a".into(),
+        generation: 2,
+        head_time: Some(TIME.into()),
+        lag_seconds: 1.5,
+        last_error: None,
+        fenced: false,
+    });
+    s
+}
+
 fn series() -> Series {
     Series {
         series: "default/db".into(),
@@ -160,6 +174,7 @@ fn series() -> Series {
         latest_time: Some(TIME.into()),
         logical_bytes: 1 << 20,
         retention: retention(),
+        durable_version: Some(1),
     }
 }
 
@@ -284,7 +299,7 @@ fn samples() -> Vec<(&'static str, &'static str, Value)> {
         next_start_after: next.map(str::to_string),
     };
     vec![
-        ("getStats", "200", to_json(Stats::from(totals))),
+        ("getStats", "200", to_json(stats_with_remote(totals))),
         ("runGc", "200", to_json(GcReport::from(gc))),
         ("listSeries", "200", to_json(vec![series()])),
         (

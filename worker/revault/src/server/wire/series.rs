@@ -59,11 +59,16 @@ pub struct Series {
     pub latest_time: Option<String>,
     pub logical_bytes: u64,
     pub retention: Retention,
+    /// The newest version the store's remote (its S3 bucket) holds: a store rebuilt from
+    /// the bucket has every version up to it. `null` without a remote, or before the first
+    /// upload of the series.
+    pub durable_version: Option<u32>,
 }
 
 impl Series {
-    /// The series `s` whose versions are `vs` (oldest first).
-    pub fn new(s: &SeriesRecord, vs: &[VersionRecord]) -> Self {
+    /// The series `s` whose versions are `vs` (oldest first); `durable` is the newest the
+    /// remote holds.
+    pub fn new(s: &SeriesRecord, vs: &[VersionRecord], durable: Option<u32>) -> Self {
         Series {
             series: s.name.clone(),
             unit: s.unit.into(),
@@ -72,6 +77,7 @@ impl Series {
             latest_time: vs.last().map(|v| format_time(v.time_unix)),
             logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
             retention: Retention::from(&s.retention),
+            durable_version: durable,
         }
     }
 }
@@ -91,9 +97,9 @@ pub struct SeriesDetail {
 
 impl SeriesDetail {
     /// The series `s` whose versions are `vs` (oldest first).
-    pub fn new(s: &SeriesRecord, vs: &[VersionRecord]) -> Self {
+    pub fn new(s: &SeriesRecord, vs: &[VersionRecord], durable: Option<u32>) -> Self {
         SeriesDetail {
-            series: Series::new(s, vs),
+            series: Series::new(s, vs, durable),
             version_list: vs.iter().map(Version::from).collect(),
             pending_expiry: revault_engine::plan_expiry(vs, &s.retention),
         }

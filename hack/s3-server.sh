@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The S3-compatible server the durable tier is tested against: versitygw (Versity S3 Gateway,
+# Apache-2.0) with its POSIX backend, built from the Go module proxy at VERSITYGW_VERSION
+# (hack/lib.sh) into $REVAULT_CACHE/bin. MinIO's community edition is archived; versitygw is a
+# single static binary, keeps objects as plain files, and implements conditional writes and
+# Object Lock, which the remote uses.
+#
+# usage: hack/s3-server.sh install   install it if missing (path: last line); idempotent
+#        hack/s3-server.sh run DIR [ADDR]
+#                                    serve DIR/root (object versions in DIR/versions) on ADDR (default 127.0.0.1:7070) in the
+#                                    foreground, with the test credentials below
+#
+# Tests start their own servers (worker/remote/tests) from the installed binary; they find it
+# at $REVAULT_S3_SERVER or $REVAULT_CACHE/bin/versitygw.
+set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+VGW=$TOOLS_BIN/versitygw
+
+install_vgw() {
+  (
+    with_lock versitygw
+    local have
+    have=$(go version -m "$VGW" 2>/dev/null | awk '$1 == "mod" {print $3; exit}' || true)
+    if [ "$have" != "$VERSITYGW_VERSION" ]; then
+      log "go install versitygw $VERSITYGW_VERSION${have:+ (had $have)}"
+      mkdir -p "$TOOLS_BIN"
+      GOBIN=$TOOLS_BIN CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+        "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" ||
+        die "go install versitygw@$VERSITYGW_VERSION failed (the Go proxy is a filtered mirror: is it available?)"
+    fi
+  )
+}
+
+case ${1:-install} in
+  install)
+    install_vgw
+    echo "$VGW"
+    ;;
+  run)
+    [ $# -ge 2 ] || die "usage: $0 run DIR [ADDR]"
+    install_vgw
+    mkdir -p "$2/root" "$2/versions"
+    exec "$VGW" --access revault-test --secret revault-test-secret --port "${3:-127.0.0.1:7070}" \
+      posix --versioning-dir "$2/versions" "$2/root"
+    ;;
+  *) die "usage: $0 install | run DIR [ADDR]" ;;
+esac

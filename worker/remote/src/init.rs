@@ -1,0 +1,171 @@
+//! Giving a new store a remote: the bucket (created if missing), the descriptor with the
+//! wrapped data key, generation 1, and a first head.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use revault_engine::Store;
+
+use crate::bucket::{Bucket, ObjectLock};
+use crate::error::{RemoteError, Result};
+use crate::fence::{self, Claim};
+use crate::keys::{create_key_file, Descriptor, KeyFile};
+use crate::seal::{random, DataKey, DEFAULT_FRAME_LOG2};
+use crate::state::{LocalConfig, State};
+use crate::url::RemoteUrl;
+use crate::{block, layout, runtime, sync, tier, Inner, Remote};
+
+/// `revault init --remote URL --key-file FILE`.
+#[derive(Clone, Debug)]
+pub struct InitRemote {
+    pub url: RemoteUrl,
+    /// Created (32 random bytes, mode 0600) if it does not exist.
+    pub key_file: PathBuf,
+    pub object_lock: Option<ObjectLock>,
+}
+
+/// What `init` did besides the store: whether it made the key file and the bucket.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InitReport {
+    pub store: String,
+    pub created_key_file: bool,
+    pub created_bucket: bool,
+}
+
+impl Remote {
+    /// Gives `store` (new, open read-write, empty) the remote `opts.url`, and publishes its
+    /// first head. Refuses a prefix that already holds anything.
+    pub fn init(store: &Store, opts: &InitRemote) -> Result<(Remote, InitReport)> {
+        let root = store.root().to_path_buf();
+        if LocalConfig::read(&root)?.is_some() {
+            return Err(RemoteError::Invalid(format!(
+                "{} already has a remote (remote/remote.json)",
+                root.display()
+            )));
+        }
+        let created_key_file = !opts.key_file.exists();
+        if created_key_file {
+            create_key_file(&opts.key_file)?;
+        }
+        let kf = KeyFile::read(&opts.key_file)?;
+        let rt = runtime()?;
+        let bucket = block(&rt, Bucket::connect(opts.url.clone()))?;
+        let created_bucket = {
+            let b = bucket.clone();
+            let lock = opts.object_lock.is_some();
+            block(&rt, async move { b.ensure_bucket(lock).await })?
+        };
+        let existing = {
+            let b = bucket.clone();
+            block(&rt, async move { b.list("").await })?
+        };
+        if !existing.is_empty() {
+            let detail = match existing.iter().any(|o| o.name == layout::DESCRIPTOR) {
+                true => read_descriptor(&rt, &bucket)
+                    .map(|d| format!("store {} created {}", d.store, d.created))
+                    .unwrap_or_else(|e| e.to_string()),
+                false => format!(
+                    "{} objects that are not a Revault store, e.g. {}",
+                    existing.len(),
+                    existing[0].name
+                ),
+            };
+            return Err(RemoteError::Exists {
+                remote: opts.url.to_string(),
+                detail,
+            });
+        }
+        let store_id = hex::encode(random::<16>());
+        let key = DataKey::new(1, random());
+        let desc = Descriptor {
+            format: 1,
+            store: store_id.clone(),
+            created: sync::rfc3339_now(),
+            frame_log2: DEFAULT_FRAME_LOG2,
+            keys: vec![kf.wrap(&store_id, &key)],
+            object_lock: opts.object_lock,
+        };
+        let written = {
+            let b = bucket.clone();
+            let body = serde_json::to_vec_pretty(&desc).expect("descriptor serialises");
+            let lock = opts.object_lock;
+            block(&rt, async move {
+                b.put_new(layout::DESCRIPTOR, body.into(), lock).await
+            })?
+        };
+        if !written {
+            return Err(RemoteError::Exists {
+                remote: opts.url.to_string(),
+                detail: "another init wrote its descriptor first".into(),
+            });
+        }
+        let claim = Claim {
+            store: store_id.clone(),
+            generation: 1,
+            host: fence::host(),
+            time: desc.created.clone(),
+            based_on: String::new(),
+        };
+        {
+            let (b, k, lock) = (bucket.clone(), key.clone(), opts.object_lock);
+            block(&rt, async move { fence::claim(&b, &k, &claim, lock).await })?;
+        }
+        let conf = LocalConfig {
+            url: opts.url.clone(),
+            store: store_id.clone(),
+            generation: 1,
+            key_file: std::path::absolute(&opts.key_file).unwrap_or_else(|_| opts.key_file.clone()),
+            object_lock: opts.object_lock,
+        };
+        conf.write(&root)?;
+        let state = State::open(&root, false)?;
+        let remote = Remote {
+            inner: Arc::new(Inner {
+                rt: Some(rt),
+                bucket,
+                key,
+                desc,
+                conf: Mutex::new(conf),
+                state,
+                root,
+                sync_lock: Mutex::new(sync::Progress::default()),
+                head: Mutex::new(None),
+                failpoint: Mutex::new(None),
+            }),
+        };
+        store.set_cold_tier(Arc::new(tier::Tier::new(remote.clone())));
+        remote.sync(store)?;
+        Ok((
+            remote,
+            InitReport {
+                store: store_id,
+                created_key_file,
+                created_bucket,
+            },
+        ))
+    }
+}
+
+/// The remote's descriptor, or [`RemoteError::NoStore`].
+pub(crate) fn read_descriptor(rt: &tokio::runtime::Runtime, bucket: &Bucket) -> Result<Descriptor> {
+    let b = bucket.clone();
+    let bytes =
+        block(rt, async move { b.get_opt(layout::DESCRIPTOR).await })?.ok_or_else(|| {
+            RemoteError::NoStore {
+                remote: bucket.url.to_string(),
+                detail: format!("no {}", layout::DESCRIPTOR),
+            }
+        })?;
+    let d: Descriptor = serde_json::from_slice(&bytes)
+        .map_err(|e| RemoteError::tampered(&bucket.url.key(layout::DESCRIPTOR), &e.to_string()))?;
+    if d.format != 1 {
+        return Err(RemoteError::Invalid(format!(
+            "{} is of format {}; this revault reads format 1",
+            bucket.url.key(layout::DESCRIPTOR),
+            d.format
+        )));
+    }
+    Ok(d)
+}

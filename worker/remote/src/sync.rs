@@ -1,0 +1,534 @@
+//! Sync: making the remote hold what the store holds now.
+//!
+//! One sync, in this order (each step needs the ones before it):
+//!
+//! 1. *checkpoint* the metadata (RocksDB checkpoint, [`Store::checkpoint`]) while holding a
+//!    read view, so no container the checkpoint names is unlinked before it is uploaded;
+//! 2. *upload the containers* the checkpoint names that the remote lacks, then the
+//!    checkpoint's *metadata files* it lacks (named by content, so unchanged tables are
+//!    never uploaded twice);
+//! 3. *publish the head* naming those files — from here `recover` rebuilds this state;
+//! 4. *delete* what no head needs any more: older heads, metadata files the new head does
+//!    not name, and containers the checkpoint no longer names (freed by expire, slide or gc)
+//!    once no reader that started before their freeing is still running (a restore may be
+//!    reading an evicted one from the bucket).
+//!
+//! Steps 2 to 4 first check the fence ([`crate::fence`]). A crash anywhere leaves the bucket
+//! holding the previous head and everything it names; what a crashed sync uploaded or failed
+//! to delete is found by a listing at the next process's first sync and removed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use revault_engine::{keys, ContainerId, OpenMode, Store};
+use serde::Serialize;
+
+use crate::bucket::{Bucket, ObjectLock};
+use crate::error::{IoCtx, RemoteError, Result};
+use crate::fence;
+use crate::head::{Head, MetaFile, SeriesAt};
+use crate::layout;
+use crate::seal::{self, DataKey, DEFAULT_FRAME_LOG2};
+use crate::Remote;
+
+/// Uploads (or deletions) in flight at once.
+const PARALLEL: usize = 8;
+
+/// What the uploader remembers between syncs of one process.
+#[derive(Default)]
+pub(crate) struct Progress {
+    /// The store's metadata sequence number the newest head covers.
+    synced_seq: Option<u64>,
+    /// The containers the newest head's metadata names.
+    head_containers: HashSet<ContainerId>,
+    /// Deletions that had to wait (for readers, or a failed request).
+    deletions_pending: bool,
+    /// The bucket was listed for leftovers of crashed syncs since this process started.
+    listed: bool,
+    /// Metadata files older heads named and the newest does not.
+    stale_meta: Vec<String>,
+    /// When versions past their Object Lock retention were last purged.
+    last_purge: Option<Instant>,
+}
+
+/// What a sync did.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncReport {
+    /// A new head was written (false when nothing had changed).
+    pub published: bool,
+    pub head: Option<String>,
+    pub containers_uploaded: u64,
+    pub container_bytes_uploaded: u64,
+    pub meta_files_uploaded: u64,
+    pub meta_bytes_uploaded: u64,
+    pub objects_deleted: u64,
+    pub seconds: f64,
+}
+
+/// What a checkpoint holds, read from it.
+struct Snapshot {
+    containers: HashSet<ContainerId>,
+    container_bytes: u64,
+    max_session: u64,
+    series: Vec<SeriesAt>,
+    files: Vec<(String, std::path::PathBuf)>,
+}
+
+impl Remote {
+    /// Makes the remote hold the store as it is now; returns once the new head is written.
+    pub fn sync(&self, store: &Store) -> Result<SyncReport> {
+        let t0 = Instant::now();
+        let mut p = self.inner.sync_lock.lock();
+        let mut rep = SyncReport::default();
+        let seq = store.meta_sequence();
+        if p.synced_seq != Some(seq) {
+            let view = store.read_view();
+            let snap = self.checkpoint(store)?;
+            let before = self.head();
+            self.upload_and_publish(store, &snap, &mut rep)?;
+            if let (Some(old), Some(new)) = (before, self.head()) {
+                let keep: HashSet<&str> =
+                    new.meta_files.iter().map(|f| f.object.as_str()).collect();
+                p.stale_meta.extend(
+                    old.meta_files
+                        .iter()
+                        .filter(|f| !keep.contains(f.object.as_str()))
+                        .map(|f| f.object.clone()),
+                );
+            }
+            p.head_containers = snap.containers;
+            p.synced_seq = Some(seq);
+            p.deletions_pending = true;
+            drop(view);
+            let _ = std::fs::remove_dir_all(self.checkpoint_dir());
+        }
+        if p.deletions_pending || !p.listed {
+            let done = self.delete_unneeded(store, &mut p, &mut rep)?;
+            p.deletions_pending = !done;
+        }
+        if let Some(lock) = self.object_lock() {
+            // At most hourly (as often as the retention is short, for tests).
+            let every = std::time::Duration::from_secs(lock.seconds.clamp(1, 3600));
+            if p.last_purge.is_none_or(|t| t.elapsed() >= every) {
+                rep.objects_deleted += self.purge_expired_versions(lock)?;
+                p.last_purge = Some(Instant::now());
+            }
+        }
+        rep.seconds = t0.elapsed().as_secs_f64();
+        Ok(rep)
+    }
+
+    /// With Object Lock, a delete only hides an object behind a delete marker; its bytes stay
+    /// until its retention ends. This deletes, for good, the versions whose retention ended
+    /// and that no longer hold anything current: replaced versions, and deleted objects
+    /// (their versions, then their delete marker, in that order, so a marker is never
+    /// removed while it still hides a version). Returns the versions deleted.
+    fn purge_expired_versions(&self, lock: ObjectLock) -> Result<u64> {
+        self.fence_check(self.generation())?;
+        let versions = self.run(|b| async move { b.list_versions("").await })?;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        // A margin past the retention (a minute, less for a shorter retention): clocks differ.
+        let margin = lock.seconds.min(60) as i64;
+        let expired =
+            |v: &crate::bucket::ObjectVersion| v.modified + lock.seconds as i64 + margin < now;
+        let mut by_name: HashMap<&str, Vec<&crate::bucket::ObjectVersion>> = HashMap::new();
+        for v in &versions {
+            by_name.entry(v.name.as_str()).or_default().push(v);
+        }
+        let mut versions_doomed: Vec<(String, String)> = Vec::new();
+        let mut markers_doomed: Vec<(String, String)> = Vec::new();
+        for vs in by_name.values() {
+            let deleted = vs.iter().any(|v| v.latest && v.delete_marker);
+            let old: Vec<_> = vs
+                .iter()
+                .filter(|v| !v.latest && !v.delete_marker)
+                .collect();
+            let gone: Vec<_> = old.iter().filter(|v| expired(v)).collect();
+            versions_doomed.extend(gone.iter().map(|v| (v.name.clone(), v.version_id.clone())));
+            if deleted && gone.len() == old.len() {
+                markers_doomed.extend(
+                    vs.iter()
+                        .filter(|v| v.delete_marker)
+                        .map(|v| (v.name.clone(), v.version_id.clone())),
+                );
+            }
+        }
+        let n = (versions_doomed.len() + markers_doomed.len()) as u64;
+        self.run(move |b| async move {
+            let mut kept = HashSet::new();
+            for (name, id) in versions_doomed {
+                match b.delete_version(&name, &id).await {
+                    Ok(()) => {}
+                    // Still retained (a clock ahead of ours): next time. Its marker stays,
+                    // or the version would be current again.
+                    Err(RemoteError::Denied { .. }) => {
+                        kept.insert(name);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            for (name, id) in markers_doomed
+                .into_iter()
+                .filter(|(n, _)| !kept.contains(n))
+            {
+                b.delete_version(&name, &id).await?;
+            }
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// Whether the store changed since the newest head (a sync would publish one).
+    pub fn is_behind(&self, store: &Store) -> bool {
+        self.inner.sync_lock.lock().synced_seq != Some(store.meta_sequence())
+    }
+
+    /// Whether a sync has anything to do: publish a head, or delete what waited.
+    pub fn needs_sync(&self, store: &Store) -> bool {
+        let p = self.inner.sync_lock.lock();
+        p.synced_seq != Some(store.meta_sequence()) || p.deletions_pending || !p.listed
+    }
+
+    fn checkpoint_dir(&self) -> std::path::PathBuf {
+        self.inner.root.join(crate::state::DIR).join("checkpoint")
+    }
+
+    /// Checkpoints the metadata and reads what the checkpoint holds.
+    fn checkpoint(&self, store: &Store) -> Result<Snapshot> {
+        let dir = self.checkpoint_dir();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).ctx(|| format!("removing {}", dir.display()))?;
+        }
+        store.checkpoint(&dir)?;
+        // The file list first: opening the checkpoint below may add RocksDB's info log.
+        let meta = dir.join(revault_engine::META_DIR);
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&meta).ctx(|| format!("reading {}", meta.display()))? {
+            let e = e.ctx(|| format!("reading {}", meta.display()))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.path().is_file() && name != "LOCK" && !name.starts_with("LOG") {
+                files.push((name, e.path()));
+            }
+        }
+        files.sort();
+        let cp = Store::open(&dir, OpenMode::ReadOnly, "revault remote sync")?;
+        let mut containers = HashSet::new();
+        let mut max_session = 0;
+        cp.meta()
+            .for_each_prefix(keys::CF_CONTAINERS, b"", |k, _| {
+                if let Ok(b) = <[u8; 8]>::try_from(k) {
+                    let id = ContainerId(u64::from_be_bytes(b));
+                    max_session = max_session.max(id.session());
+                    containers.insert(id);
+                }
+                Ok(true)
+            })?;
+        let mut series = Vec::new();
+        for s in cp.list_series()? {
+            let vs = cp.versions(&s)?;
+            series.push(SeriesAt {
+                name: s.name.clone(),
+                latest: vs.last().map(|v| v.number),
+                versions: vs.len() as u32,
+            });
+        }
+        let container_bytes = cp.totals()?.container_bytes;
+        Ok(Snapshot {
+            containers,
+            container_bytes,
+            max_session,
+            series,
+            files,
+        })
+    }
+
+    fn upload_and_publish(
+        &self,
+        store: &Store,
+        snap: &Snapshot,
+        rep: &mut SyncReport,
+    ) -> Result<()> {
+        let gen = self.generation();
+        self.fence_check(gen)?;
+        let uploaded: HashSet<ContainerId> = self
+            .inner
+            .state
+            .uploaded()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut todo: Vec<ContainerId> = snap.containers.difference(&uploaded).copied().collect();
+        todo.sort();
+        self.upload_containers(store.data_dir(), &todo, rep)?;
+        self.failpoint("sync.uploaded")?;
+        let prev = self.head();
+        let meta_files = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
+        self.failpoint("sync.meta")?;
+        let seq = prev.as_ref().map_or(1, |h| h.seq + 1);
+        let head = Head {
+            format: 1,
+            store: self.store_id().to_string(),
+            generation: gen,
+            seq,
+            time: rfc3339_now(),
+            meta_files,
+            containers: snap.containers.len() as u64,
+            container_bytes: snap.container_bytes,
+            max_session: snap.max_session,
+            series: snap.series.clone(),
+        };
+        let name = layout::head(gen, seq);
+        let body = seal::seal(
+            &self.inner.key,
+            &name,
+            &serde_json::to_vec(&head).expect("head serialises"),
+            DEFAULT_FRAME_LOG2,
+        );
+        self.fence_check(gen)?;
+        let lock = self.object_lock();
+        let n = name.clone();
+        self.run(move |b| async move { b.put(&n, body.into(), lock).await })?;
+        self.inner.state.set_head(&head)?;
+        *self.inner.head.lock() = Some(head);
+        rep.published = true;
+        rep.head = Some(name);
+        self.failpoint("sync.published")
+    }
+
+    fn object_lock(&self) -> Option<ObjectLock> {
+        self.inner.conf.lock().object_lock
+    }
+
+    pub(crate) fn fence_check(&self, gen: u32) -> Result<()> {
+        let key = self.inner.key.clone();
+        self.run(move |b| async move { fence::check(&b, &key, gen).await })
+    }
+
+    /// Seals and uploads containers `ids` from `data_dir`, [`PARALLEL`] at a time.
+    fn upload_containers(
+        &self,
+        data_dir: &Path,
+        ids: &[ContainerId],
+        rep: &mut SyncReport,
+    ) -> Result<()> {
+        for batch in ids.chunks(64) {
+            let key = self.inner.key.clone();
+            let lock = self.object_lock();
+            let data_dir = data_dir.to_path_buf();
+            let batch = batch.to_vec();
+            let done = self
+                .run(move |b| async move { upload_batch(b, key, lock, data_dir, batch).await })?;
+            for (_, _, bytes) in &done {
+                rep.containers_uploaded += 1;
+                rep.container_bytes_uploaded += bytes;
+            }
+            let items: Vec<(ContainerId, Vec<u8>)> =
+                done.into_iter().map(|(id, h, _)| (id, h)).collect();
+            self.inner.state.set_uploaded(&items)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads the checkpoint's metadata files the remote lacks; returns the head's list.
+    fn upload_meta_files(
+        &self,
+        files: &[(String, std::path::PathBuf)],
+        prev: Option<&Head>,
+        rep: &mut SyncReport,
+    ) -> Result<Vec<MetaFile>> {
+        let have: HashSet<&str> = prev
+            .map(|h| h.meta_files.iter().map(|f| f.object.as_str()).collect())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        let mut todo = Vec::new();
+        for (name, path) in files {
+            let bytes = std::fs::read(path).ctx(|| format!("reading {}", path.display()))?;
+            let object = layout::meta_file(&blake3::hash(&bytes));
+            out.push(MetaFile {
+                name: name.clone(),
+                object: object.clone(),
+                size: bytes.len() as u64,
+            });
+            if !have.contains(object.as_str()) {
+                todo.push((object, bytes));
+            }
+        }
+        todo.sort_by(|a, b| a.0.cmp(&b.0));
+        todo.dedup_by(|a, b| a.0 == b.0);
+        for (object, bytes) in todo {
+            rep.meta_files_uploaded += 1;
+            rep.meta_bytes_uploaded += bytes.len() as u64;
+            let body = seal::seal(&self.inner.key, &object, &bytes, DEFAULT_FRAME_LOG2);
+            let lock = self.object_lock();
+            self.run(move |b| async move { b.put(&object, body.into(), lock).await })?;
+        }
+        Ok(out)
+    }
+
+    /// Step 4. Returns false when something had to wait (a reader, a refused delete).
+    fn delete_unneeded(
+        &self,
+        store: &Store,
+        p: &mut Progress,
+        rep: &mut SyncReport,
+    ) -> Result<bool> {
+        let Some(head) = self.head() else {
+            return Ok(true);
+        };
+        let gen = self.generation();
+        self.fence_check(gen)?;
+        let mut doomed: Vec<String> = Vec::new();
+        let uploaded: HashMap<ContainerId, Vec<u8>> =
+            self.inner.state.uploaded()?.into_iter().collect();
+        let waiting: HashSet<ContainerId> = store.freed_awaiting_readers().into_iter().collect();
+        if !p.listed {
+            // Leftovers of crashed syncs: uploads not recorded, deletions not finished.
+            let listed = self.run(|b| async move { b.list("").await })?;
+            let files: HashSet<&str> = head.meta_files.iter().map(|f| f.object.as_str()).collect();
+            let mut adopt = Vec::new();
+            for o in &listed {
+                if let Some(id) = layout::parse_container(&o.name) {
+                    if p.head_containers.contains(&id) && !uploaded.contains_key(&id) {
+                        adopt.push(id);
+                    } else if !p.head_containers.contains(&id)
+                        && !uploaded.contains_key(&id)
+                        && !waiting.contains(&id)
+                    {
+                        doomed.push(o.name.clone());
+                    }
+                } else if o.name.starts_with(layout::META) && !files.contains(o.name.as_str()) {
+                    doomed.push(o.name.clone());
+                } else if let Some((g, s)) = layout::parse_head(&o.name) {
+                    if g <= gen && (g, s) != (head.generation, head.seq) {
+                        doomed.push(o.name.clone());
+                    }
+                }
+            }
+            if !adopt.is_empty() {
+                // Uploaded by a sync that crashed before recording them: their headers are
+                // read back when they are first opened from the remote.
+                let items: Vec<_> = adopt.into_iter().map(|id| (id, Vec::new())).collect();
+                self.inner.state.set_uploaded(&items)?;
+            }
+        } else {
+            let prev_heads = self.run(|b| async move { b.list(layout::HEADS).await })?;
+            for o in prev_heads {
+                if let Some((g, s)) = layout::parse_head(&o.name) {
+                    if g <= gen && (g, s) < (head.generation, head.seq) {
+                        doomed.push(o.name);
+                    }
+                }
+            }
+            doomed.extend(p.stale_meta.iter().cloned());
+        }
+        let mut freed = Vec::new();
+        let mut all_done = true;
+        for id in uploaded.keys() {
+            if p.head_containers.contains(id) {
+                continue;
+            }
+            if waiting.contains(id) {
+                all_done = false;
+                continue;
+            }
+            freed.push(*id);
+            doomed.push(layout::container(*id));
+        }
+        p.listed = true;
+        if doomed.is_empty() {
+            p.stale_meta.clear();
+            return Ok(all_done);
+        }
+        self.fence_check(gen)?;
+        if self.inner.failpoint.lock().as_deref() == Some("sync.deleting") {
+            // Half the deletions, then the "crash".
+            let half: Vec<String> = doomed
+                .iter()
+                .take(doomed.len().div_ceil(2))
+                .cloned()
+                .collect();
+            self.run(move |b| async move { delete_all(b, half).await })?;
+            self.failpoint("sync.deleting")?;
+        }
+        let n = doomed.len() as u64;
+        self.run(move |b| async move { delete_all(b, doomed).await })?;
+        self.inner.state.forget(&freed)?;
+        p.stale_meta.clear();
+        rep.objects_deleted += n;
+        Ok(all_done)
+    }
+}
+
+async fn upload_batch(
+    b: Bucket,
+    key: DataKey,
+    lock: Option<ObjectLock>,
+    data_dir: std::path::PathBuf,
+    ids: Vec<ContainerId>,
+) -> Result<Vec<(ContainerId, Vec<u8>, u64)>> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut set = tokio::task::JoinSet::new();
+    for id in ids {
+        let (b, key, sem) = (b.clone(), key.clone(), sem.clone());
+        let path = id.path(&data_dir);
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await.expect("semaphore open");
+            let plain = tokio::fs::read(&path).await.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    RemoteError::Engine(revault_engine::Error::MissingContainer {
+                        container: id.to_string(),
+                        path: path.clone(),
+                    })
+                } else {
+                    RemoteError::Io {
+                        context: format!("reading {}", path.display()),
+                        source: e,
+                    }
+                }
+            })?;
+            let name = layout::container(id);
+            let sealed = seal::seal(&key, &name, &plain, DEFAULT_FRAME_LOG2);
+            let header = sealed[..seal::HEADER_LEN].to_vec();
+            let n = plain.len() as u64;
+            b.put(&name, Bytes::from(sealed), lock).await?;
+            Ok::<_, RemoteError>((id, header, n))
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.push(r.map_err(|e| RemoteError::Bucket {
+            what: "an upload task".into(),
+            detail: e.to_string(),
+        })??);
+    }
+    Ok(out)
+}
+
+async fn delete_all(b: Bucket, names: Vec<String>) -> Result<()> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut set = tokio::task::JoinSet::new();
+    for n in names {
+        let (b, sem) = (b.clone(), sem.clone());
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await.expect("semaphore open");
+            b.delete(&n).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(|e| RemoteError::Bucket {
+            what: "a delete task".into(),
+            detail: e.to_string(),
+        })??;
+    }
+    Ok(())
+}
+
+pub(crate) fn rfc3339_now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}

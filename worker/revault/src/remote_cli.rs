@@ -1,0 +1,358 @@
+//! The CLI's side of the durable tier: opening a store with its remote, making a command's
+//! change durable before it returns, and the `recover` and `remote` commands.
+
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use revault_engine::{OpenMode, Store};
+use revault_remote::{EvictOptions, ObjectLock, RecoverOptions, Remote, RemoteError, RemoteUrl};
+
+use crate::cli::StoreArg;
+use crate::output::{self, mib};
+
+/// `init`'s remote flags.
+#[derive(Args, Clone, Debug)]
+pub struct RemoteInitArgs {
+    /// Keep an encrypted copy of the store in this bucket: s3://BUCKET[/PREFIX]. The bucket
+    /// is created if missing; credentials and endpoint come from AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL.
+    #[arg(long, requires = "key_file")]
+    pub remote: Option<String>,
+    /// The key file that unlocks the remote (created, 32 random bytes, if missing). Keep a
+    /// copy elsewhere: without it the remote cannot be read.
+    #[arg(long, env = "REVAULT_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Write every object with S3 Object Lock, kept this many days (the bucket must be
+    /// created with Object Lock, which `init` does when it creates it).
+    #[arg(long, requires = "remote", value_parser = clap::value_parser!(u32).range(1..=36500))]
+    pub object_lock_days: Option<u32>,
+    /// Object Lock mode: compliance (nobody can delete early) or governance.
+    #[arg(long, default_value = "compliance", value_parser = ["compliance", "governance"])]
+    pub object_lock_mode: String,
+}
+
+/// A store opened by a command, with its remote when it has one.
+pub struct Opened {
+    pub store: Store,
+    pub remote: Option<Remote>,
+    /// The store has a remote that could not be reached when it was opened.
+    unreachable: Option<RemoteError>,
+}
+
+impl Deref for Opened {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// A change committed locally that the remote does not hold yet.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} is committed in the local store, but the remote does not hold it yet: {source}; the next command that changes the store, or `revault remote sync`, uploads it")]
+pub struct NotDurable {
+    pub what: String,
+    #[source]
+    pub source: RemoteError,
+}
+
+impl Opened {
+    /// Returns once the remote holds everything committed (nothing to do without one).
+    pub fn durable(&self, what: impl FnOnce() -> String) -> Result<()> {
+        if let Some(e) = &self.unreachable {
+            return Err(NotDurable {
+                what: what(),
+                source: RemoteError::Unreachable {
+                    what: "opening the store's remote".into(),
+                    detail: e.to_string(),
+                },
+            }
+            .into());
+        }
+        if let Some(r) = &self.remote {
+            if let Err(source) = r.sync(&self.store) {
+                return Err(NotDurable {
+                    what: what(),
+                    source,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the store and attaches its remote. A read-write command needs the remote (it must
+/// make its change durable), except that an unreachable one only delays that: the command
+/// runs and reports what is not durable yet. A read-only command without its remote still
+/// reads every container on local disk.
+pub fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
+    let s = Store::open(&store.store, mode, what)?;
+    let (remote, unreachable) = match Remote::attach(&s, None) {
+        Ok(r) => (r, None),
+        Err(e) if mode == OpenMode::ReadOnly || e.is_transient() => {
+            eprintln!(
+                "warning: the store's remote is not reachable ({e}); working on local disk only"
+            );
+            (None, Some(e))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Opened {
+        store: s,
+        remote,
+        unreachable,
+    })
+}
+
+/// `init --remote`: gives the new store its remote.
+pub fn init_remote(
+    store: &Store,
+    a: &RemoteInitArgs,
+) -> Result<Option<revault_remote::InitReport>> {
+    let Some(url) = &a.remote else {
+        return Ok(None);
+    };
+    let url = RemoteUrl::parse(url)?;
+    let Some(key_file) = a.key_file.clone() else {
+        bail!("--remote needs --key-file");
+    };
+    let object_lock = a.object_lock_days.map(|days| ObjectLock {
+        compliance: a.object_lock_mode == "compliance",
+        seconds: u64::from(days) * 86_400,
+    });
+    let (_, rep) = Remote::init(
+        store,
+        &revault_remote::InitRemote {
+            url,
+            key_file,
+            object_lock,
+        },
+    )?;
+    Ok(Some(rep))
+}
+
+/// What `init --remote` says beside the store's settings.
+pub fn print_init(a: &RemoteInitArgs, r: &revault_remote::InitReport) {
+    println!(
+        "remote {} holds store {}{}",
+        a.remote.as_deref().unwrap_or(""),
+        r.store,
+        if r.created_bucket {
+            " (bucket created)"
+        } else {
+            ""
+        }
+    );
+    if r.created_key_file {
+        let key = a.key_file.as_deref().unwrap_or(std::path::Path::new(""));
+        println!(
+            "new key file {}: keep a copy elsewhere, the remote cannot be read without it",
+            key.display()
+        );
+    }
+}
+
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// The remote to rebuild from: s3://BUCKET[/PREFIX].
+    #[arg(long)]
+    pub remote: String,
+    /// The key file the store was initialised with.
+    #[arg(long, env = "REVAULT_KEY_FILE")]
+    pub key_file: PathBuf,
+    /// The new store's directory (new or empty).
+    #[arg(long)]
+    pub store: PathBuf,
+    /// Keep containers in another directory (e.g. an HDD) than the metadata.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Leave the containers in the bucket and read them on demand instead of downloading
+    /// them now.
+    #[arg(long)]
+    pub lazy: bool,
+}
+
+pub fn recover(a: RecoverArgs, json: bool) -> Result<()> {
+    let opts = RecoverOptions {
+        url: RemoteUrl::parse(&a.remote)?,
+        key_file: a.key_file,
+        store: a.store.clone(),
+        data_dir: a.data_dir,
+        lazy: a.lazy,
+    };
+    let (_store, _remote, rep) = revault_remote::recover(&opts)?;
+    if json {
+        output::json(&rep);
+        return Ok(());
+    }
+    println!(
+        "recovered store {} into {} from {} (head of {}), as generation {}: {} series, {} containers ({} downloaded, {} MiB), {} MiB of metadata, in {:.1}s",
+        rep.store,
+        a.store.display(),
+        rep.head,
+        rep.head_time,
+        rep.generation,
+        rep.series.len(),
+        rep.containers,
+        rep.containers_downloaded,
+        mib(rep.container_bytes_downloaded),
+        mib(rep.meta_bytes_downloaded),
+        rep.seconds
+    );
+    for s in &rep.series {
+        println!(
+            "  {}: {} versions, latest {}",
+            s.name,
+            s.versions,
+            s.latest
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    Ok(())
+}
+
+#[derive(clap::Subcommand)]
+pub enum RemoteCmd {
+    /// The store's remote: where, which generation, the newest head, durable versions.
+    Status(StoreArg),
+    /// Upload what the remote does not hold yet, and delete what no head needs.
+    Sync(StoreArg),
+    /// Remove from local disk the containers no live version reads (they stay in the
+    /// bucket and are read back on demand).
+    Evict(EvictArgs),
+}
+
+#[derive(Args)]
+pub struct EvictArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Keep containers written more recently than this (e.g. 24h, 0 for none).
+    #[arg(long, default_value = "24h", value_parser = crate::server::parse_duration)]
+    pub older_than: Duration,
+}
+
+pub fn remote(c: RemoteCmd, json: bool) -> Result<()> {
+    match c {
+        RemoteCmd::Status(a) => status(a, json),
+        RemoteCmd::Sync(a) => {
+            let o = open(&a, OpenMode::ReadWrite, "revault remote sync")?;
+            let r = require(&o)?;
+            let rep = r.sync(&o)?;
+            if json {
+                output::json(&rep);
+            } else {
+                println!(
+                    "{}: {}; uploaded {} containers ({} MiB) and {} metadata files ({} MiB), deleted {} objects, in {:.2}s",
+                    r.url(),
+                    rep.head.as_deref().map(|h| format!("published {h}")).unwrap_or_else(|| "already current".into()),
+                    rep.containers_uploaded,
+                    mib(rep.container_bytes_uploaded),
+                    rep.meta_files_uploaded,
+                    mib(rep.meta_bytes_uploaded),
+                    rep.objects_deleted,
+                    rep.seconds
+                );
+            }
+            Ok(())
+        }
+        RemoteCmd::Evict(a) => {
+            let o = open(&a.store, OpenMode::ReadWrite, "revault remote evict")?;
+            let r = require(&o)?;
+            let rep = r.evict(
+                &o,
+                &EvictOptions {
+                    older_than: a.older_than,
+                },
+            )?;
+            if json {
+                output::json(&rep);
+            } else {
+                println!(
+                    "evicted {} containers ({} MiB); kept {} a live version reads and {} recent ones ({} MiB on local disk); {} not uploaded yet",
+                    rep.evicted,
+                    mib(rep.evicted_bytes),
+                    rep.live,
+                    rep.recent,
+                    mib(rep.local_bytes_after),
+                    rep.not_uploaded
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn require(o: &Opened) -> Result<&Remote> {
+    match &o.remote {
+        Some(r) => Ok(r),
+        None => bail!(
+            "{} has no remote (give one with `revault init --remote`, or rebuild a store with `revault recover`)",
+            o.store.root().display()
+        ),
+    }
+}
+
+fn status(a: StoreArg, json: bool) -> Result<()> {
+    let o = open(&a, OpenMode::ReadOnly, "revault remote status")?;
+    let r = require(&o)?;
+    let head = r.head();
+    let mut series = Vec::new();
+    for s in o.list_series()? {
+        let latest = o.versions(&s)?.last().map(|v| v.number);
+        series.push(serde_json::json!({
+            "series": s.name,
+            "latestVersion": latest,
+            "durableVersion": r.durable_version(&s.name),
+        }));
+    }
+    if json {
+        output::json(&serde_json::json!({
+            "remote": r.url().to_string(),
+            "store": r.store_id(),
+            "generation": r.generation(),
+            "head": head.as_ref().map(head_name),
+            "headTime": head.as_ref().map(|h| h.time.clone()),
+            "series": series,
+        }));
+        return Ok(());
+    }
+    println!("remote      {}", r.url());
+    println!(
+        "store       {} (generation {})",
+        r.store_id(),
+        r.generation()
+    );
+    match &head {
+        Some(h) => println!(
+            "newest head {} of {} ({} containers, {} MiB)",
+            head_name(h),
+            h.time,
+            h.containers,
+            mib(h.container_bytes)
+        ),
+        None => println!("newest head none yet"),
+    }
+    let mut t = output::Table::new(&["series", "latest", "durable"]);
+    for s in &series {
+        let v = |k: &str| {
+            s[k].as_u64()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        t.row(vec![
+            s["series"].as_str().unwrap_or("").to_string(),
+            v("latestVersion"),
+            v("durableVersion"),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+fn head_name(h: &revault_remote::Head) -> String {
+    format!("{:08x}-{:016x}", h.generation, h.seq)
+}

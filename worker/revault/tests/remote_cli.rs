@@ -1,0 +1,219 @@
+//! The durable tier through the real binary, as a user on a fresh machine meets it: `init
+//! --remote`, commands that return once the bucket holds their change, `recover` on another
+//! directory, `remote status|sync|evict`, and the bucket going away for a while. The bucket is
+//! a real S3 server (versitygw, revault_remote::testing).
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::*;
+use revault_remote::testing::{fresh_url, s3};
+
+/// One test at a time: the outage test stops the shared S3 server.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn store_args(store: &std::path::Path) -> Vec<String> {
+    vec!["--store".into(), store.to_str().unwrap().into()]
+}
+
+fn run(args: &[String]) -> serde_json::Value {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok_json(&a)
+}
+
+#[test]
+fn init_backup_recover_restore_through_the_cli() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let url = fresh_url("cli");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let key = dir.path().join("key");
+    let mut a = vec!["init".to_string()];
+    a.extend(store_args(&store));
+    a.extend([
+        "--remote".into(),
+        url.to_string(),
+        "--key-file".into(),
+        key.to_str().unwrap().into(),
+    ]);
+    let init = run(&a);
+    assert!(
+        init["remote"]["createdKeyFile"].as_bool().unwrap(),
+        "{init}"
+    );
+    assert!(init["remote"]["createdBucket"].as_bool().unwrap(), "{init}");
+    // A second init on the same prefix is refused: it holds a store.
+    let e = fails(&[
+        "init",
+        "--store",
+        dir.path().join("other").to_str().unwrap(),
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        key.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("already holds a Revault store") && e.contains("revault recover"),
+        "{e}"
+    );
+
+    let mut inputs = Vec::new();
+    for i in 0..3u64 {
+        let input = dir.path().join(format!("v{i}.bin"));
+        let mut d = random(2 << 20, 5);
+        d[(i as usize) * 100_000..(i as usize) * 100_000 + 50_000]
+            .copy_from_slice(&random(50_000, 50 + i));
+        std::fs::write(&input, &d).unwrap();
+        let mut b = vec!["backup".to_string()];
+        b.extend(store_args(&store));
+        b.extend([
+            "--series".into(),
+            "default/db".into(),
+            input.to_str().unwrap().into(),
+        ]);
+        run(&b);
+        inputs.push(input);
+        // `backup` returned: the bucket holds this version already.
+        let mut st = vec!["remote".to_string(), "status".into()];
+        st.extend(store_args(&store));
+        let s = run(&st);
+        assert_eq!(s["series"][0]["durableVersion"], i + 1, "{s}");
+    }
+    let mut ex = vec!["expire".to_string()];
+    ex.extend(store_args(&store));
+    ex.extend([
+        "--series".into(),
+        "default/db".into(),
+        "--version".into(),
+        "1".into(),
+    ]);
+    run(&ex);
+    // The node is lost; a new directory is rebuilt from the bucket and the key file alone.
+    std::fs::remove_dir_all(&store).unwrap();
+    let rebuilt = dir.path().join("rebuilt");
+    let r = ok_json(&[
+        "recover",
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        key.to_str().unwrap(),
+        "--store",
+        rebuilt.to_str().unwrap(),
+    ]);
+    assert_eq!(r["generation"], 2, "{r}");
+    assert_eq!(r["series"][0]["versions"], 2, "{r}");
+    let rs = rebuilt.to_str().unwrap();
+    for (v, input) in [(2, &inputs[1]), (3, &inputs[2])] {
+        let out = dir.path().join(format!("out{v}.bin"));
+        ok_json(&[
+            "restore",
+            "--store",
+            rs,
+            "--series",
+            "default/db",
+            "--version",
+            &v.to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(sha256_file(&out), sha256_file(input), "version {v}");
+    }
+    let e = fails(&[
+        "restore",
+        "--store",
+        rs,
+        "--series",
+        "default/db",
+        "--version",
+        "1",
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(
+        e.contains("has no version 1"),
+        "an expired version stays expired: {e}"
+    );
+    assert!(ok_json(&["check", "--store", rs])["ok"].as_bool().unwrap());
+    // Evicted containers are read back from the bucket by a later command.
+    let ev = ok_json(&["remote", "evict", "--store", rs, "--older-than", "0"]);
+    assert!(ev["live"].as_u64().unwrap() > 0, "{ev}");
+    let out = dir.path().join("again.bin");
+    ok_json(&[
+        "restore",
+        "--store",
+        rs,
+        "--series",
+        "default/db",
+        "--version",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(sha256_file(&out), sha256_file(&inputs[1]));
+    // A wrong key file is refused by name.
+    let other = dir.path().join("other-key");
+    std::fs::write(&other, "0123456789abcdef0123456789abcdef0123456789abcdef").unwrap();
+    let e = fails(&[
+        "recover",
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        other.to_str().unwrap(),
+        "--store",
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    assert!(e.contains("does not open the remote"), "{e}");
+}
+
+#[test]
+fn a_backup_while_the_bucket_is_away_is_kept_and_said_to_be_not_durable() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let url = fresh_url("cli-outage");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let key = dir.path().join("key");
+    ok_json(&[
+        "init",
+        "--store",
+        s,
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        key.to_str().unwrap(),
+    ]);
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, random(1 << 20, 9)).unwrap();
+    s3().stop();
+    let out = revault(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        input.to_str().unwrap(),
+        "--json",
+    ]);
+    s3().resume();
+    assert!(
+        !out.status.success(),
+        "a backup the bucket does not hold is not reported as done"
+    );
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["error"]["code"], "not_durable", "{err}");
+    let msg = err["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("version 1 of default/db is committed in the local store"),
+        "{msg}"
+    );
+    // It is kept locally, and the next sync makes it durable.
+    let l = ok_json(&["list", "--store", s, "--series", "default/db"]);
+    assert_eq!(l["versions"].as_array().unwrap().len(), 1);
+    let st = ok_json(&["remote", "status", "--store", s]);
+    assert!(st["series"][0]["durableVersion"].is_null(), "{st}");
+    let sy = ok_json(&["remote", "sync", "--store", s]);
+    assert!(sy["published"].as_bool().unwrap(), "{sy}");
+    let st = ok_json(&["remote", "status", "--store", s]);
+    assert_eq!(st["series"][0]["durableVersion"], 1, "{st}");
+}

@@ -1,0 +1,232 @@
+//! `revault serve` with a remote: backups acknowledged on local disk and uploaded in the
+//! background (`durableVersion`, `/v1/stats`, `/metrics`), a store rebuilt from the bucket
+//! while the old worker runs (the old one takes no more writes: 409 `remote_fenced`), the
+//! last upload on shutdown, and `--init --recover` for a node that came back with an empty
+//! disk.
+
+mod common;
+
+use std::time::Duration;
+
+use common::server::{client_ok, Server};
+use common::*;
+use revault_remote::testing::fresh_url;
+
+fn remote_args<'a>(url: &'a str, key: &'a str) -> Vec<&'a str> {
+    vec![
+        "--remote",
+        url,
+        "--key-file",
+        key,
+        "--sync-interval",
+        "200ms",
+    ]
+}
+
+fn durable(s: &Server, series: &str) -> Option<u64> {
+    s.get(&format!("/v1/series/{series}"), None).json()["durableVersion"].as_u64()
+}
+
+#[test]
+fn the_uploader_makes_backups_durable_and_a_rebuild_fences_the_old_worker() {
+    let url = fresh_url("serve");
+    let u = url.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let k = key.to_str().unwrap();
+    let server = Server::start(&dir.path().join("store"), &remote_args(&u, k));
+    assert!(key.exists(), "serve --remote created the key file");
+    let mut inputs = Vec::new();
+    for i in 0..2u64 {
+        let input = dir.path().join(format!("in{i}.bin"));
+        std::fs::write(&input, random(1 << 20, 20 + i)).unwrap();
+        client_ok(
+            &[
+                "push",
+                "--server",
+                &server.url(),
+                "--series",
+                "default/db",
+                input.to_str().unwrap(),
+            ],
+            None,
+        );
+        inputs.push(input);
+        server.wait_for(
+            "the bucket to hold the backup",
+            Duration::from_secs(30),
+            |s| durable(s, "default/db") == Some(i + 1),
+        );
+    }
+    let stats = server.get("/v1/stats", None).json();
+    assert_eq!(stats["remote"]["url"], u, "{stats}");
+    assert_eq!(stats["remote"]["generation"], 1, "{stats}");
+    assert_eq!(stats["remote"]["fenced"], false, "{stats}");
+    server.wait_for(
+        "no lag once the bucket holds everything",
+        Duration::from_secs(10),
+        |s| s.metric("revault_remote_lag_seconds") == Some(0.0),
+    );
+    assert!(
+        server
+            .metric("revault_remote_uploaded_bytes_total")
+            .unwrap()
+            > 1e6
+    );
+    let listed = server.get("/v1/series", None).json();
+    assert_eq!(listed[0]["durableVersion"], 2, "{listed}");
+
+    // Another node rebuilds the store from the bucket while this worker still runs.
+    let rebuilt = dir.path().join("rebuilt");
+    ok_json(&[
+        "recover",
+        "--remote",
+        &u,
+        "--key-file",
+        k,
+        "--store",
+        rebuilt.to_str().unwrap(),
+    ]);
+    let input = dir.path().join("late.bin");
+    std::fs::write(&input, random(1 << 20, 99)).unwrap();
+    // The old worker notices at its next upload and refuses writes from then on.
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
+    server.wait_for(
+        "the old worker to see it was fenced",
+        Duration::from_secs(30),
+        |s| s.metric("revault_remote_fenced") == Some(1.0),
+    );
+    let r = server.request(
+        "PUT",
+        "/v1/series/default/db/versions",
+        &[("Content-Type", "application/octet-stream")],
+        &random(4096, 1),
+    );
+    r.assert_error(409, "remote_fenced");
+    assert!(r.text().contains("generation 2"), "{}", r.text());
+    // Reads still work.
+    let out = dir.path().join("out.bin");
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            "--version",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(sha256_file(&out), sha256_file(&inputs[0]));
+    let log = server.stop();
+    assert!(log.contains("taken over"), "{log}");
+
+    // The rebuilt store serves what was durable, and takes backups.
+    let server2 = Server::start(&rebuilt, &remote_args(&u, k));
+    for (v, input) in [(1, &inputs[0]), (2, &inputs[1])] {
+        let out = dir.path().join(format!("r{v}.bin"));
+        client_ok(
+            &[
+                "pull",
+                "--server",
+                &server2.url(),
+                "--series",
+                "default/db",
+                "--version",
+                &v.to_string(),
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            None,
+        );
+        assert_eq!(sha256_file(&out), sha256_file(input), "version {v}");
+    }
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &server2.url(),
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
+    server2.wait_for("the new owner's upload", Duration::from_secs(30), |s| {
+        durable(s, "default/db") == Some(3)
+    });
+    server2.stop();
+}
+
+#[test]
+fn a_worker_hands_its_last_backups_to_the_bucket_on_shutdown_and_an_empty_disk_recovers() {
+    let url = fresh_url("serve-down");
+    let u = url.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let k = key.to_str().unwrap();
+    let store = dir.path().join("store");
+    // A long interval: only the shutdown's sync can upload the backup in time.
+    let server = Server::start(
+        &store,
+        &["--remote", &u, "--key-file", k, "--sync-interval", "1h"],
+    );
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, random(1 << 20, 7)).unwrap();
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
+    let log = server.stop();
+    assert!(
+        log.contains("the remote holds everything this worker acknowledged"),
+        "{log}"
+    );
+    // The node comes back with an empty disk: --init --recover rebuilds its store.
+    std::fs::remove_dir_all(&store).unwrap();
+    let mut args = remote_args(&u, k);
+    args.push("--recover");
+    let server = Server::start(&store, &args);
+    assert!(
+        server
+            .log_text()
+            .contains("rebuilt the store from its remote"),
+        "{}",
+        server.log_text()
+    );
+    let out = dir.path().join("out.bin");
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(sha256_file(&out), sha256_file(&input));
+    server.stop();
+}
