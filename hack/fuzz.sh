@@ -22,6 +22,9 @@ FUZZ_MAX_LEN=${FUZZ_MAX_LEN:-131072}   # bytes; the largest seed is well under t
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REVAULT_CACHE=${REVAULT_CACHE:-$HOME/.cache/revault}
 FUZZ_CACHE=$REVAULT_CACHE/fuzz
+# The seed writer and the RocksDB archive come from the worker's own (cached) release build, as
+# under make; run by hand, without this, they would compile RocksDB again into worker/target.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REVAULT_CACHE/target}
 # Instrumented builds get their own target dir (and not a shared CARGO_BUILD_BUILD_DIR).
 FUZZ_TARGET_DIR=$FUZZ_CACHE/target
 export PATH=$REVAULT_CACHE/bin:$HOME/.cargo/bin:$PATH
@@ -29,7 +32,7 @@ export PATH=$REVAULT_CACHE/bin:$HOME/.cargo/bin:$PATH
 log() { printf 'fuzz: %s\n' "$*" >&2; }
 die() { printf 'fuzz: ERROR: %s\n' "$*" >&2; exit 1; }
 
-ALL_TARGETS=(tar_source catalog recipe container records transfer)
+ALL_TARGETS=(tar_source catalog recipe container records transfer remote)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${ALL_TARGETS[@]}")
 for t in "${targets[@]}"; do
@@ -58,7 +61,7 @@ FUZZ_SEEDS_DIR=$FUZZ_CACHE/seeds cargo test --quiet --release --locked -p revaul
 # to compile on two busy cores: link the archive the worker's release build made, when it is of
 # the version the fuzz crate's lock pins. Without one, the fuzz build compiles it (once).
 rocksdb_version=$(sed -n '/^name = "librocksdb-sys"$/{n;s/^version = "\(.*\)"$/\1/p}' fuzz/Cargo.lock)
-for out in ${CARGO_BUILD_BUILD_DIR:-} "${CARGO_TARGET_DIR:-$REVAULT_CACHE/target}" "$REVAULT_CACHE/target"; do
+for out in ${CARGO_BUILD_BUILD_DIR:-} "$CARGO_TARGET_DIR" "$REVAULT_CACHE/target"; do
   for a in "$out"/*/release/build/librocksdb-sys-*/out/librocksdb.a; do
     # Its build script's output names the crate's source directory, which carries the version.
     [ -f "$a" ] && grep -q "^cargo:cargo_manifest_dir=.*/librocksdb-sys-${rocksdb_version//./[.]}\$" \

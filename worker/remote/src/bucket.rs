@@ -192,8 +192,10 @@ impl Bucket {
             .put_object()
             .bucket(&self.url.bucket)
             .key(self.key(name))
-            // S3 wants a checksum with an Object Lock PUT (Content-MD5 or a CRC).
-            .set_checksum_crc32_c(lock.map(|_| crc32c_of(&body)))
+            // The server checks the bytes it received against this before it stores them (a
+            // body damaged on the way is refused, not kept as the only copy of a container
+            // that is then evicted); Object Lock PUTs need a checksum anyway.
+            .checksum_crc32_c(crc32c_of(&body))
             .body(ByteStream::from(body));
         if let Some(l) = lock {
             req = req
@@ -215,7 +217,7 @@ impl Bucket {
             .bucket(&self.url.bucket)
             .key(self.key(name))
             .if_none_match("*")
-            .set_checksum_crc32_c(lock.map(|_| crc32c_of(&body)))
+            .checksum_crc32_c(crc32c_of(&body))
             .body(ByteStream::from(body));
         if let Some(l) = lock {
             req = req
@@ -240,11 +242,11 @@ impl Bucket {
             .create_multipart_upload()
             .bucket(&self.url.bucket)
             .key(&key);
+        create = create.checksum_algorithm(ChecksumAlgorithm::Crc32C);
         if let Some(l) = lock {
             create = create
                 .object_lock_mode(lock_mode(l))
-                .object_lock_retain_until_date(retain_until(l))
-                .checksum_algorithm(ChecksumAlgorithm::Crc32C);
+                .object_lock_retain_until_date(retain_until(l));
         }
         let up = create.send().await.map_err(|e| map_err(&what, e))?;
         let id = up
@@ -265,7 +267,7 @@ impl Bucket {
                     .key(&key)
                     .upload_id(&id)
                     .part_number(n)
-                    .set_checksum_crc32_c(lock.map(|_| crc32c_of(chunk)))
+                    .checksum_crc32_c(crc32c_of(chunk))
                     .body(ByteStream::from(body.slice_ref(chunk)))
                     .send()
                     .await
@@ -519,6 +521,11 @@ where
             match (status, code) {
                 (404, _) | (_, "NoSuchKey") | (_, "NoSuchBucket") => RemoteError::NotFound {
                     object: what.to_string(),
+                },
+                // A range past the end: the object is shorter than its sealed header says.
+                (416, _) | (_, "InvalidRange") => RemoteError::Tampered {
+                    object: what.to_string(),
+                    detail: "it is shorter than its header says (truncated)".into(),
                 },
                 (401 | 403, _) => RemoteError::Denied {
                     what: what.to_string(),

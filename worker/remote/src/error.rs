@@ -34,6 +34,12 @@ pub enum RemoteError {
         by: String,
     },
 
+    /// The bucket holds a newer state of this store than this store does: its metadata went
+    /// back in time, or a copy of it writes to the same remote. Nothing is uploaded or
+    /// deleted until someone decides.
+    #[error("the remote {remote} holds a newer state of this store than this store has ({detail}): its metadata went back in time (a disk snapshot put back?), or a copy of this store writes to the same remote. Nothing was uploaded or deleted; to go on from the remote's state, rebuild the store with `revault recover` (docs/remote.md, \"Fencing\")")]
+    Diverged { remote: String, detail: String },
+
     #[error("{remote} already holds a Revault store ({detail}); rebuild a store from it with `revault recover`, or choose another prefix")]
     Exists { remote: String, detail: String },
 
@@ -74,6 +80,7 @@ impl RemoteError {
             RemoteError::Denied { .. } => "remote_denied",
             RemoteError::WrongKey { .. } => "wrong_key",
             RemoteError::Fenced { .. } => "remote_fenced",
+            RemoteError::Diverged { .. } => "remote_diverged",
             RemoteError::Exists { .. } => "remote_exists",
             RemoteError::NoStore { .. } => "remote_empty",
             RemoteError::Invalid(_) => "invalid_argument",

@@ -48,33 +48,47 @@ pub async fn claim(
     bucket.put_new(&name, body.into(), lock).await
 }
 
-/// The highest generation claimed.
-pub async fn highest(bucket: &Bucket) -> Result<u32> {
-    Ok(bucket
+/// The highest generation claimed above `above` (0: any) by a claim that opens under the data
+/// key and names this store, with the claim: an object anyone could write under `gens/` is
+/// no claim (it would fence every writer out for good).
+pub async fn highest(
+    bucket: &Bucket,
+    key: &DataKey,
+    store: &str,
+    above: u32,
+) -> Result<Option<Claim>> {
+    let mut gens: Vec<u32> = bucket
         .list(layout::GENS)
         .await?
         .iter()
         .filter_map(|o| layout::parse_generation(&o.name))
-        .max()
-        .unwrap_or(0))
+        .filter(|g| *g > above)
+        .collect();
+    gens.sort_unstable_by(|a, b| b.cmp(a));
+    for g in gens {
+        match read(bucket, key, g).await {
+            Ok(c) if c.generation == g && c.store == store => return Ok(Some(c)),
+            Ok(_) | Err(RemoteError::Tampered { .. }) => {
+                tracing::warn!(generation = g, remote = %bucket.url, "ignoring a generation claim that is not this store's");
+            }
+            Err(RemoteError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
 }
 
 /// Fails with [`RemoteError::Fenced`] when a generation above `ours` was claimed.
-pub async fn check(bucket: &Bucket, key: &DataKey, ours: u32) -> Result<()> {
-    let theirs = highest(bucket).await?;
-    if theirs <= ours {
-        return Ok(());
+pub async fn check(bucket: &Bucket, key: &DataKey, store: &str, ours: u32) -> Result<()> {
+    match highest(bucket, key, store, ours).await? {
+        None => Ok(()),
+        Some(c) => Err(RemoteError::Fenced {
+            remote: bucket.url.to_string(),
+            ours,
+            theirs: c.generation,
+            by: format!("{} at {}", c.host, c.time),
+        }),
     }
-    let by = read(bucket, key, theirs)
-        .await
-        .map(|c| format!("{} at {}", c.host, c.time))
-        .unwrap_or_default();
-    Err(RemoteError::Fenced {
-        remote: bucket.url.to_string(),
-        ours,
-        theirs,
-        by,
-    })
 }
 
 pub async fn read(bucket: &Bucket, key: &DataKey, generation: u32) -> Result<Claim> {

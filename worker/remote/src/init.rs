@@ -57,50 +57,11 @@ impl Remote {
             let lock = opts.object_lock.is_some();
             block(&rt, async move { b.ensure_bucket(lock).await })?
         };
-        let existing = {
-            let b = bucket.clone();
-            block(&rt, async move { b.list("").await })?
+        let (desc, key) = match interrupted_init(&rt, &bucket, &kf, &opts.url)? {
+            Some(found) => found,
+            None => new_descriptor(&rt, &bucket, &kf, opts)?,
         };
-        if !existing.is_empty() {
-            let detail = match existing.iter().any(|o| o.name == layout::DESCRIPTOR) {
-                true => read_descriptor(&rt, &bucket)
-                    .map(|d| format!("store {} created {}", d.store, d.created))
-                    .unwrap_or_else(|e| e.to_string()),
-                false => format!(
-                    "{} objects that are not a Revault store, e.g. {}",
-                    existing.len(),
-                    existing[0].name
-                ),
-            };
-            return Err(RemoteError::Exists {
-                remote: opts.url.to_string(),
-                detail,
-            });
-        }
-        let store_id = hex::encode(random::<16>());
-        let key = DataKey::new(1, random());
-        let desc = Descriptor {
-            format: 1,
-            store: store_id.clone(),
-            created: sync::rfc3339_now(),
-            frame_log2: DEFAULT_FRAME_LOG2,
-            keys: vec![kf.wrap(&store_id, &key)],
-            object_lock: opts.object_lock,
-        };
-        let written = {
-            let b = bucket.clone();
-            let body = serde_json::to_vec_pretty(&desc).expect("descriptor serialises");
-            let lock = opts.object_lock;
-            block(&rt, async move {
-                b.put_new(layout::DESCRIPTOR, body.into(), lock).await
-            })?
-        };
-        if !written {
-            return Err(RemoteError::Exists {
-                remote: opts.url.to_string(),
-                detail: "another init wrote its descriptor first".into(),
-            });
-        }
+        let store_id = desc.store.clone();
         let claim = Claim {
             store: store_id.clone(),
             generation: 1,
@@ -110,6 +71,7 @@ impl Remote {
         };
         {
             let (b, k, lock) = (bucket.clone(), key.clone(), opts.object_lock);
+            // An interrupted init may have claimed it already.
             block(&rt, async move { fence::claim(&b, &k, &claim, lock).await })?;
         }
         let conf = LocalConfig {
@@ -133,6 +95,7 @@ impl Remote {
                 sync_lock: Mutex::new(sync::Progress::default()),
                 head: Mutex::new(None),
                 failpoint: Mutex::new(None),
+                before_head: Mutex::new(None),
             }),
         };
         store.set_cold_tier(Arc::new(tier::Tier::new(remote.clone())));
@@ -146,6 +109,76 @@ impl Remote {
             },
         ))
     }
+}
+
+/// The descriptor and data key of an init that stopped before its first head (its process
+/// killed between writing the descriptor and the store's own record of its remote): the prefix
+/// holds a descriptor our key file opens and no head, so `init` finishes it. Anything else in
+/// the prefix is refused.
+fn interrupted_init(
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    kf: &KeyFile,
+    url: &RemoteUrl,
+) -> Result<Option<(Descriptor, DataKey)>> {
+    let b = bucket.clone();
+    let existing = block(rt, async move { b.list("").await })?;
+    if existing.is_empty() {
+        return Ok(None);
+    }
+    let exists = |detail: String| RemoteError::Exists {
+        remote: url.to_string(),
+        detail,
+    };
+    if !existing.iter().any(|o| o.name == layout::DESCRIPTOR) {
+        return Err(exists(format!(
+            "{} objects that are not a Revault store, e.g. {}",
+            existing.len(),
+            existing[0].name
+        )));
+    }
+    let d = read_descriptor(rt, bucket)?;
+    let has_heads = existing.iter().any(|o| o.name.starts_with(layout::HEADS));
+    match kf.unwrap(&url.to_string(), &d) {
+        Ok(key) if !has_heads && d.verify(&url.to_string(), &key).is_ok() => {
+            tracing::warn!(remote = %url, store = %d.store, "finishing an init that was interrupted");
+            Ok(Some((d, key)))
+        }
+        _ => Err(exists(format!("store {} created {}", d.store, d.created))),
+    }
+}
+
+/// Writes the descriptor of a new store (its id, a new data key wrapped under `kf`).
+fn new_descriptor(
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    kf: &KeyFile,
+    opts: &InitRemote,
+) -> Result<(Descriptor, DataKey)> {
+    let store_id = hex::encode(random::<16>());
+    let key = DataKey::new(1, random());
+    let mut desc = Descriptor {
+        format: 1,
+        store: store_id.clone(),
+        created: sync::rfc3339_now(),
+        frame_log2: DEFAULT_FRAME_LOG2,
+        keys: vec![kf.wrap(&store_id, &key)],
+        object_lock: opts.object_lock,
+        mac: String::new(),
+    };
+    desc.sign(&key);
+    let b = bucket.clone();
+    let body = serde_json::to_vec_pretty(&desc).expect("descriptor serialises");
+    let lock = opts.object_lock;
+    if !block(rt, async move {
+        b.put_new(layout::DESCRIPTOR, body.into(), lock).await
+    })? {
+        return Err(RemoteError::Exists {
+            remote: opts.url.to_string(),
+            detail: "another init wrote its descriptor first".into(),
+        });
+    }
+    Ok((desc, key))
 }
 
 /// The remote's descriptor, or [`RemoteError::NoStore`].

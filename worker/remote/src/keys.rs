@@ -5,9 +5,9 @@
 //! under a key-encryption key derived from a *key file* (BLAKE3 `derive_key` over the file's
 //! bytes). Several key files may wrap the same data key, which is how a key file is rotated
 //! without re-encrypting the bucket: wrap the data key under the new file, then drop the old
-//! file's wrapping (`revault remote rotate-key`). Rotation replaces who can unwrap the data
-//! key; it does not re-key data that someone holding the old file and the bucket may already
-//! have read (docs/remote.md, "Keys").
+//! file's wrapping (not built yet: docs/remote.md, "Keys"). Rotation would replace who can
+//! unwrap the data key; it would not re-key data that someone holding the old file and the
+//! bucket may already have read.
 //!
 //! A key file is any file of at least 32 bytes (trailing white space ignored);
 //! [`create_key_file`] writes 32 random bytes as hex.
@@ -175,6 +175,48 @@ pub struct Descriptor {
     /// Every object is written with S3 Object Lock (set by `init`, kept by `recover`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_lock: Option<crate::bucket::ObjectLock>,
+    /// A MAC of everything above under the data key: whoever can write to the bucket but
+    /// has no key cannot change the descriptor (e.g. drop its Object Lock) unnoticed.
+    #[serde(default)]
+    pub mac: String,
+}
+
+const DESCRIPTOR_MAC_CONTEXT: &str = "revault remote descriptor mac v1";
+
+impl Descriptor {
+    fn mac_of(&self, key: &DataKey) -> String {
+        let mut d = self.clone();
+        d.mac = String::new();
+        let text = serde_json::to_vec(&d).expect("descriptor serialises");
+        hex::encode(
+            blake3::keyed_hash(
+                &blake3::derive_key(DESCRIPTOR_MAC_CONTEXT, key.bytes()),
+                &text,
+            )
+            .as_bytes(),
+        )
+    }
+
+    /// Seals the descriptor with its MAC.
+    pub fn sign(&mut self, key: &DataKey) {
+        self.mac = self.mac_of(key);
+    }
+
+    /// Checks the MAC once the data key is unwrapped.
+    pub fn verify(&self, remote: &str, key: &DataKey) -> Result<()> {
+        let want = self.mac_of(key);
+        #[allow(deprecated)] // ring's constant-time comparison; the MAC is no secret either way
+        let same =
+            ring::constant_time::verify_slices_are_equal(self.mac.as_bytes(), want.as_bytes())
+                .is_ok();
+        if !same {
+            return Err(RemoteError::tampered(
+                &format!("{remote}/{}", crate::layout::DESCRIPTOR),
+                "its MAC does not match: it was changed by someone without the key",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +231,7 @@ mod tests {
             frame_log2: 16,
             keys: vec![kf.wrap("s1", key)],
             object_lock: None,
+            mac: String::new(),
         }
     }
 
@@ -216,6 +259,32 @@ mod tests {
         w[20] ^= 1;
         d.keys[0].wrapped = hex::encode(w);
         assert_eq!(kf.unwrap("r", &d).unwrap_err().code(), "wrong_key");
+    }
+
+    #[test]
+    fn a_descriptor_changed_without_the_key_fails_its_mac() {
+        let kf = KeyFile::from_bytes(&[3u8; 32]).unwrap();
+        let key = DataKey::new(1, random());
+        let mut d = descriptor(&kf, &key);
+        d.object_lock = Some(crate::bucket::ObjectLock {
+            compliance: true,
+            seconds: 86_400,
+        });
+        d.sign(&key);
+        d.verify("r", &key).unwrap();
+        let mut dropped = d.clone();
+        dropped.object_lock = None;
+        assert_eq!(
+            dropped.verify("r", &key).unwrap_err().code(),
+            "remote_corrupt"
+        );
+        let mut shortened = d.clone();
+        shortened.object_lock = Some(crate::bucket::ObjectLock {
+            compliance: true,
+            seconds: 1,
+        });
+        assert!(shortened.verify("r", &key).is_err());
+        assert!(d.verify("r", &DataKey::new(1, random())).is_err());
     }
 
     #[test]

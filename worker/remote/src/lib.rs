@@ -15,6 +15,8 @@
 mod bucket;
 mod error;
 mod fence;
+#[doc(hidden)]
+pub mod fuzzing;
 mod head;
 mod init;
 mod keys;
@@ -31,13 +33,14 @@ mod url;
 
 pub use bucket::ObjectLock;
 pub use error::{RemoteError, Result};
+pub use fence::{host, Claim};
 pub use head::{Head, SeriesAt};
 pub use init::{InitRemote, InitReport};
 pub use keys::create_key_file;
-pub use recover::{recover, RecoverOptions, RecoverReport};
+pub use recover::{owner, recover, RecoverOptions, RecoverReport};
 pub use state::LocalConfig;
 pub use sync::SyncReport;
-pub use tier::{EvictOptions, EvictReport};
+pub use tier::{serve_unreachable, EvictOptions, EvictReport};
 pub use url::RemoteUrl;
 
 use std::future::Future;
@@ -74,6 +77,8 @@ struct Inner {
     head: Mutex<Option<Head>>,
     /// Test hook: the step of a sync that fails as if the process died there.
     failpoint: Mutex<Option<String>>,
+    /// Test hook: runs once, between a sync's last fence check and the write of its head.
+    before_head: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Drop for Inner {
@@ -135,6 +140,12 @@ impl Remote {
         Ok(Some(r))
     }
 
+    /// Fails with [`RemoteError::Fenced`] when another store took this remote over (a
+    /// recovery elsewhere claimed a newer generation).
+    pub fn check_fence(&self) -> Result<()> {
+        self.fence_check(self.generation())
+    }
+
     /// Makes `store` (this remote's store, e.g. reopened) read the containers missing from
     /// its data directory from the bucket.
     pub fn serve_cold_reads(&self, store: &Store) {
@@ -161,6 +172,10 @@ impl Remote {
             )));
         }
         let key = kf.unwrap(&url.to_string(), &desc)?;
+        desc.verify(&url.to_string(), &key)?;
+        // The descriptor (authenticated) says whether objects are locked, not a local file.
+        let mut conf = conf;
+        conf.object_lock = desc.object_lock;
         let state = State::open(root, read_only)?;
         let head = state.head()?;
         Ok(Remote {
@@ -175,6 +190,7 @@ impl Remote {
                 sync_lock: Mutex::new(sync::Progress::default()),
                 head: Mutex::new(head),
                 failpoint: Mutex::new(None),
+                before_head: Mutex::new(None),
             }),
         })
     }
@@ -252,6 +268,13 @@ impl Remote {
     pub fn delete_version_for_test(&self, name: &str, id: &str) -> Result<()> {
         let (n, i) = (name.to_string(), id.to_string());
         self.run(move |b| async move { b.delete_version(&n, &i).await })
+    }
+
+    /// Test hook: `f` runs once, in the next sync, right before it writes its head (after its
+    /// fence check): what a recovery elsewhere at that instant does to it.
+    #[doc(hidden)]
+    pub fn before_head(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.inner.before_head.lock() = Some(f);
     }
 
     fn failpoint(&self, at: &str) -> Result<()> {

@@ -96,6 +96,16 @@ const STAGING: &str = ".recovering";
 const DATA_MARKER: &str = ".revault-recovering";
 
 fn prepare(target: &Path, data_dir: Option<&Path>) -> Result<PathBuf> {
+    if let Some(d) = data_dir.filter(|d| d.is_relative()) {
+        if d.components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(RemoteError::Invalid(format!(
+                "--data-dir {}: a relative data directory lies inside the store (no '..'); give an absolute path for one elsewhere",
+                d.display()
+            )));
+        }
+    }
     let staging = target.join(STAGING);
     if staging.exists() {
         if target.join("revault.store").exists() {
@@ -171,14 +181,9 @@ fn rebuild(
     let bucket = block(&rt, Bucket::connect(opts.url.clone()))?;
     let desc = read_descriptor(&rt, &bucket)?;
     let key = kf.unwrap(&opts.url.to_string(), &desc)?;
-    let (generation, head_name) = claim_next(&rt, &bucket, &key, &desc.store, desc.object_lock)?;
-    let head = read_head(&rt, &bucket, &key, &head_name)?;
-    if head.store != desc.store {
-        return Err(RemoteError::tampered(
-            &bucket.url.key(&head_name),
-            &format!("a head of store {} under store {}", head.store, desc.store),
-        ));
-    }
+    desc.verify(&opts.url.to_string(), &key)?;
+    let (generation, head_name, head) =
+        claim_next(&rt, &bucket, &key, &desc.store, desc.object_lock)?;
     let mut rep = RecoverReport {
         store: desc.store.clone(),
         generation,
@@ -261,11 +266,31 @@ fn rebuild(
             sync_lock: Mutex::new(sync::Progress::default()),
             head: Mutex::new(Some(head)),
             failpoint: Mutex::new(None),
+            before_head: Mutex::new(None),
         }),
     };
     remote.serve_cold_reads(&store);
     remote.sync(&store)?;
     Ok((store, remote, rep))
+}
+
+/// Who owns the store at `url` now: the newest claim that opens under its key (generation,
+/// host, time), or `None` when nothing was ever claimed there (no store yet).
+pub fn owner(url: &RemoteUrl, key_file: &Path) -> Result<Option<Claim>> {
+    let kf = KeyFile::read(key_file)?;
+    let rt = runtime()?;
+    let bucket = block(&rt, Bucket::connect(url.clone()))?;
+    let desc = match read_descriptor(&rt, &bucket) {
+        Ok(d) => d,
+        Err(RemoteError::NoStore { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let key = kf.unwrap(&url.to_string(), &desc)?;
+    desc.verify(&url.to_string(), &key)?;
+    let store = desc.store.clone();
+    block(&rt, async move {
+        fence::highest(&bucket, &key, &store, 0).await
+    })
 }
 
 fn refuse_non_empty(dir: &Path) -> Result<()> {
@@ -288,18 +313,14 @@ fn claim_next(
     key: &DataKey,
     store: &str,
     lock: Option<crate::bucket::ObjectLock>,
-) -> Result<(u32, String)> {
-    let b = bucket.clone();
-    let heads = block(rt, async move { b.list(layout::HEADS).await })?;
-    let b = bucket.clone();
-    let claimed = block(rt, async move { fence::highest(&b).await })?;
-    let published = heads
-        .iter()
-        .filter_map(|o| layout::parse_head(&o.name))
-        .map(|(g, _)| g)
-        .max()
-        .unwrap_or(0);
-    let generation = claimed.max(published) + 1;
+) -> Result<(u32, String, Head)> {
+    let (b, k, st) = (bucket.clone(), key.clone(), store.to_string());
+    let claimed =
+        block(rt, async move { fence::highest(&b, &k, &st, 0).await })?.map_or(0, |c| c.generation);
+    let published = newest_head(rt, bucket, key, store, u32::MAX)?.map_or(0, |(g, _, _)| g);
+    let generation = claimed.max(published).checked_add(1).ok_or_else(|| {
+        RemoteError::Invalid(format!("{}: no generation is left to claim", bucket.url))
+    })?;
     let claim = Claim {
         store: store.to_string(),
         generation,
@@ -316,18 +337,54 @@ fn claim_next(
     }
     // Read the heads after the claim: whatever the old store published before it saw the
     // claim is complete, and it publishes nothing after.
-    let b = bucket.clone();
-    let heads = block(rt, async move { b.list(layout::HEADS).await })?;
-    let newest = heads
-        .iter()
-        .filter_map(|o| layout::parse_head(&o.name))
-        .filter(|(g, _)| *g < generation)
-        .max()
-        .ok_or_else(|| RemoteError::NoStore {
+    let (g, s, head) =
+        newest_head(rt, bucket, key, store, generation)?.ok_or_else(|| RemoteError::NoStore {
             remote: bucket.url.to_string(),
             detail: "no head was ever published".into(),
         })?;
-    Ok((generation, layout::head(newest.0, newest.1)))
+    Ok((generation, layout::head(g, s), head))
+}
+
+/// The newest head below generation `below` that opens under the data key and is this
+/// store's. A name anyone could write under `heads/` is no head; when heads exist and none
+/// opens, the newest one's error says why.
+fn newest_head(
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    key: &DataKey,
+    store: &str,
+    below: u32,
+) -> Result<Option<(u32, u64, Head)>> {
+    let b = bucket.clone();
+    let mut heads: Vec<(u32, u64)> = block(rt, async move { b.list(layout::HEADS).await })?
+        .iter()
+        .filter_map(|o| layout::parse_head(&o.name))
+        .filter(|(g, _)| *g < below)
+        .collect();
+    heads.sort_unstable_by(|a, b| b.cmp(a));
+    let mut first_err = None;
+    for (g, s) in heads {
+        let name = layout::head(g, s);
+        match read_head(rt, bucket, key, &name) {
+            Ok(h) if h.store == store && h.generation == g && h.seq == s => {
+                return Ok(Some((g, s, h)))
+            }
+            Ok(h) => {
+                first_err.get_or_insert(RemoteError::tampered(
+                    &bucket.url.key(&name),
+                    &format!("it is head {}-{} of store {}", h.generation, h.seq, h.store),
+                ));
+            }
+            Err(e @ RemoteError::Tampered { .. }) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(None),
+    }
 }
 
 fn read_head(

@@ -40,6 +40,9 @@ pub const TAG_LEN: usize = 16;
 /// most one frame too many at each end, and the tags cost 0.02%.
 pub const DEFAULT_FRAME_LOG2: u8 = 16;
 const KEY_CONTEXT: &str = "revault remote object key v1";
+/// The largest plaintext an object may claim (1 PiB): far beyond any container or table, and
+/// small enough that every offset computed from it fits in 64 bits.
+const MAX_PLAIN: u64 = 1 << 50;
 
 /// A data key: what seals and opens objects. Never leaves the node unwrapped.
 #[derive(Clone)]
@@ -119,8 +122,12 @@ impl Header {
         let key_id = u32::from_le_bytes(b[12..16].try_into().unwrap());
         let salt: [u8; 32] = b[16..48].try_into().unwrap();
         let plain_len = u64::from_le_bytes(b[48..56].try_into().unwrap());
-        let h = Header::new(frame_log2, key_id, salt, plain_len);
-        Ok(h)
+        // A length whose sealed size does not fit in 64 bits is no object's (every other
+        // figure derives from it, unchecked).
+        if plain_len > MAX_PLAIN {
+            return Err(bad(&format!("a length of {plain_len} bytes")));
+        }
+        Ok(Header::new(frame_log2, key_id, salt, plain_len))
     }
 
     pub fn frame_size(&self) -> u64 {
@@ -361,6 +368,17 @@ mod tests {
         let mut t = s[..HEADER_LEN + 1024 + TAG_LEN].to_vec();
         t[48..56].copy_from_slice(&1024u64.to_le_bytes());
         assert!(open(&key(), "o", &t).is_err());
+    }
+
+    /// Found by the fuzz target: a header claiming an enormous length overflowed the sealed
+    /// size (a panic with overflow checks on).
+    #[test]
+    fn an_impossible_length_is_refused_not_computed() {
+        let s = seal(&key(), "o", &data(100), 10);
+        let mut t = s.clone();
+        t[48..56].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = open(&key(), "o", &t).unwrap_err();
+        assert!(e.to_string().contains("a length of"), "{e}");
     }
 
     #[test]

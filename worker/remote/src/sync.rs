@@ -263,12 +263,12 @@ impl Remote {
             .collect();
         let mut todo: Vec<ContainerId> = snap.containers.difference(&uploaded).copied().collect();
         todo.sort();
-        self.upload_containers(store.data_dir(), &todo, rep)?;
-        self.failpoint("sync.uploaded")?;
         let prev = self.head();
+        let seq = self.next_seq(gen, prev.as_ref())?;
+        self.upload_containers(gen, store.data_dir(), &todo, rep)?;
+        self.failpoint("sync.uploaded")?;
         let meta_files = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
         self.failpoint("sync.meta")?;
-        let seq = prev.as_ref().map_or(1, |h| h.seq + 1);
         let head = Head {
             format: 1,
             store: self.store_id().to_string(),
@@ -289,9 +289,19 @@ impl Remote {
             DEFAULT_FRAME_LOG2,
         );
         self.fence_check(gen)?;
+        if let Some(f) = self.inner.before_head.lock().take() {
+            f();
+        }
         let lock = self.object_lock();
         let n = name.clone();
-        self.run(move |b| async move { b.put(&n, body.into(), lock).await })?;
+        // Written once: a second writer of this store (a copy of it, or its metadata put
+        // back) cannot replace a head it did not write.
+        if !self.run(move |b| async move { b.put_new(&n, body.into(), lock).await })? {
+            return Err(self.diverged(&format!("{name} was written by someone else meanwhile")));
+        }
+        // A recovery may have claimed the remote between the check above and the head: then
+        // the new owner may not have seen this head, and it is not durable.
+        self.fence_check(gen)?;
         self.inner.state.set_head(&head)?;
         *self.inner.head.lock() = Some(head);
         rep.published = true;
@@ -299,23 +309,55 @@ impl Remote {
         self.failpoint("sync.published")
     }
 
+    /// The sequence number of the next head, after checking that the bucket holds no head of
+    /// this generation newer than the newest this store published: a store whose metadata went
+    /// back in time (a disk snapshot put back) or a copy of it must not publish an older state
+    /// over a newer one, nor delete what the newer one needs.
+    fn next_seq(&self, gen: u32, prev: Option<&Head>) -> Result<u64> {
+        let heads = self.run(|b| async move { b.list(layout::HEADS).await })?;
+        let newest = heads
+            .iter()
+            .filter_map(|o| layout::parse_head(&o.name))
+            .filter(|(g, _)| *g == gen)
+            .map(|(_, s)| s)
+            .max();
+        match (prev, newest) {
+            (Some(p), Some(n)) if n > p.seq => Err(self.diverged(&format!(
+                "it holds {} and this store last published {}",
+                layout::head(gen, n),
+                layout::head(gen, p.seq)
+            ))),
+            (p, n) => Ok(p.map_or(0, |h| h.seq).max(n.unwrap_or(0)) + 1),
+        }
+    }
+
+    fn diverged(&self, detail: &str) -> RemoteError {
+        RemoteError::Diverged {
+            remote: self.url().to_string(),
+            detail: detail.to_string(),
+        }
+    }
+
     fn object_lock(&self) -> Option<ObjectLock> {
         self.inner.conf.lock().object_lock
     }
 
     pub(crate) fn fence_check(&self, gen: u32) -> Result<()> {
-        let key = self.inner.key.clone();
-        self.run(move |b| async move { fence::check(&b, &key, gen).await })
+        let (key, store) = (self.inner.key.clone(), self.store_id().to_string());
+        self.run(move |b| async move { fence::check(&b, &key, &store, gen).await })
     }
 
     /// Seals and uploads containers `ids` from `data_dir`, [`PARALLEL`] at a time.
     fn upload_containers(
         &self,
+        gen: u32,
         data_dir: &Path,
         ids: &[ContainerId],
         rep: &mut SyncReport,
     ) -> Result<()> {
         for batch in ids.chunks(64) {
+            // Before every batch: a fenced store stops uploading within one batch.
+            self.fence_check(gen)?;
             let key = self.inner.key.clone();
             let lock = self.object_lock();
             let data_dir = data_dir.to_path_buf();
@@ -439,6 +481,16 @@ impl Remote {
             doomed.push(layout::container(*id));
         }
         p.listed = true;
+        // Whatever else said so, nothing the newest head names is deleted (a metadata file it
+        // names may be one an older head named too, re-uploaded since).
+        let needed: HashSet<String> = head
+            .meta_files
+            .iter()
+            .map(|f| f.object.clone())
+            .chain([layout::head(head.generation, head.seq)])
+            .chain(p.head_containers.iter().map(|c| layout::container(*c)))
+            .collect();
+        doomed.retain(|n| !needed.contains(n));
         if doomed.is_empty() {
             p.stale_meta.clear();
             return Ok(all_done);
@@ -477,20 +529,30 @@ async fn upload_batch(
         let path = id.path(&data_dir);
         set.spawn(async move {
             let _permit = sem.acquire_owned().await.expect("semaphore open");
-            let plain = tokio::fs::read(&path).await.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    RemoteError::Engine(revault_engine::Error::MissingContainer {
-                        container: id.to_string(),
-                        path: path.clone(),
-                    })
-                } else {
-                    RemoteError::Io {
+            let name = layout::container(id);
+            let plain = match tokio::fs::read(&path).await {
+                Ok(p) => p,
+                // Evicted, and the record of its upload lost (remote/state): the bucket's copy
+                // is the one to keep, if it is there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return match b.get_range(&name, 0..seal::HEADER_LEN as u64).await {
+                        Ok(h) => Ok((id, h.to_vec(), 0)),
+                        Err(RemoteError::NotFound { .. }) => Err(RemoteError::Engine(
+                            revault_engine::Error::MissingContainer {
+                                container: id.to_string(),
+                                path: path.clone(),
+                            },
+                        )),
+                        Err(e) => Err(e),
+                    };
+                }
+                Err(e) => {
+                    return Err(RemoteError::Io {
                         context: format!("reading {}", path.display()),
                         source: e,
-                    }
+                    })
                 }
-            })?;
-            let name = layout::container(id);
+            };
             let sealed = seal::seal(&key, &name, &plain, DEFAULT_FRAME_LOG2);
             let header = sealed[..seal::HEADER_LEN].to_vec();
             let n = plain.len() as u64;

@@ -53,6 +53,28 @@ impl ColdTier for Tier {
     }
 }
 
+/// The cold tier of a store whose remote could not be reached when it was opened: a container
+/// evicted from local disk is then out of reach, and says so (not "missing").
+struct Unreachable(String);
+
+impl ColdTier for Unreachable {
+    fn open(
+        &self,
+        id: ContainerId,
+        _local: &std::path::Path,
+    ) -> revault_engine::Result<Box<dyn ColdFile>> {
+        Err(revault_engine::Error::RemoteUnavailable(format!(
+            "container {id} is in the store's remote only, which could not be reached: {}",
+            self.0
+        )))
+    }
+}
+
+/// Makes `store` answer reads of evicted containers with `remote_unavailable` and `why`.
+pub fn serve_unreachable(store: &Store, why: String) {
+    store.set_cold_tier(std::sync::Arc::new(Unreachable(why)));
+}
+
 /// An open container in the bucket.
 struct RemoteContainer {
     remote: Remote,
@@ -81,11 +103,12 @@ impl Stub {
     }
 
     fn decode(b: &[u8], len: u64) -> Option<Stub> {
-        let hl = u64::from_le_bytes(b.get(..8)?.try_into().ok()?) as usize;
+        let hl = usize::try_from(u64::from_le_bytes(b.get(..8)?.try_into().ok()?)).ok()?;
         let ts = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
-        let head = b.get(16..16 + hl)?.to_vec();
-        let tail = b.get(16 + hl..)?.to_vec();
-        (ts + tail.len() as u64 == len).then_some(Stub {
+        let head_end = hl.checked_add(16)?;
+        let head = b.get(16..head_end)?.to_vec();
+        let tail = b.get(head_end..)?.to_vec();
+        (ts.checked_add(tail.len() as u64)? == len && head.len() as u64 <= ts).then_some(Stub {
             head,
             tail_start: ts,
             tail,
@@ -93,10 +116,23 @@ impl Stub {
     }
 }
 
+/// The fuzz target's way in: a stub decodes, or is refused, without panicking.
+pub(crate) fn fuzz_stub(b: &[u8]) {
+    let len = b.len() as u64;
+    if let Some(s) = Stub::decode(b, len.saturating_sub(16)) {
+        assert_eq!(s.tail_start + s.tail.len() as u64, len.saturating_sub(16));
+        let again = Stub::decode(&s.encode(), len.saturating_sub(16)).expect("a stub re-encodes");
+        assert_eq!(
+            (again.head, again.tail_start, again.tail),
+            (s.head, s.tail_start, s.tail)
+        );
+    }
+}
+
 struct Prefetch {
     range: Range<u64>,
     rx: Option<std::sync::mpsc::Receiver<Result<Vec<u8>>>>,
-    data: Option<Result<Vec<u8>, String>>,
+    data: Option<Vec<u8>>,
 }
 
 impl RemoteContainer {
@@ -179,29 +215,27 @@ impl RemoteContainer {
         Ok(plain[off..off + (range.end - range.start) as usize].to_vec())
     }
 
-    fn take_prefetched(&self, range: &Range<u64>) -> Option<Result<Vec<u8>, String>> {
+    /// The bytes of `range` if a prefetch holds them. A prefetch that failed gives nothing: the
+    /// read fetches again, and reports the error as what it is (corrupt, missing, unreachable).
+    fn take_prefetched(&self, range: &Range<u64>) -> Option<Vec<u8>> {
         let mut slots = self.prefetched.lock();
         let i = slots
             .iter()
             .position(|p| p.range.start <= range.start && range.end <= p.range.end)?;
         let p = &mut slots[i];
         if let Some(rx) = p.rx.take() {
-            p.data = Some(match rx.recv() {
-                Ok(Ok(d)) => Ok(d),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("the prefetch was dropped".into()),
-            });
+            p.data = rx.recv().ok().and_then(|r| r.ok());
         }
         let base = p.range.start;
-        let out = match p.data.as_ref()? {
-            Ok(d) => Ok(d[(range.start - base) as usize..(range.end - base) as usize].to_vec()),
-            Err(e) => Err(e.clone()),
-        };
-        // A window reads its range once: free the memory.
-        if range.end >= p.range.end {
+        let out = p
+            .data
+            .as_ref()
+            .map(|d| d[(range.start - base) as usize..(range.end - base) as usize].to_vec());
+        // A window reads its range once: free the memory (and a failed prefetch).
+        if out.is_none() || range.end >= p.range.end {
             slots.remove(i);
         }
-        Some(out)
+        out
     }
 }
 
@@ -245,13 +279,7 @@ impl ColdFile for RemoteContainer {
             return Ok(());
         }
         let bytes = match self.take_prefetched(&(offset..end)) {
-            Some(Ok(b)) => b,
-            Some(Err(e)) => {
-                return Err(revault_engine::Error::RemoteUnavailable(format!(
-                    "reading container {} from the remote: {e}",
-                    self.id
-                )))
-            }
+            Some(b) => b,
             None => self
                 .fetch(offset..end)
                 .map_err(|e| e.into_engine(&self.id.to_string()))?,
@@ -332,6 +360,9 @@ impl Remote {
     /// uploaded; the stubs that let an evicted container open without a request are kept.
     pub fn evict(&self, store: &Store, opts: &EvictOptions) -> Result<EvictReport> {
         self.sync(store)?;
+        // A store another took over keeps its local copies: its bucket objects are the new
+        // owner's to keep or delete now.
+        self.check_fence()?;
         let live = live_containers(store)?;
         let uploaded = self.inner.state.uploaded()?;
         let mut rep = EvictReport::default();

@@ -295,6 +295,7 @@ fn init(a: InitArgs, json: bool) -> Result<()> {
     config.segment.avg = a.segment_kib * kib;
     config.segment.min = a.segment_kib * kib / 4;
     config.segment.max = a.segment_kib * kib * 4;
+    let existed = a.store.store.exists();
     Store::init(
         &a.store.store,
         &InitOptions {
@@ -303,10 +304,7 @@ fn init(a: InitArgs, json: bool) -> Result<()> {
         },
     )?;
     let remote = match &a.remote.remote {
-        Some(_) => {
-            let store = Store::open(&a.store.store, OpenMode::ReadWrite, "revault init")?;
-            crate::remote_cli::init_remote(&store, &a.remote)?
-        }
+        Some(_) => crate::remote_cli::init_remote_or_undo(&a.store.store, existed, &a.remote)?,
         None => None,
     };
     if json {

@@ -133,6 +133,12 @@ fn exit_on_error(r: anyhow::Result<()>, json: bool) {
             output::json(&serde_json::json!({ "error": { "code": code, "message": msg } }));
         }
         eprintln!("error: {msg}");
-        std::process::exit(1);
+        // Committed locally, not (yet) in the remote: a status of its own for scripts.
+        let status = if code == "not_durable" {
+            remote_cli::NOT_DURABLE_EXIT
+        } else {
+            1
+        };
+        std::process::exit(status);
     }
 }

@@ -51,12 +51,26 @@ impl Deref for Opened {
 
 /// A change committed locally that the remote does not hold yet.
 #[derive(Debug, thiserror::Error)]
-#[error("{what} is committed in the local store, but the remote does not hold it yet: {source}; the next command that changes the store, or `revault remote sync`, uploads it")]
+#[error("{what} is committed in the local store, but the remote does not hold it yet: {source}; {}", next_step(.source))]
 pub struct NotDurable {
     pub what: String,
     #[source]
     pub source: RemoteError,
 }
+
+/// What gets the change into the remote, as far as this store can tell.
+fn next_step(e: &RemoteError) -> &'static str {
+    match e {
+        RemoteError::Fenced { .. } => {
+            "it never will from this store, which another took over: this copy is out of date (docs/remote.md, \"Fencing\")"
+        }
+        RemoteError::Diverged { .. } => "nothing is uploaded until someone decides (docs/remote.md, \"Fencing\")",
+        _ => "the next command that changes the store, or `revault remote sync`, uploads it",
+    }
+}
+
+/// The exit status of a command whose change is committed locally but not in the remote.
+pub const NOT_DURABLE_EXIT: i32 = 3;
 
 impl Opened {
     /// Returns once the remote holds everything committed (nothing to do without one).
@@ -105,6 +119,31 @@ pub fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
         remote,
         unreachable,
     })
+}
+
+/// `init --remote` after the store's own init: gives the new store its remote, and when that
+/// fails removes the store again (it holds nothing yet), so that `init` can be run again
+/// rather than leave a store that silently has no remote.
+pub fn init_remote_or_undo(
+    root: &std::path::Path,
+    existed: bool,
+    a: &RemoteInitArgs,
+) -> Result<Option<revault_remote::InitReport>> {
+    let r = Store::open(root, OpenMode::ReadWrite, "revault init")
+        .map_err(anyhow::Error::from)
+        .and_then(|store| init_remote(&store, a));
+    if r.is_err() {
+        // The marker first: from then on nothing takes the directory for a store.
+        let _ = std::fs::remove_file(root.join("revault.store"));
+        for d in [revault_engine::META_DIR, "data", "remote"] {
+            let _ = std::fs::remove_dir_all(root.join(d));
+        }
+        let _ = std::fs::remove_file(root.join("lock"));
+        if !existed {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+    r
 }
 
 /// `init --remote`: gives the new store its remote.

@@ -1,14 +1,14 @@
 //! `revault serve` with a remote: backups acknowledged on local disk and uploaded in the
 //! background (`durableVersion`, `/v1/stats`, `/metrics`), a store rebuilt from the bucket
 //! while the old worker runs (the old one takes no more writes: 409 `remote_fenced`), the
-//! last upload on shutdown, and `--init --recover` for a node that came back with an empty
-//! disk.
+//! last upload on shutdown, `--init --recover` for a node that came back with an empty
+//! disk, and `--adopt` for a lost node's store served from another node.
 
 mod common;
 
 use std::time::Duration;
 
-use common::server::{client_ok, Server};
+use common::server::{client_ok, wait_child, Server};
 use common::*;
 use revault_remote::testing::fresh_url;
 
@@ -229,4 +229,168 @@ fn a_worker_hands_its_last_backups_to_the_bucket_on_shutdown_and_an_empty_disk_r
     );
     assert_eq!(sha256_file(&out), sha256_file(&input));
     server.stop();
+}
+
+fn push(server: &Server, input: &std::path::Path) {
+    client_ok(
+        &[
+            "push",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ],
+        None,
+    );
+}
+
+fn pull_sha(server: &Server, version: u64, out: &std::path::Path) -> String {
+    client_ok(
+        &[
+            "pull",
+            "--server",
+            &server.url(),
+            "--series",
+            "default/db",
+            "--version",
+            &version.to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    sha256_file(out)
+}
+
+/// `revault serve` that is expected to refuse to start: its exit status and stderr.
+fn serve_refuses(store: &std::path::Path, extra: &[&str], node: &str) -> String {
+    let c = std::process::Command::new(bin())
+        .args(["serve", "--store", store.to_str().unwrap(), "--init"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("NODE_NAME", node)
+        .env("REVAULT_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_child(c, Duration::from_secs(60));
+    assert!(
+        !out.status.success(),
+        "serve started, but it should have refused"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A lost node's store adopted on another node (`--recover --adopt`, what the operator's
+/// adopted-store Deployment runs): the original node coming back with an empty disk does not
+/// take it back, coming back with its old disk serves reads only, and the adopted pod moved
+/// back to a host holding a superseded copy puts that copy aside (kept) and rebuilds.
+#[test]
+fn an_adopted_store_is_not_taken_back_and_a_superseded_copy_is_moved_aside() {
+    let url = fresh_url("serve-adopt");
+    let u = url.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let k = key.to_str().unwrap();
+    let node_dir = |n: &str| {
+        let d = dir.path().join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        d.join("store")
+    };
+    let (store_a, store_b, store_c) = (node_dir("a"), node_dir("b"), node_dir("c"));
+    let inputs: Vec<_> = (0..3u64)
+        .map(|i| {
+            let p = dir.path().join(format!("in{i}.bin"));
+            std::fs::write(&p, random(1 << 20, 40 + i)).unwrap();
+            p
+        })
+        .collect();
+    let args = remote_args(&u, k);
+    let mut adopt = args.clone();
+    adopt.extend(["--recover", "--adopt"]);
+
+    // Node a backs up v1; the bucket holds it; node a is lost (its worker stops).
+    let a = Server::start_env(&store_a, &args, &[("NODE_NAME", "node-a")]);
+    push(&a, &inputs[0]);
+    a.wait_for("v1 durable", Duration::from_secs(30), |s| {
+        durable(s, "default/db") == Some(1)
+    });
+    a.stop();
+
+    // Node b adopts it and takes v2.
+    let b = Server::start_env(&store_b, &adopt, &[("NODE_NAME", "node-b")]);
+    assert!(b.log_text().contains("rebuilt the store from its remote"));
+    push(&b, &inputs[1]);
+    b.wait_for("v2 durable", Duration::from_secs(30), |s| {
+        durable(s, "default/db") == Some(2)
+    });
+
+    // Node a comes back with an empty disk: its worker does not take the store from b.
+    let empty_a = node_dir("a-empty");
+    let mut recover = args.clone();
+    recover.push("--recover");
+    let err = serve_refuses(&empty_a, &recover, "node-a");
+    assert!(
+        err.contains("served from node-b") && err.contains("not from this node (node-a)"),
+        "{err}"
+    );
+    assert!(
+        !empty_a.join("revault.store").exists(),
+        "the refused worker made no store"
+    );
+    // Node a comes back with its old disk: reads work, writes are refused, nothing is lost.
+    let a = Server::start_env(&store_a, &args, &[("NODE_NAME", "node-a")]);
+    let out = dir.path().join("out.bin");
+    assert_eq!(pull_sha(&a, 1, &out), sha256_file(&inputs[0]));
+    let r = a.request(
+        "PUT",
+        "/v1/series/default/db/versions",
+        &[("Content-Type", "application/octet-stream")],
+        &random(4096, 2),
+    );
+    r.assert_error(409, "remote_fenced");
+    a.stop();
+
+    // b is lost too; c adopts and takes v3.
+    b.stop();
+    let c = Server::start_env(&store_c, &adopt, &[("NODE_NAME", "node-c")]);
+    push(&c, &inputs[2]);
+    c.wait_for("v3 durable", Duration::from_secs(30), |s| {
+        durable(s, "default/db") == Some(3)
+    });
+    c.stop();
+
+    // The adopted pod is scheduled back on b, whose disk holds the copy c superseded.
+    let b = Server::start_env(&store_b, &adopt, &[("NODE_NAME", "node-b")]);
+    assert!(b.log_text().contains("moving it aside"), "{}", b.log_text());
+    for (v, input) in inputs.iter().enumerate() {
+        assert_eq!(
+            pull_sha(&b, v as u64 + 1, &out),
+            sha256_file(input),
+            "v{} after the rebuild on b",
+            v + 1
+        );
+    }
+    b.stop();
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("b"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("store.superseded-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the superseded copy is kept: {aside:?}");
+    let listed = ok_json(&[
+        "list",
+        "--store",
+        dir.path().join("b").join(&aside[0]).to_str().unwrap(),
+        "--series",
+        "default/db",
+    ]);
+    assert_eq!(
+        listed["versions"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
 }

@@ -36,9 +36,16 @@ pub struct RemoteArgs {
     #[arg(long, env = "REVAULT_OBJECT_LOCK_DAYS", value_parser = clap::value_parser!(u32).range(1..=36500))]
     pub object_lock_days: Option<u32>,
     /// With --init: when the store directory is new and the remote holds a store, rebuild it
-    /// from the remote (a node that lost its disk) instead of refusing.
+    /// from the remote (a node that lost its disk) instead of refusing. Only the node whose
+    /// store it is does so (the newest claim on the remote is its own); --adopt takes it over
+    /// from wherever it is served.
     #[arg(long)]
     pub recover: bool,
+    /// With --recover: take over the store whoever holds it (the operator's rebuild of a lost
+    /// node's store on another node); a local copy another rebuild superseded is moved aside
+    /// (kept, never deleted) and rebuilt.
+    #[arg(long, requires = "recover")]
+    pub adopt: bool,
     /// Upload at most this often (changes are batched into one head).
     #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
     pub sync_interval: Duration,
@@ -65,6 +72,11 @@ impl Durable {
 
     pub fn set_remote(&self, r: Option<Remote>) {
         *self.remote.lock().unwrap() = r;
+    }
+
+    /// Refuses writes from now on: the store was taken over by a newer generation.
+    pub fn set_fenced(&self, why: String) {
+        *self.fenced.lock().unwrap() = Some(why);
     }
 
     /// Why writes are refused: the store was taken over by a newer generation.
@@ -98,6 +110,35 @@ impl Durable {
             fenced: self.fenced().is_some(),
         })
     }
+}
+
+/// The store at `root` was superseded: another rebuild of it owns its remote now. An adopted
+/// store's pod (--adopt) moves this copy aside — kept, never deleted — and rebuilds the store
+/// from the remote; any other worker goes on with it fenced (reads only, 409 on writes).
+pub fn superseded(root: &std::path::Path, a: &RemoteArgs, e: &RemoteError) -> anyhow::Result<bool> {
+    if !a.adopt {
+        tracing::error!(error = %e, "this store was rebuilt elsewhere: serving reads only");
+        return Ok(false);
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let aside = root.with_file_name(format!(
+        "{}.superseded-{stamp}",
+        root.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    tracing::warn!(error = %e, aside = %aside.display(), "this copy of the store was superseded: moving it aside and rebuilding it from the remote");
+    std::fs::rename(root, &aside).map_err(|err| {
+        anyhow::anyhow!(
+            "moving {} aside to {}: {err}",
+            root.display(),
+            aside.display()
+        )
+    })?;
+    Ok(true)
 }
 
 /// Attaches (or gives) the store its remote as `a` says; `None` when it has none.
@@ -144,8 +185,23 @@ pub fn recover_if_asked(
     let (true, Some(url), Some(key_file)) = (a.recover, &a.remote, &a.key_file) else {
         return Ok(None);
     };
+    let url_parsed = revault_remote::RemoteUrl::parse(url)?;
+    if !a.adopt {
+        // A node that comes back with an empty disk rebuilds its own store, never one that was
+        // rebuilt and is served elsewhere meanwhile (that would fence the serving copy out).
+        if let Some(c) = revault_remote::owner(&url_parsed, key_file)? {
+            let me = revault_remote::host();
+            anyhow::ensure!(
+                c.host == me,
+                "the store at {url} is served from {} since {} (generation {}), not from this node ({me}): it was rebuilt there after this node was lost. This worker does not take it back; see docs/operator.md, \"Losing a node\"",
+                c.host,
+                c.time,
+                c.generation
+            );
+        }
+    }
     let opts = revault_remote::RecoverOptions {
-        url: revault_remote::RemoteUrl::parse(url)?,
+        url: url_parsed,
         key_file: key_file.clone(),
         store: root.to_path_buf(),
         data_dir: None,
@@ -162,6 +218,9 @@ pub fn recover_if_asked(
     }
 }
 
+/// How often an idle worker checks that its store was not rebuilt elsewhere.
+const FENCE_EVERY: Duration = Duration::from_secs(30);
+
 /// Starts the uploader.
 pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
     let interval = a.sync_interval.max(Duration::from_millis(100));
@@ -169,6 +228,7 @@ pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = interval;
         let mut last_evict: Option<Instant> = None;
+        let mut last_fence_check = Instant::now();
         loop {
             tokio::time::sleep(backoff).await;
             if app.draining.load(Ordering::SeqCst) {
@@ -181,6 +241,14 @@ pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
             if !remote.needs_sync(&store) {
                 *d.behind_since.lock().unwrap() = None;
                 backoff = interval;
+                // An idle store would not notice it was taken over until its next change.
+                if last_fence_check.elapsed() > FENCE_EVERY {
+                    last_fence_check = Instant::now();
+                    let r = remote.clone();
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || r.check_fence()).await {
+                        failed(&app, &e);
+                    }
+                }
                 if !evict_after.is_zero()
                     && last_evict
                         .is_none_or(|t| t.elapsed() > evict_after.min(Duration::from_secs(600)))
@@ -252,7 +320,7 @@ pub async fn final_sync(app: &Arc<App>, limit: Duration) {
 fn failed(app: &App, e: &RemoteError) {
     let d = &app.durable;
     *d.last_error.lock().unwrap() = Some(e.to_string());
-    if let RemoteError::Fenced { .. } = e {
+    if let RemoteError::Fenced { .. } | RemoteError::Diverged { .. } = e {
         if d.fenced.lock().unwrap().replace(e.to_string()).is_none() {
             tracing::error!(error = %e, "this store was taken over; it takes no more writes");
         }

@@ -409,13 +409,16 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let app = App::new(auth, a.max_cache_mib.max(1));
     app.metrics.tokens.set(app.auth.count() as i64);
     let (mut server, handle) = listen(&a, &app)?;
-    let (store, remote) = tokio::task::spawn_blocking({
+    let (store, remote, fenced) = tokio::task::spawn_blocking({
         let (root, init, lock_wait, ra) = (a.store.clone(), a.init, a.lock_wait, a.remote.clone());
         move || open_store(&root, init, lock_wait, &ra)
     })
     .await
     .context("opening the store")??;
     app.durable.set_remote(remote);
+    if let Some(why) = fenced {
+        app.durable.set_fenced(why);
+    }
     become_ready(&app, Arc::new(store)).await?;
     let uploader = durable::spawn(app.clone(), &a.remote);
 
@@ -506,22 +509,44 @@ fn listen(a: &ServeArgs, app: &Arc<App>) -> Result<(ServerTask, conn::Shutdown)>
 /// Opens the store read-write (creating it with `init`, or rebuilding it from its remote
 /// with `--recover`), waiting up to `lock_wait` for another process that holds it to exit,
 /// and attaches its remote.
+/// A store, its remote, and why it takes no writes (it was rebuilt elsewhere), if so.
+type Opened = (Store, Option<revault_remote::Remote>, Option<String>);
+
 fn open_store(
     root: &Path,
     init: bool,
     lock_wait: Duration,
     ra: &durable::RemoteArgs,
-) -> Result<(Store, Option<revault_remote::Remote>)> {
+) -> Result<Opened> {
     if init && !root.join("revault.store").exists() {
-        if let Some(store) = durable::recover_if_asked(root, ra)? {
-            return Ok(store);
+        if let Some((store, remote)) = durable::recover_if_asked(root, ra)? {
+            return Ok((store, remote, None));
         }
         Store::init(root, &InitOptions::default())?;
         tracing::info!(store = %root.display(), "initialised a new store");
     }
     let store = open_locked(root, lock_wait)?;
     let remote = durable::attach(&store, ra)?;
-    Ok((store, remote))
+    // A store that was rebuilt elsewhere while this copy slept (its node was lost, or an
+    // adopted store's pod came back to a host it left) must not serve as if current.
+    if let Some(r) = &remote {
+        match r.check_fence() {
+            Err(e @ revault_remote::RemoteError::Fenced { .. }) => {
+                if durable::superseded(root, ra, &e)? {
+                    drop(store);
+                    drop(remote);
+                    return open_store(root, init, lock_wait, ra);
+                }
+                return Ok((store, remote, Some(e.to_string())));
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, "the remote is not reachable; the uploader checks again")
+            }
+            Err(e) => return Err(e.into()),
+            Ok(()) => {}
+        }
+    }
+    Ok((store, remote, None))
 }
 
 /// Opens the store read-write, waiting up to `lock_wait` for another process that holds it

@@ -20,6 +20,11 @@ impl Server {
     /// Starts `revault serve --store STORE --init` on a free port and waits
     /// until it is ready.
     pub fn start(store: &Path, extra: &[&str]) -> Server {
+        Self::start_env(store, extra, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set (e.g. `NODE_NAME`).
+    pub fn start_env(store: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = store.parent().unwrap();
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -33,6 +38,7 @@ impl Server {
             .arg(&addr_file)
             .args(extra)
             .env("REVAULT_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -250,9 +256,16 @@ pub fn raw_request(
     head.push_str("\r\n");
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    read_response(s)
+    // A server may answer before it has read the whole request (431 for a head too big) and
+    // close: the write then fails, but the answer is there to read.
+    let sent = s
+        .write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body));
+    match (read_response(s), sent) {
+        (Ok(r), _) => Ok(r),
+        (Err(e), Ok(())) => Err(e),
+        (Err(_), Err(write_err)) => Err(write_err),
+    }
 }
 
 pub fn read_response(mut s: TcpStream) -> std::io::Result<Response> {
