@@ -6,7 +6,8 @@
 #      controllers against a real kube-apiserver + etcd (built by hack/k8s-binaries.sh, never
 #      downloaded) with real `revault serve` workers on loopback, and applies the chart's and
 #      config/'s manifests to that API server with a server-side dry run.
-# Needs $REVAULT_BIN (the revault binary: make build) and the tools of hack/k8s-tools.sh.
+# Needs $REVAULT_BIN (the revault binary: make build) and the tools of hack/k8s-tools.sh; the
+# workers' remote is a versitygw on loopback (hack/s3-server.sh, installed here).
 # Extra arguments go to `go test` (e.g. -run TestControllers -ginkgo.focus=RestoreJob).
 set -Eeuo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -17,6 +18,8 @@ REVAULT_BIN=${REVAULT_BIN:-$REVAULT_CACHE/target/x86_64-unknown-linux-gnu/releas
 "$REVAULT_BIN" serve --help >/dev/null 2>&1 || die "$REVAULT_BIN has no 'serve' command: rebuild it (make build)"
 need_cmd helm hack/k8s-tools.sh
 export REVAULT_BIN
+REVAULT_S3_SERVER=$("$HACK_DIR/s3-server.sh" install | tail -1)
+export REVAULT_S3_SERVER
 
 start=$(now)
 "$HACK_DIR/operator-gen.sh" verify

@@ -52,7 +52,24 @@ app.kubernetes.io/component: operator
 {{- if .Values.jobs.image.repository -}}
 {{- $_ := set $jobs "image" (include "revault.image" (dict "image" .Values.jobs.image "root" .)) -}}
 {{- end -}}
-{{- toYaml (dict "namespace" .Release.Namespace "worker" $worker "pools" .Values.worker.pools "jobs" $jobs) -}}
+{{- $config := dict "namespace" .Release.Namespace "worker" $worker "pools" .Values.worker.pools "jobs" $jobs -}}
+{{- with .Values.remote -}}
+{{- if .enabled -}}
+{{- $remote := dict
+  "url" (required "remote.url is required when remote.enabled is true" .url)
+  "keySecret" (required "remote.keySecret is required when remote.enabled is true (the key file's Secret; docs/remote.md)" .keySecret)
+  "syncInterval" .syncInterval
+  "evictAfter" .evictAfter
+  "lostNodeTimeout" .lostNodeTimeout
+  "behindAfter" .behindAfter -}}
+{{- if .endpoint }}{{ $_ := set $remote "endpoint" .endpoint }}{{ end -}}
+{{- if .region }}{{ $_ := set $remote "region" .region }}{{ end -}}
+{{- if .credentialsSecret }}{{ $_ := set $remote "credentialsSecret" .credentialsSecret }}{{ end -}}
+{{- if .objectLockDays }}{{ $_ := set $remote "objectLockDays" .objectLockDays }}{{ end -}}
+{{- $_ := set $config "remote" $remote -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $config -}}
 {{- end -}}
 
 {{/* The rules controller-gen generated (files/role.yaml): kind is ClusterRole or Role. */}}

@@ -118,8 +118,13 @@ type BackupSeriesSpec struct {
 type WorkerPlacement struct {
 	// Media of the worker's pool.
 	Media Media `json:"media"`
-	// Node the worker (and the series' data) is on.
+	// Node the worker (and the series' data) is on: the series' store is this node's store
+	// wherever it is served from.
 	Node string `json:"node"`
+	// Host is the node the worker pod serving that store runs on: the node itself, or, after
+	// the node was lost and its store rebuilt from the remote, another node of the pool.
+	// +optional
+	Host string `json:"host,omitempty"`
 	// Pod is the worker pod currently serving that node (it changes when the pod restarts).
 	// +optional
 	Pod string `json:"pod,omitempty"`
@@ -243,6 +248,11 @@ type BackupSeriesStatus struct {
 	// +optional
 	LatestVersion int64 `json:"latestVersion,omitempty"`
 
+	// DurableVersion is the newest version the worker's remote (its S3 bucket) holds: a store
+	// rebuilt from the bucket has every version up to it. Unset without a remote.
+	// +optional
+	DurableVersion int64 `json:"durableVersion,omitempty"`
+
 	// LastBackup is the time of the newest version.
 	// +optional
 	LastBackup *metav1.Time `json:"lastBackup,omitempty"`
@@ -273,7 +283,7 @@ type BackupSeriesStatus struct {
 	BackupNow []BackupNowResult `json:"backupNow,omitempty"`
 
 	// Conditions: Ready, Placed, ScheduleValid, TokenReady, Synced, BackupSucceeded,
-	// RetentionPolicyFound.
+	// RetentionPolicyFound, and Durable with a remote.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -290,6 +300,7 @@ type BackupSeriesStatus struct {
 // +kubebuilder:printcolumn:name="Dedup",type=string,JSONPath=`.status.dedupRatio`
 // +kubebuilder:printcolumn:name="Media",type=string,JSONPath=`.spec.storage.media`,priority=1
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.worker.node`,priority=1
+// +kubebuilder:printcolumn:name="Durable",type=integer,JSONPath=`.status.durableVersion`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BackupSeries struct {
 	metav1.TypeMeta   `json:",inline"`

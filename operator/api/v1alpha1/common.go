@@ -47,6 +47,10 @@ const (
 	ConditionSynced = "Synced"
 	// ConditionBackupSucceeded: the newest finished backup Job succeeded.
 	ConditionBackupSucceeded = "BackupSucceeded"
+	// ConditionDurable: the worker's remote holds the series' newest version (only with a
+	// remote; False, reason RemoteBehind, once the newest version is older than the remote's
+	// behindAfter and still not uploaded).
+	ConditionDurable = "Durable"
 	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
 	ConditionRetentionPolicyFound = "RetentionPolicyFound"
 	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.

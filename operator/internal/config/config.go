@@ -6,9 +6,12 @@ package config
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
@@ -26,7 +29,47 @@ type Config struct {
 	Pools []PoolConfig `json:"pools"`
 	// Jobs: backup and restore Jobs.
 	Jobs JobConfig `json:"jobs"`
+	// Remote, when set, gives every worker's store an encrypted copy in an S3 bucket and
+	// lets the operator rebuild the store of a lost node on another node (docs/remote.md).
+	Remote *RemoteConfig `json:"remote,omitempty"`
 }
+
+// RemoteConfig is the durable tier: where the stores' copies go and how workers reach it.
+type RemoteConfig struct {
+	// URL is s3://BUCKET[/PREFIX]; the store of pool <media> on node <node> lives under
+	// <URL>/<media>/<node>.
+	URL string `json:"url"`
+	// Endpoint of an S3-compatible store (AWS_ENDPOINT_URL); empty for AWS S3.
+	Endpoint string `json:"endpoint,omitempty"`
+	// Region (AWS_REGION); empty: the SDK's default (us-east-1 for other stores).
+	Region string `json:"region,omitempty"`
+	// CredentialsSecret (operator namespace) holds AWS_ACCESS_KEY_ID and
+	// AWS_SECRET_ACCESS_KEY; empty when workers get credentials otherwise (IRSA, instance
+	// roles).
+	CredentialsSecret string `json:"credentialsSecret,omitempty"`
+	// KeySecret (operator namespace) holds the key file under key "key": whoever has it and
+	// the bucket can read every backup, and without it nobody can. Keep a copy outside the
+	// cluster.
+	KeySecret string `json:"keySecret"`
+	// SyncInterval: workers upload at most this often (`revault serve --sync-interval`).
+	SyncInterval metav1.Duration `json:"syncInterval,omitempty"`
+	// EvictAfter: containers no live version reads leave local disk this long after they are
+	// written (0: everything stays local).
+	EvictAfter metav1.Duration `json:"evictAfter,omitempty"`
+	// ObjectLockDays writes every object with S3 Object Lock for this many days (0: off).
+	ObjectLockDays int32 `json:"objectLockDays,omitempty"`
+	// LostNodeTimeout: a node NotReady this long has lost its store, which is rebuilt from
+	// the bucket on another node of its pool (a deleted node at once).
+	LostNodeTimeout metav1.Duration `json:"lostNodeTimeout,omitempty"`
+	// BehindAfter: a series whose newest version is older than this and not in the bucket
+	// gets Durable=False (reason RemoteBehind).
+	BehindAfter metav1.Duration `json:"behindAfter,omitempty"`
+}
+
+// RemoteKeyFile is the key Secret's key, and where workers mount the key file.
+const (
+	RemoteKeySecretKey = "key"
+)
 
 // WorkerConfig describes the `revault serve` pods.
 type WorkerConfig struct {
@@ -81,10 +124,13 @@ type JobConfig struct {
 
 // Defaults used when the file leaves a field out.
 const (
-	DefaultPort         = 8420
-	DefaultHostPath     = "/var/lib/revault"
-	DefaultBackoffLimit = 3
-	DefaultJobTTL       = 86400
+	DefaultPort            = 8420
+	DefaultHostPath        = "/var/lib/revault"
+	DefaultBackoffLimit    = 3
+	DefaultJobTTL          = 86400
+	DefaultSyncInterval    = 5 * time.Second
+	DefaultLostNodeTimeout = 10 * time.Minute
+	DefaultBehindAfter     = 30 * time.Minute
 )
 
 // Load reads and validates the file at path.
@@ -140,6 +186,17 @@ func (c *Config) Default() {
 		v := int32(DefaultJobTTL)
 		c.Jobs.TTLSecondsAfterFinished = &v
 	}
+	if r := c.Remote; r != nil {
+		if r.SyncInterval.Duration == 0 {
+			r.SyncInterval.Duration = DefaultSyncInterval
+		}
+		if r.LostNodeTimeout.Duration == 0 {
+			r.LostNodeTimeout.Duration = DefaultLostNodeTimeout
+		}
+		if r.BehindAfter.Duration == 0 {
+			r.BehindAfter.Duration = DefaultBehindAfter
+		}
+	}
 }
 
 // Validate reports every problem at once.
@@ -190,10 +247,52 @@ func (c *Config) Validate() error {
 	if c.Jobs.ActiveDeadlineSeconds < 0 {
 		errs = append(errs, "jobs.activeDeadlineSeconds must not be negative")
 	}
+	errs = append(errs, c.Remote.problems()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("operator config: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// s3URL is what `revault --remote` takes: s3://BUCKET or s3://BUCKET/PREFIX.
+var s3URL = regexp.MustCompile(`^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/].*)?$`)
+
+func (r *RemoteConfig) problems() []string {
+	if r == nil {
+		return nil
+	}
+	var errs []string
+	if !s3URL.MatchString(r.URL) || strings.HasSuffix(r.URL, "/") {
+		errs = append(errs, fmt.Sprintf("remote.url %q must be s3://BUCKET or s3://BUCKET/PREFIX", r.URL))
+	}
+	if r.Endpoint != "" && !strings.HasPrefix(r.Endpoint, "http://") && !strings.HasPrefix(r.Endpoint, "https://") {
+		errs = append(errs, fmt.Sprintf("remote.endpoint %q must be an http:// or https:// URL", r.Endpoint))
+	}
+	for _, s := range []struct{ field, name string }{{"remote.keySecret", r.KeySecret}, {"remote.credentialsSecret", r.CredentialsSecret}} {
+		if s.name == "" && s.field == "remote.credentialsSecret" {
+			continue
+		}
+		for _, m := range validation.IsDNS1123Subdomain(s.name) {
+			errs = append(errs, fmt.Sprintf("%s %q: %s", s.field, s.name, m))
+		}
+	}
+	if r.ObjectLockDays < 0 {
+		errs = append(errs, "remote.objectLockDays must not be negative")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"remote.syncInterval", r.SyncInterval.Duration}, {"remote.evictAfter", r.EvictAfter.Duration}, {"remote.lostNodeTimeout", r.LostNodeTimeout.Duration}, {"remote.behindAfter", r.BehindAfter.Duration}} {
+		if d.v < 0 {
+			errs = append(errs, d.field+" must not be negative")
+		}
+	}
+	return errs
+}
+
+// StoreURL is the remote of the store of pool media on node: <url>/<media>/<node>.
+func (r *RemoteConfig) StoreURL(media, node string) string {
+	return r.URL + "/" + media + "/" + node
 }
 
 // Pool returns the pool of the given media.

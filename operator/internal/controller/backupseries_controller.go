@@ -36,6 +36,8 @@ type BackupSeriesReconciler struct {
 	PodOutput  PodOutputReader
 	SyncPeriod time.Duration
 	Phases     *metrics.PhaseTracker
+	// Now is the clock (when a remote falls behind).
+	Now func() time.Time
 }
 
 // +kubebuilder:rbac:groups=backup.revault.io,resources=backupseries,verbs=get;list;watch;update;patch
@@ -139,7 +141,7 @@ func (r *BackupSeriesReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			var reqs []reconcile.Request
 			for _, bs := range list.Items {
-				if w := bs.Status.Worker; w == nil || w.Node == pod.Spec.NodeName {
+				if w := bs.Status.Worker; w == nil || w.Node == storeNode(pod) {
 					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&bs)})
 				}
 			}

@@ -57,11 +57,15 @@ func (r *BackupSeriesReconciler) followWorker(ctx context.Context, s *seriesRun)
 		s.cs.setFalse(backupv1alpha1.ConditionPlaced, "WorkerMissing",
 			fmt.Sprintf("no %s worker pod on node %s: the series' data is there; backups wait for it", st.Worker.Media, st.Worker.Node))
 	case !w.Ready:
-		st.Worker.Pod = w.Pod
+		st.Worker.Pod, st.Worker.Host = w.Pod, w.Host
 		s.cs.setFalse(backupv1alpha1.ConditionPlaced, "WorkerNotReady",
-			fmt.Sprintf("worker pod %s on node %s is not ready", w.Pod, w.Node))
+			fmt.Sprintf("worker pod %s of node %s's store is not ready", w.Pod, w.Node))
+	case w.Host != w.Node:
+		st.Worker.Pod, st.Worker.Host = w.Pod, w.Host
+		s.cs.setTrue(backupv1alpha1.ConditionPlaced, "StoreAdopted",
+			fmt.Sprintf("the %s store of lost node %s, rebuilt from the remote, served from node %s (pod %s)", w.Media, w.Node, w.Host, w.Pod))
 	default:
-		st.Worker.Pod = w.Pod
+		st.Worker.Pod, st.Worker.Host = w.Pod, w.Host
 		s.cs.setTrue(backupv1alpha1.ConditionPlaced, "WorkerSelected",
 			fmt.Sprintf("%s worker on node %s (pod %s)", w.Media, w.Node, w.Pod))
 	}

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -42,12 +43,36 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 		return err
 	}
 	setVersions(st, s)
+	r.setDurability(st, s, cs)
 	if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
 		return err
 	}
 	msg := fmt.Sprintf("%d versions on the %s worker on node %s", st.VersionCount, st.Worker.Media, st.Worker.Node)
 	cs.setTrue(backupv1alpha1.ConditionSynced, "WorkerAnswered", msg)
 	return nil
+}
+
+// setDurability records the newest version the worker's remote holds, and the Durable
+// condition; without a remote there is neither.
+func (r *BackupSeriesReconciler) setDurability(st *backupv1alpha1.BackupSeriesStatus, s *workerclient.SeriesDetail, cs conditionSetter) {
+	st.DurableVersion = 0
+	if s.DurableVersion != nil {
+		st.DurableVersion = *s.DurableVersion
+	}
+	if r.Config.Remote == nil {
+		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDurable)
+		return
+	}
+	var last time.Time
+	if st.LastBackup != nil {
+		last = st.LastBackup.Time
+	}
+	d := plan.DurabilityOf(st.LatestVersion, st.DurableVersion, last, r.Now(), r.Config.Remote.BehindAfter.Duration)
+	if d.OK {
+		cs.setTrue(backupv1alpha1.ConditionDurable, d.Reason, d.Message)
+	} else {
+		cs.setFalse(backupv1alpha1.ConditionDurable, d.Reason, d.Message)
+	}
 }
 
 // setVersions writes the worker's versions of a series into its status: totals, the latest

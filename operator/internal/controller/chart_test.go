@@ -171,6 +171,34 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		Expect(genRules["ClusterRole"]).NotTo(ContainElement(HaveField("Verbs", ContainElement("*"))))
 	})
 
+	It("renders the remote into the operator's config, and refuses a remote without its key Secret", func() {
+		ns := newNamespace("remote")
+		rendered := template(ns, "remote.enabled=true", "remote.url=s3://backups/cluster-a",
+			"remote.endpoint=http://rgw.storage:7480", "remote.credentialsSecret=s3-creds",
+			"remote.keySecret=revault-remote-key", "remote.lostNodeTimeout=5m")
+		var cfg *config.Config
+		for _, o := range splitDocs(rendered) {
+			if o.GetKind() == "ConfigMap" {
+				var err error
+				cfg, err = config.Parse([]byte(convert(o, &corev1.ConfigMap{}).Data["config.yaml"]))
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+		Expect(cfg.Remote).NotTo(BeNil())
+		Expect(cfg.Remote.StoreURL("ssd", "n1")).To(Equal("s3://backups/cluster-a/ssd/n1"))
+		Expect(cfg.Remote.Endpoint).To(Equal("http://rgw.storage:7480"))
+		Expect(cfg.Remote.KeySecret).To(Equal("revault-remote-key"))
+		Expect(cfg.Remote.LostNodeTimeout.Duration.String()).To(Equal("5m0s"))
+		dryRun(rendered)
+		_, errOut, err := run("", helm, "template", "rv", chart, "--kube-version", "1.33.13",
+			"--set", "remote.enabled=true", "--set", "remote.url=s3://backups")
+		Expect(err).To(HaveOccurred())
+		Expect(errOut).To(ContainSubstring("remote.keySecret is required"))
+		out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", "remote.url=http://x")
+		Expect(err).To(HaveOccurred())
+		Expect(out + errOut).To(ContainSubstring("/remote/url"))
+	})
+
 	It("leaves the CRDs out with crd.enabled=false", func() {
 		ns := newNamespace("nocrd")
 		rendered := template(ns, "crd.enabled=false", "operator.metrics.enabled=false")

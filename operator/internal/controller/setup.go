@@ -62,13 +62,14 @@ func CacheOptions(namespace string) cache.Options {
 	inNS := map[string]cache.Config{namespace: {}}
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}:    {Namespaces: inNS, Label: ours},
-			&corev1.Service{}:   {Namespaces: inNS, Label: ours},
-			&appsv1.DaemonSet{}: {Namespaces: inNS, Label: ours},
-			&corev1.Pod{}:       {Label: ours},
-			&batchv1.Job{}:      {Label: ours},
-			&batchv1.CronJob{}:  {Label: ours},
-			&corev1.Node{}:      {Label: labels.NewSelector().Add(*storage)},
+			&corev1.Secret{}:     {Namespaces: inNS, Label: ours},
+			&corev1.Service{}:    {Namespaces: inNS, Label: ours},
+			&appsv1.DaemonSet{}:  {Namespaces: inNS, Label: ours},
+			&appsv1.Deployment{}: {Namespaces: inNS, Label: ours},
+			&corev1.Pod{}:        {Label: ours},
+			&batchv1.Job{}:       {Label: ours},
+			&batchv1.CronJob{}:   {Label: ours},
+			&corev1.Node{}:       {Label: labels.NewSelector().Add(*storage)},
 		},
 	}
 }
@@ -103,13 +104,14 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 
 	if err := (&WorkerPoolReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Config: opts.Config, Tokens: tm,
+		Recorder: mgr.GetEventRecorderFor("workerpool-controller"), Now: opts.Now,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&BackupSeriesReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorderFor("backupseries-controller"),
 		Config: opts.Config, Tokens: tm, Workers: workers, PodOutput: opts.PodOutput,
-		SyncPeriod: opts.SyncPeriod, Phases: metrics.NewPhaseTracker(),
+		SyncPeriod: opts.SyncPeriod, Phases: metrics.NewPhaseTracker(), Now: opts.Now,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

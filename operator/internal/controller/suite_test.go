@@ -64,7 +64,15 @@ var (
 		media backupv1alpha1.Media
 	}{{"node-ssd-1", backupv1alpha1.MediaSSD}, {"node-ssd-2", backupv1alpha1.MediaSSD}, {"node-hdd-1", backupv1alpha1.MediaHDD}}
 	workerURL = map[string]string{}
+
+	// The workers' remote: a versitygw on loopback (hack/s3-server.sh).
+	s3Addr        string
+	remoteKeyFile string
+	s3Proc        *exec.Cmd
 )
+
+// lostNode is a fourth SSD node that the failover test loses (failover_test.go).
+const lostNode = "node-ssd-9"
 
 // testClock is the operator's clock in tests: real time plus an offset the tests move forward.
 type testClock struct {
@@ -112,6 +120,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	repoRoot = filepath.Join(wd, "..", "..", "..")
 	scratch = GinkgoT().TempDir()
+	workerTokenFile = filepath.Join(scratch, "tokens")
 
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
@@ -127,6 +136,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNS}})).To(Succeed())
 
+	startS3()
 	opConfig, err = config.Parse([]byte(`
 namespace: ` + operatorNS + `
 worker:
@@ -135,11 +145,18 @@ worker:
 pools:
   - media: ssd
   - media: hdd
+remote:
+  url: s3://revault-envtest
+  endpoint: http://` + s3Addr + `
+  credentialsSecret: revault-s3
+  keySecret: revault-remote-key
+  lostNodeTimeout: 3s
 `))
 	Expect(err).NotTo(HaveOccurred())
 	for _, w := range workerNodes {
 		workerURL[w.node] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
 	}
+	workerURL[lostNode] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
 	// A node whose worker is gone for good: nothing listens there.
 	workerURL["node-gone"] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
 
@@ -186,7 +203,7 @@ func requireWorkers() {
 		Expect(err).NotTo(HaveOccurred(), "%s serve --help: %s", revault, out)
 		// The operator creates the worker token file Secret; play the kubelet and keep a file
 		// in sync with it, then start the workers reading that file.
-		tokenFile := filepath.Join(scratch, "tokens")
+		tokenFile := workerTokenFile
 		Eventually(func() error { return syncTokenFile(tokenFile) }).WithTimeout(30 * time.Second).Should(Succeed())
 		go func() {
 			defer GinkgoRecover()
@@ -222,12 +239,19 @@ var _ = AfterSuite(func() {
 			_ = p.Process.Kill()
 		}
 	}
+	if s3Proc != nil {
+		_ = s3Proc.Process.Kill()
+		_ = s3Proc.Wait()
+	}
 	if testEnv != nil {
 		Expect(testEnv.Stop()).To(Succeed())
 	}
 })
 
 var workerProcs []*exec.Cmd
+
+// workerTokenFile is the workers' token file, kept in sync with its Secret.
+var workerTokenFile string
 
 // syncTokenFile copies the worker token Secret to path when it changed (atomically, as the
 // kubelet updates Secret volumes).
@@ -247,19 +271,72 @@ func syncTokenFile(path string) error {
 	return os.Rename(tmp, path)
 }
 
-func startWorker(node, tokenFile string) {
-	store := filepath.Join(scratch, "store-"+node)
-	logf, err := os.Create(filepath.Join(scratch, "worker-"+node+".log"))
+// startS3 starts the workers' S3 server (versitygw) on loopback and writes the remote's key
+// file, as the chart's key Secret would hold it.
+func startS3() {
+	bin := os.Getenv("REVAULT_S3_SERVER")
+	Expect(bin).NotTo(BeEmpty(), "REVAULT_S3_SERVER must name versitygw: run make test-operator (hack/s3-server.sh install)")
+	dir := filepath.Join(scratch, "s3")
+	Expect(os.MkdirAll(filepath.Join(dir, "root"), 0o755)).To(Succeed())
+	Expect(os.MkdirAll(filepath.Join(dir, "versions"), 0o755)).To(Succeed())
+	s3Addr = fmt.Sprintf("127.0.0.1:%d", freePort())
+	logf, err := os.Create(filepath.Join(scratch, "s3.log"))
+	Expect(err).NotTo(HaveOccurred())
+	s3Proc = exec.Command(bin, "--access", "revault-test", "--secret", "revault-test-secret", "--port", s3Addr,
+		"posix", "--versioning-dir", filepath.Join(dir, "versions"), filepath.Join(dir, "root"))
+	s3Proc.Stdout, s3Proc.Stderr = logf, logf
+	Expect(s3Proc.Start()).To(Succeed())
+	Eventually(func() error {
+		c, err := net.Dial("tcp", s3Addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	}).WithTimeout(20 * time.Second).Should(Succeed())
+	remoteKeyFile = filepath.Join(scratch, "remote-key")
+	Expect(os.WriteFile(remoteKeyFile, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600)).To(Succeed())
+}
+
+// remoteWorkerArgs are what the pool's pods get from the operator's remote config (the
+// DaemonSet's env and flags), for a worker serving node's store of media from host (an adopted
+// store's pod: another node, and --adopt).
+func remoteWorkerArgs(media backupv1alpha1.Media, node, host string) ([]string, []string) {
+	args := []string{"--remote", opConfig.Remote.StoreURL(string(media), node), "--key-file", remoteKeyFile,
+		"--sync-interval", "200ms", "--recover"}
+	if host != node {
+		args = append(args, "--adopt")
+	}
+	return args, []string{"AWS_ACCESS_KEY_ID=revault-test", "AWS_SECRET_ACCESS_KEY=revault-test-secret",
+		"AWS_ENDPOINT_URL=http://" + s3Addr, "AWS_REGION=us-east-1", "AWS_EC2_METADATA_DISABLED=true",
+		"NODE_NAME=" + host}
+}
+
+func startWorker(node, tokenFile string) *exec.Cmd {
+	media := backupv1alpha1.MediaSSD
+	for _, w := range workerNodes {
+		if w.node == node {
+			media = w.media
+		}
+	}
+	return startWorkerAt(node, node, media, filepath.Join(scratch, "store-"+node), tokenFile)
+}
+
+// startWorkerAt runs the worker serving node's store (of media) from host, kept in dir.
+func startWorkerAt(node, host string, media backupv1alpha1.Media, store, tokenFile string) *exec.Cmd {
+	logf, err := os.Create(store + ".log")
 	Expect(err).NotTo(HaveOccurred())
 	addr := workerURL[node][len("http://"):]
-	cmd := exec.Command(revault, "serve", "--store", store, "--init", "--listen", addr,
-		"--token-file", tokenFile, "--token-reload", "200ms", "--maintenance-interval", "0")
+	remoteArgs, remoteEnv := remoteWorkerArgs(media, node, host)
+	cmd := exec.Command(revault, append([]string{"serve", "--store", store, "--init", "--listen", addr,
+		"--token-file", tokenFile, "--token-reload", "200ms", "--maintenance-interval", "0"}, remoteArgs...)...)
+	cmd.Env = append(os.Environ(), remoteEnv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	Expect(cmd.Start()).To(Succeed())
 	workerProcs = append(workerProcs, cmd)
 	Eventually(func() error {
 		return workerclient.Done(workerClient(node, "").GetReadyWithResponse(ctx))
 	}).WithTimeout(30*time.Second).Should(Succeed(), "worker on %s did not become ready (log: %s)", node, logf.Name())
+	return cmd
 }
 
 // workerPodName is the name of the fake worker pod makeWorkerPod makes for node.

@@ -148,6 +148,7 @@ var _ = Describe("Velero integration", func() {
 		finishJob(&job, true, report)
 		Eventually(func(g Gomega) {
 			e := backupNowEntry(ns, "data", "velero-backup-1")
+			g.Expect(e).NotTo(BeNil())
 			g.Expect(e.Phase).To(Equal(backupv1alpha1.BackupNowSucceeded))
 			g.Expect(e.Version).To(BeEquivalentTo(2), "the report's version (the stdin push made version 1)")
 			g.Expect(e.LogicalBytes).To(BeNumerically(">=", 128*1024))
@@ -163,7 +164,9 @@ var _ = Describe("Velero integration", func() {
 		}).Should(Succeed())
 		finishJob(&job2, false, "{\"error\": {\"code\": \"io_error\", \"message\": \"disk on fire\"}}\nerror: disk on fire\n")
 		Eventually(func(g Gomega) {
+			// The request's entry appears with the operator's next reconcile.
 			e := backupNowEntry(ns, "data", "velero-backup-2")
+			g.Expect(e).NotTo(BeNil())
 			g.Expect(e.Phase).To(Equal(backupv1alpha1.BackupNowFailed))
 			g.Expect(e.Message).To(Equal("disk on fire"))
 			g.Expect(e.Version).To(BeZero())

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,12 +31,16 @@ import (
 // It has no custom resource: everything it reconciles hangs off one fixed request.
 type WorkerPoolReconciler struct {
 	client.Client
-	Scheme *runtime.Scheme
-	Config *config.Config
-	Tokens *tokens.Manager
+	Scheme   *runtime.Scheme
+	Config   *config.Config
+	Tokens   *tokens.Manager
+	Recorder record.EventRecorder
+	// Now is the clock (how long a node has been NotReady).
+	Now func() time.Time
 }
 
 // +kubebuilder:rbac:groups=apps,namespace=system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,namespace=system,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=system,resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=system,resources=pods,verbs=patch
 // +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=get;list;watch;create;update;patch
@@ -53,6 +58,10 @@ func (r *WorkerPoolReconciler) request() reconcile.Request {
 type poolsRun struct {
 	wanted   map[string]bool
 	services map[poolNode]bool
+	// adopted: the stores of lost nodes, served elsewhere (an adoption Deployment each).
+	adopted map[poolNode]bool
+	// requeue is when to look again (a node NotReady, not yet long enough to count as lost).
+	requeue time.Duration
 }
 
 // poolNode is a pool's media and a node name.
@@ -62,18 +71,20 @@ type poolNode struct{ media, node string }
 func (r *WorkerPoolReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("workerpool", err) }()
-	p := &poolsRun{wanted: map[string]bool{}, services: map[poolNode]bool{}}
+	p := &poolsRun{wanted: map[string]bool{}, services: map[poolNode]bool{}, adopted: map[poolNode]bool{},
+		// Revoke tokens of deleted namespaces now and then even when nothing else happens.
+		requeue: 10 * time.Minute}
 	if _, err := runSteps(ctx, p,
 		r.tokens,       // the worker token Secret, without the tokens of deleted namespaces
 		r.daemonSets,   // a DaemonSet per configured pool, none for the others
+		r.adoptions,    // the stores of lost nodes rebuilt elsewhere (with a remote)
 		r.workerPods,   // each worker pod labelled with its node, and a Service wanted for it
 		r.storageNodes, // a Service wanted for each node labelled for a pool
 		r.services,     // the wanted Services, and no others
 	); err != nil {
 		return ctrl.Result{}, err
 	}
-	// Revoke tokens of deleted namespaces now and then even when nothing else happens.
-	return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+	return ctrl.Result{RequeueAfter: p.requeue}, nil
 }
 
 // tokens keeps the worker token Secret and revokes the tokens of namespaces that are gone.
@@ -118,7 +129,10 @@ func (r *WorkerPoolReconciler) daemonSets(ctx context.Context, p *poolsRun) (ctr
 }
 
 // workerPods labels each worker pod of a configured pool with its node (the node's Service
-// selects the pod by it), and wants a Service for each.
+// selects the pod by it), and wants a Service for each. An adopted store's pod carries the lost
+// node's label from its template; a worker on a node whose store was adopted (the node came
+// back with a stale copy, which the store's new generation fences out) loses the label, so no
+// Service sends it traffic.
 func (r *WorkerPoolReconciler) workerPods(ctx context.Context, p *poolsRun) (ctrl.Result, bool, error) {
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(r.Config.Namespace),
@@ -128,16 +142,24 @@ func (r *WorkerPoolReconciler) workerPods(ctx context.Context, p *poolsRun) (ctr
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		media := pod.Labels[plan.LabelPool]
-		if pod.Spec.NodeName == "" || !p.wanted[media] {
+		node := storeNode(pod)
+		if pod.Spec.NodeName == "" || node == "" || !p.wanted[media] {
 			continue
 		}
-		p.services[poolNode{media, pod.Spec.NodeName}] = true
-		want := plan.LabelValue(pod.Spec.NodeName)
-		if pod.Labels[plan.LabelNode] == want {
+		p.services[poolNode{media, node}] = true
+		if pod.Labels[plan.LabelAdopted] == "true" {
+			continue
+		}
+		want, stale := plan.LabelValue(node), p.adopted[poolNode{media, node}]
+		if (!stale && pod.Labels[plan.LabelNode] == want) || (stale && pod.Labels[plan.LabelNode] == "") {
 			continue
 		}
 		patch := client.MergeFrom(pod.DeepCopy())
-		pod.Labels[plan.LabelNode] = want
+		if stale {
+			delete(pod.Labels, plan.LabelNode)
+		} else {
+			pod.Labels[plan.LabelNode] = want
+		}
 		if err := r.Patch(ctx, pod, patch); client.IgnoreNotFound(err) != nil {
 			return failed(fmt.Errorf("labelling worker pod %s: %w", pod.Name, err))
 		}
@@ -211,6 +233,14 @@ func (r *WorkerPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return []reconcile.Request{r.request()}
 		})).
 		Watches(&corev1.Node{}, one).
+		Watches(&appsv1.Deployment{}, one).
+		Watches(&backupv1alpha1.BackupSeries{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			// A series placed on a node: that node's store matters if the node is lost.
+			if bs, ok := o.(*backupv1alpha1.BackupSeries); !ok || bs.Status.Worker == nil || r.Config.Remote == nil {
+				return nil
+			}
+			return []reconcile.Request{r.request()}
+		})).
 		Complete(r)
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -22,7 +23,11 @@ import (
 // Worker is one worker pod as the operator sees it.
 type Worker struct {
 	Media backupv1alpha1.Media
-	Node  string
+	// Node is the node whose store the worker serves: the node it runs on, or, for the store
+	// of a lost node rebuilt elsewhere (an adopted store), the lost node.
+	Node string
+	// Host is the node the pod runs on.
+	Host  string
 	Pod   string
 	Ready bool
 	// Endpoint is the worker's per-node Service URL (what Job pods use).
@@ -72,28 +77,58 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// List returns the worker pods of a pool that are bound to a node, one per node (the ready one,
-// else the newest), sorted by node.
+// storeNode is the node whose store a worker pod serves: the lost node an adopted store's pod
+// is annotated with, else the node it runs on.
+func storeNode(p *corev1.Pod) string {
+	if p.Labels[plan.LabelAdopted] == "true" {
+		return p.Annotations[plan.AnnotationNode]
+	}
+	return p.Spec.NodeName
+}
+
+// Adopted lists the nodes of a pool whose stores were rebuilt elsewhere (an adoption
+// Deployment exists for each).
+func (w *Workers) Adopted(ctx context.Context, media backupv1alpha1.Media) (map[string]bool, error) {
+	var deps appsv1.DeploymentList
+	if err := w.Client.List(ctx, &deps, client.InNamespace(w.Config.Namespace),
+		client.MatchingLabels{plan.LabelAdopted: "true", plan.LabelPool: string(media)}); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, d := range deps.Items {
+		out[d.Annotations[plan.AnnotationNode]] = true
+	}
+	return out, nil
+}
+
+// List returns the worker pods of a pool that are bound to a node, one per store (the ready
+// one, else the newest), sorted by node. A worker on a node whose store was adopted elsewhere
+// serves a stale, fenced copy and is left out.
 func (w *Workers) List(ctx context.Context, media backupv1alpha1.Media) ([]Worker, error) {
 	var pods corev1.PodList
 	if err := w.Client.List(ctx, &pods, client.InNamespace(w.Config.Namespace),
 		client.MatchingLabels(plan.WorkerSelector(string(media)))); err != nil {
 		return nil, err
 	}
+	adopted, err := w.Adopted(ctx, media)
+	if err != nil {
+		return nil, err
+	}
 	best := map[string]*corev1.Pod{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if p.Spec.NodeName == "" {
+		node := storeNode(p)
+		if p.Spec.NodeName == "" || node == "" || (adopted[node] && p.Labels[plan.LabelAdopted] != "true") {
 			continue
 		}
-		cur, ok := best[p.Spec.NodeName]
+		cur, ok := best[node]
 		switch {
 		case !ok:
-			best[p.Spec.NodeName] = p
+			best[node] = p
 		case podReady(p) && !podReady(cur):
-			best[p.Spec.NodeName] = p
+			best[node] = p
 		case podReady(p) == podReady(cur) && p.CreationTimestamp.After(cur.CreationTimestamp.Time):
-			best[p.Spec.NodeName] = p
+			best[node] = p
 		}
 	}
 	out := make([]Worker, 0, len(best))
@@ -101,6 +136,7 @@ func (w *Workers) List(ctx context.Context, media backupv1alpha1.Media) ([]Worke
 		out = append(out, Worker{
 			Media:    media,
 			Node:     node,
+			Host:     p.Spec.NodeName,
 			Pod:      p.Name,
 			Ready:    podReady(p),
 			Endpoint: w.endpoint(media, node),
@@ -130,7 +166,7 @@ func (w *Workers) endpoint(media backupv1alpha1.Media, node string) string {
 
 // Placement is the status record of a worker.
 func (w *Workers) Placement(x Worker) *backupv1alpha1.WorkerPlacement {
-	return &backupv1alpha1.WorkerPlacement{Media: x.Media, Node: x.Node, Pod: x.Pod, Endpoint: x.Endpoint}
+	return &backupv1alpha1.WorkerPlacement{Media: x.Media, Node: x.Node, Host: x.Host, Pod: x.Pod, Endpoint: x.Endpoint}
 }
 
 // url is where the operator itself reaches the worker on node: its override, else its Service.

@@ -31,12 +31,16 @@ const (
 	LabelRestore = "revault.io/restore"
 	// LabelToken marks the token Secrets the operator writes.
 	LabelToken = "revault.io/token"
+	// LabelAdopted marks the Deployment (and pod) serving the store of a lost node, rebuilt
+	// from the remote on another node of the pool.
+	LabelAdopted = "revault.io/adopted"
 
 	// AnnotationSeries holds the full BackupSeries name on Jobs (label values are capped at 63).
 	AnnotationSeries = "revault.io/series"
 	// AnnotationVersion holds the version number a restore Job restores.
 	AnnotationVersion = "revault.io/version"
-	// AnnotationNode holds the full node name on worker Services.
+	// AnnotationNode holds the full node name on worker Services, and on an adopted store's
+	// pod the node whose store it serves.
 	AnnotationNode = "revault.io/node"
 
 	PartOf    = "revault"
@@ -139,6 +143,12 @@ func WorkerServiceName(media, node string) string {
 		n = strings.TrimRight(n[:keep], "-")
 	}
 	return prefix + n + "-" + Hash8(node)
+}
+
+// AdoptedStoreName is the Deployment serving the store of lost node `node` in pool `media`:
+// revault-store-ssd-<node>, with a digest when the node name does not fit.
+func AdoptedStoreName(media, node string) string {
+	return fitName("revault-store-"+media+"-"+dnsLabel(node), "", maxCronJob)
 }
 
 // WorkerEndpoint is the in-cluster URL of a worker Service.

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"path"
+	"sort"
 	"strconv"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -75,34 +76,18 @@ func tmpVolume() (corev1.Volume, corev1.VolumeMount) {
 // only its owner can write there; owning it needs no capability. Root filesystem read-only.
 func WorkerDaemonSet(cfg *config.Config, pool config.PoolConfig) *appsv1.DaemonSet {
 	media := string(pool.Media)
-	port := cfg.Worker.Port
-	args := []string{"serve",
-		"--store", WorkerStoreDir,
-		"--init",
-		"--listen", "0.0.0.0:" + strconv.Itoa(int(port)),
-		"--token-file", path.Join(WorkerTokensDir, WorkerTokensKey),
-		// On SIGTERM keep answering (with /readyz failing) while the Service drops the pod,
-		// then let in-flight backups finish within the pod's grace period.
-		"--shutdown-delay", "5s",
-		"--grace-period", "100s",
-	}
-	if cfg.Worker.LogFormat != "" {
-		args = append(args, "--log-format", cfg.Worker.LogFormat)
-	}
 	nodeSelector := map[string]string{}
 	for k, v := range pool.NodeSelector {
 		nodeSelector[k] = v
 	}
 	nodeSelector[backupv1alpha1.StorageLabel] = media
-	tmpVol, tmpMount := tmpVolume()
-	probe := func(p string, period int32) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: p, Port: intstr.FromString("http")}},
-			PeriodSeconds:    period,
-			TimeoutSeconds:   5,
-			FailureThreshold: 3,
-		}
+	// Each node's store has its own place in the bucket, named after the node.
+	remoteURL := ""
+	if cfg.Remote != nil {
+		remoteURL = cfg.Remote.StoreURL(media, "$(NODE_NAME)")
 	}
+	spec := workerPodSpec(cfg, pool, path.Join(cfg.Worker.HostPath, media), remoteURL, false)
+	spec.NodeSelector = nodeSelector
 	return &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      DaemonSetName(media),
@@ -119,51 +104,200 @@ func WorkerDaemonSet(cfg *config.Config, pool config.PoolConfig) *appsv1.DaemonS
 			},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: WorkerLabels(media)},
-				Spec: corev1.PodSpec{
-					NodeSelector:                  nodeSelector,
-					Tolerations:                   pool.Tolerations,
-					PriorityClassName:             cfg.Worker.PriorityClassName,
-					ImagePullSecrets:              cfg.Worker.ImagePullSecrets,
-					AutomountServiceAccountToken:  ptr.To(false),
-					EnableServiceLinks:            ptr.To(false),
-					TerminationGracePeriodSeconds: ptr.To(int64(120)),
-					SecurityContext: &corev1.PodSecurityContext{
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
-					Containers: []corev1.Container{{
-						Name:            "revault",
-						Image:           cfg.Worker.Image,
-						ImagePullPolicy: cfg.Worker.ImagePullPolicy,
-						Command:         cfg.Worker.Command,
-						Args:            args,
-						Env:             cfg.Worker.Env,
-						Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
-						Resources:       pool.Resources,
-						ReadinessProbe:  probe("/readyz", 5),
-						LivenessProbe:   probe("/healthz", 10),
-						SecurityContext: restricted(0),
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "store", MountPath: WorkerStoreDir},
-							{Name: "tokens", MountPath: WorkerTokensDir, ReadOnly: true},
-							tmpMount,
-						},
-						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-					}},
-					Volumes: []corev1.Volume{
-						{Name: "store", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-							Path: path.Join(cfg.Worker.HostPath, media),
-							Type: ptr.To(corev1.HostPathDirectoryOrCreate),
-						}}},
-						{Name: "tokens", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-							SecretName:  WorkerTokensSecret,
-							DefaultMode: ptr.To(int32(0o400)),
-						}}},
-						tmpVol,
-					},
-				},
+				Spec:       spec,
 			},
 		},
 	}
+}
+
+// AdoptedStore is the Deployment that serves the store of node `node` of a pool after the
+// node was lost: one pod on another node of the pool, which rebuilds the store from the
+// remote into <hostPath>/adopted/<media>-<node> (`revault serve --init --recover`) and then
+// serves it. It carries the lost node's revault.io/node label, so the node's Service — the
+// endpoint every series placed there records — reaches it. It never runs on the lost node
+// (which, if it comes back, holds a stale copy that the store's new generation fences out).
+func AdoptedStore(cfg *config.Config, pool config.PoolConfig, node string) *appsv1.Deployment {
+	media := string(pool.Media)
+	labels := WorkerLabels(media)
+	labels[LabelNode] = LabelValue(node)
+	labels[LabelAdopted] = "true"
+	dir := path.Join(cfg.Worker.HostPath, "adopted", media+"-"+LabelValue(node))
+	spec := workerPodSpec(cfg, pool, dir, cfg.Remote.StoreURL(media, node), true)
+	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: nodeSelectorExpressions(pool),
+				MatchFields: []corev1.NodeSelectorRequirement{{
+					Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{node},
+				}},
+			}},
+		},
+	}}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        AdoptedStoreName(media, node),
+			Namespace:   cfg.Namespace,
+			Labels:      labels,
+			Annotations: map[string]string{AnnotationNode: node},
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			// Never two pods of one store at once.
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationNode: node}},
+				Spec:       spec,
+			},
+		},
+	}
+}
+
+// nodeSelectorExpressions is a pool's node selector (its own plus the storage label) as
+// required node-affinity expressions.
+func nodeSelectorExpressions(pool config.PoolConfig) []corev1.NodeSelectorRequirement {
+	sel := map[string]string{backupv1alpha1.StorageLabel: string(pool.Media)}
+	for k, v := range pool.NodeSelector {
+		sel[k] = v
+	}
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]corev1.NodeSelectorRequirement, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, corev1.NodeSelectorRequirement{Key: k, Operator: corev1.NodeSelectorOpIn, Values: []string{sel[k]}})
+	}
+	return out
+}
+
+// workerPodSpec is the pod of a worker: `revault serve` over the store at storePath on the
+// node, with its remote at remoteURL when the operator has one configured. An adopted store's
+// worker (adopt) keeps its store one level down, so that a copy another rebuild superseded can
+// be moved aside inside the volume.
+func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remoteURL string, adopt bool) corev1.PodSpec {
+	port := cfg.Worker.Port
+	store := WorkerStoreDir
+	if adopt {
+		store = WorkerStoreDir + "/store"
+	}
+	args := []string{"serve",
+		"--store", store,
+		"--init",
+		"--listen", "0.0.0.0:" + strconv.Itoa(int(port)),
+		"--token-file", path.Join(WorkerTokensDir, WorkerTokensKey),
+		// On SIGTERM keep answering (with /readyz failing) while the Service drops the pod,
+		// then let in-flight backups finish within the pod's grace period.
+		"--shutdown-delay", "5s",
+		"--grace-period", "100s",
+	}
+	if cfg.Worker.LogFormat != "" {
+		args = append(args, "--log-format", cfg.Worker.LogFormat)
+	}
+	tmpVol, tmpMount := tmpVolume()
+	probe := func(p string, period int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: p, Port: intstr.FromString("http")}},
+			PeriodSeconds:    period,
+			TimeoutSeconds:   5,
+			FailureThreshold: 3,
+		}
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "store", MountPath: WorkerStoreDir},
+		{Name: "tokens", MountPath: WorkerTokensDir, ReadOnly: true},
+		tmpMount,
+	}
+	volumes := []corev1.Volume{
+		{Name: "store", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+			Path: storePath,
+			Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+		}}},
+		{Name: "tokens", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  WorkerTokensSecret,
+			DefaultMode: ptr.To(int32(0o400)),
+		}}},
+		tmpVol,
+	}
+	env := append([]corev1.EnvVar{}, cfg.Worker.Env...)
+	// A worker that reopens its store after it was rebuilt elsewhere has the time to finish
+	// its last upload within the grace period too.
+	grace := int64(120)
+	if r := cfg.Remote; r != nil && remoteURL != "" {
+		args = append(args, "--recover",
+			"--sync-interval", r.SyncInterval.Duration.String(),
+			"--evict-after", r.EvictAfter.Duration.String())
+		if adopt {
+			args = append(args, "--adopt")
+		}
+		env = append(env, remoteEnv(r, remoteURL)...)
+		mounts = append(mounts, corev1.VolumeMount{Name: "remote-key", MountPath: WorkerRemoteKeyDir, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: "remote-key", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  r.KeySecret,
+			Items:       []corev1.KeyToPath{{Key: config.RemoteKeySecretKey, Path: config.RemoteKeySecretKey}},
+			DefaultMode: ptr.To(int32(0o400)),
+		}}})
+		grace = 150
+	}
+	return corev1.PodSpec{
+		Tolerations:                   pool.Tolerations,
+		PriorityClassName:             cfg.Worker.PriorityClassName,
+		ImagePullSecrets:              cfg.Worker.ImagePullSecrets,
+		AutomountServiceAccountToken:  ptr.To(false),
+		EnableServiceLinks:            ptr.To(false),
+		TerminationGracePeriodSeconds: ptr.To(grace),
+		SecurityContext: &corev1.PodSecurityContext{
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Containers: []corev1.Container{{
+			Name:                     "revault",
+			Image:                    cfg.Worker.Image,
+			ImagePullPolicy:          cfg.Worker.ImagePullPolicy,
+			Command:                  cfg.Worker.Command,
+			Args:                     args,
+			Env:                      env,
+			Ports:                    []corev1.ContainerPort{{Name: "http", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+			Resources:                pool.Resources,
+			ReadinessProbe:           probe("/readyz", 5),
+			LivenessProbe:            probe("/healthz", 10),
+			SecurityContext:          restricted(0),
+			VolumeMounts:             mounts,
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		}},
+		Volumes: volumes,
+	}
+}
+
+// WorkerRemoteKeyDir is where workers mount the remote's key file.
+const WorkerRemoteKeyDir = "/etc/revault/remote-key"
+
+// remoteEnv is how a worker reaches its remote: the store's URL, the key file, the S3
+// credentials (from the credentials Secret), endpoint and region. NODE_NAME comes first so
+// that a URL naming $(NODE_NAME) expands to the pod's node.
+func remoteEnv(r *config.RemoteConfig, url string) []corev1.EnvVar {
+	env := []corev1.EnvVar{
+		{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		{Name: "REVAULT_REMOTE", Value: url},
+		{Name: "REVAULT_KEY_FILE", Value: WorkerRemoteKeyDir + "/" + config.RemoteKeySecretKey},
+	}
+	if r.CredentialsSecret != "" {
+		for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
+			env = append(env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: r.CredentialsSecret}, Key: k,
+			}}})
+		}
+	}
+	if r.Endpoint != "" {
+		env = append(env, corev1.EnvVar{Name: "AWS_ENDPOINT_URL", Value: r.Endpoint})
+	}
+	if r.Region != "" {
+		env = append(env, corev1.EnvVar{Name: "AWS_REGION", Value: r.Region})
+	}
+	if r.ObjectLockDays > 0 {
+		env = append(env, corev1.EnvVar{Name: "REVAULT_OBJECT_LOCK_DAYS", Value: strconv.Itoa(int(r.ObjectLockDays))})
+	}
+	return env
 }
 
 // WorkerService is the Service of one node's worker in a pool. The operator labels each worker

@@ -287,7 +287,8 @@ fn serve_refuses(store: &std::path::Path, extra: &[&str], node: &str) -> String 
 /// A lost node's store adopted on another node (`--recover --adopt`, what the operator's
 /// adopted-store Deployment runs): the original node coming back with an empty disk does not
 /// take it back, coming back with its old disk serves reads only, and the adopted pod moved
-/// back to a host holding a superseded copy puts that copy aside (kept) and rebuilds.
+/// back to a host holding a superseded copy puts that copy aside (kept) and rebuilds; a
+/// `revault recover` on the original node gives it back.
 #[test]
 fn an_adopted_store_is_not_taken_back_and_a_superseded_copy_is_moved_aside() {
     let url = fresh_url("serve-adopt");
@@ -393,4 +394,24 @@ fn an_adopted_store_is_not_taken_back_and_a_superseded_copy_is_moved_aside() {
         Some(2),
         "{listed}"
     );
+
+    // Giving the store back to node a by hand (docs/operator.md, "Losing a node"): `revault
+    // recover` on a, then a's worker serves it and takes backups.
+    let back = node_dir("a-back");
+    ok_json(&[
+        "recover",
+        "--remote",
+        &u,
+        "--key-file",
+        k,
+        "--store",
+        back.to_str().unwrap(),
+    ]);
+    let a = Server::start_env(&back, &args, &[("NODE_NAME", "node-a")]);
+    assert_eq!(pull_sha(&a, 3, &out), sha256_file(&inputs[2]));
+    push(&a, &inputs[0]);
+    a.wait_for("v4 durable", Duration::from_secs(30), |s| {
+        durable(s, "default/db") == Some(4)
+    });
+    a.stop();
 }
