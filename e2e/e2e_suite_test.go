@@ -9,6 +9,8 @@
 //	E2E_WORKER_IMAGE         worker image (revault), loaded into the nodes
 //	E2E_OPERATOR_IMAGE       operator image, loaded into the nodes
 //	E2E_TOOL_IMAGE           e2e/cmd/e2e-tool image, loaded into the nodes
+//	E2E_S3_IMAGE             the S3 server's image (versitygw), loaded into the nodes
+//	E2E_SPARE_NODE           the unlabelled worker node the failover scenario loses
 //	E2E_CHART                charts/revault (default ../charts/revault)
 //	E2E_HELM                 helm binary (default helm on PATH)
 //	E2E_RUN_ID               suffix of the test namespaces (default: from the clock)
@@ -53,8 +55,8 @@ var (
 	k  client.Client
 	cs *kubernetes.Clientset
 
-	workerImage, operatorImage, toolImage string
-	runID                                 string
+	workerImage, operatorImage, toolImage, s3Image string
+	runID                                          string
 	// anyFailed keeps the test namespaces of a failed run for the post-mortem (hack/e2e.sh
 	// prints their events; KEEP=1 keeps the cluster).
 	anyFailed atomic.Bool
@@ -84,6 +86,7 @@ var _ = BeforeSuite(func() {
 	workerImage = mustEnv("E2E_WORKER_IMAGE")
 	operatorImage = mustEnv("E2E_OPERATOR_IMAGE")
 	toolImage = mustEnv("E2E_TOOL_IMAGE")
+	s3Image = mustEnv("E2E_S3_IMAGE")
 	runID = envOr("E2E_RUN_ID", time.Now().UTC().Format("0102-150405"))
 	cfg, err := clientcmd.BuildConfigFromFlags("", mustEnv("KUBECONFIG"))
 	Expect(err).NotTo(HaveOccurred())
@@ -110,6 +113,8 @@ var _ = BeforeSuite(func() {
 	if err := k.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		Expect(err).NotTo(HaveOccurred())
 	}
+	By("an S3 server in the cluster, and the remote's Secrets")
+	deployS3()
 	repo := func(ref string) string { return ref[:strings.LastIndex(ref, ":")] }
 	tag := func(ref string) string { return ref[strings.LastIndex(ref, ":")+1:] }
 	out, err := helm("upgrade", "--install", releaseName, envOr("E2E_CHART", "../charts/revault"),
@@ -127,7 +132,17 @@ var _ = BeforeSuite(func() {
 		// Job pods request less CPU than the default 100m (they have no CPU limit, so they run
 		// as fast as before): scenario 7 caps them at 25m to make a backup stream last long
 		// enough to kill its worker in the middle, and a limit cannot be below the request.
-		"--set", "jobs.resources.requests.cpu=25m")
+		"--set", "jobs.resources.requests.cpu=25m",
+		// Every store keeps its copy in the in-cluster S3 server; short times so the
+		// failover and outage scenarios (remote_test.go) do not wait for production's.
+		"--set", "remote.enabled=true",
+		"--set", "remote.url=s3://revault-e2e/kind",
+		"--set", "remote.endpoint="+s3Endpoint,
+		"--set", "remote.credentialsSecret="+s3Secret,
+		"--set", "remote.keySecret="+keySecret,
+		"--set", "remote.syncInterval=2s",
+		"--set", "remote.lostNodeTimeout=20s",
+		"--set", "remote.behindAfter=20s")
 	Expect(err).NotTo(HaveOccurred(), "helm: %s", out)
 
 	// A failed run keeps its namespaces for the post-mortem (KEEP=1 keeps the cluster too);

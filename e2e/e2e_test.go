@@ -22,13 +22,15 @@ import (
 // One top-level container: Ginkgo shuffles top-level containers, never the ones inside, so the
 // scenarios run in the order (1-9). Each scenario has its own namespace; 2-5 build on
 // each other (Ordered: a failure skips the rest of that scenario only).
-var _ = Describe("Revault on a 3-node kind cluster", func() {
+var _ = Describe("Revault on a 4-node kind cluster", func() {
 	installSpecs()
 	seriesSpecs()
 	badInputSpecs()
 	workerKillSpecs()
 	isolationSpecs()
 	deletionSpecs()
+	remoteOutageSpecs()
+	lostNodeSpecs()
 })
 
 // 1. Install with Helm; the operator becomes Ready; worker pods run on both labelled nodes.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Revault's end-to-end run (make e2e): the Ginkgo suite in e2e/ on a real 3-node kind cluster,
+# Revault's end-to-end run (make e2e): the Ginkgo suite in e2e/ on a real 4-node kind cluster,
 # with images built locally and loaded into the nodes (no registry anywhere).
 #
 # usage: hack/e2e.sh [run]    kind-up (with the images of `make images` and the e2e tool image),
@@ -90,6 +90,10 @@ fi
 VELERO_ENV=$("$HACK_DIR/velero-plugin.sh" e2e-images | tail -1) || die "building the Velero images failed"
 # shellcheck source=/dev/null
 . "$VELERO_ENV"
+# The S3 server the workers' remote runs against in the cluster (e2e/remote_test.go).
+S3_ENV=$("$HACK_DIR/s3-server.sh" e2e-image | tail -1) || die "building the S3 server's image failed"
+# shellcheck source=/dev/null
+. "$S3_ENV"
 t_build=$(now)
 
 # Diagnostics for a failed run: what the issue asks for (operator and worker logs, the test
@@ -111,6 +115,15 @@ diagnose() {
       "${kc[@]}" -n revault-system logs "$p" --previous --tail=100 2>&1 || true
     fi
   done
+  for p in $("${kc[@]}" -n revault-system get pods -l revault.io/adopted -o name 2>/dev/null); do
+    echo "---- adopted store log: $p (last 200 lines)"
+    "${kc[@]}" -n revault-system logs "$p" --tail=200 2>&1 || true
+  done
+  echo "---- S3 server (revault-s3): pods and log (last 100 lines)"
+  "${kc[@]}" -n revault-s3 get pods -o wide 2>&1 || true
+  "${kc[@]}" -n revault-s3 logs deploy/s3 --tail=100 2>&1 || true
+  echo "---- nodes"
+  "${kc[@]}" get nodes -L revault.io/storage 2>&1 || true
   echo "---- events: revault-system"
   "${kc[@]}" -n revault-system get events --sort-by=.lastTimestamp 2>&1 | tail -40 || true
   for ns in $("${kc[@]}" get ns -l "revault.io/e2e-run=$RUN_ID" -o jsonpath='{.items[*].metadata.name}' 2>/dev/null); do
@@ -149,7 +162,7 @@ trap finish EXIT
 export KIND_LOCAL_PVS=${KIND_LOCAL_PVS:-40}
 log "hack/kind-up.sh with $WORKER_IMAGE, $OPERATOR_IMAGE, $TOOL_IMAGE"
 t1=$(now)
-KCFG=$("$HACK_DIR/kind-up.sh" "$WORKER_ARCHIVE" "$OPERATOR_ARCHIVE" "$TOOL_ARCHIVE" "$VELERO_ARCHIVE" "$PLUGIN_ARCHIVE" | tail -1)
+KCFG=$("$HACK_DIR/kind-up.sh" "$WORKER_ARCHIVE" "$OPERATOR_ARCHIVE" "$TOOL_ARCHIVE" "$VELERO_ARCHIVE" "$PLUGIN_ARCHIVE" "$S3_ARCHIVE" | tail -1)
 [ -s "$KCFG" ] || die "hack/kind-up.sh gave no kubeconfig"
 t_up_s=$(( $(now) - t1 ))
 
@@ -162,6 +175,7 @@ set +e
 (cd "$ROOT/e2e" && KUBECONFIG=$KCFG E2E_WORKER_IMAGE=$WORKER_IMAGE E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE \
   E2E_TOOL_IMAGE=$TOOL_IMAGE E2E_CHART=$ROOT/charts/revault E2E_HELM=$TOOLS_BIN/helm E2E_RUN_ID=$RUN_ID \
   E2E_VELERO=$VELERO_BIN E2E_VELERO_IMAGE=$VELERO_IMAGE E2E_VELERO_PLUGIN_IMAGE=$PLUGIN_IMAGE \
+  E2E_S3_IMAGE=$S3_IMAGE E2E_SPARE_NODE=$CLUSTER-worker3 \
   ./bin/e2e.test "${ginkgo_args[@]}")
 rc=$?
 set -e

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bring up (or reuse) the 3-node kind cluster Revault's e2e tests run on, without a registry.
+# Bring up (or reuse) the 4-node kind cluster Revault's e2e tests run on, without a registry.
 #
 # usage: hack/kind-up.sh [IMAGE.tar ...]
 #   IMAGE.tar   image archives to load into every node (`kind load image-archive`), e.g. made by
@@ -8,8 +8,9 @@
 # env: KIND_CLUSTER     cluster name (default revault-e2e)
 #      KIND_LOCAL_PVS   number of 1Gi local PersistentVolumes (default 12, half per worker)
 #      REVAULT_KIND_IMAGE, REVAULT_KIND_OFFLINE   see hack/kind-node-image.sh
-# Result: 1 control plane + 2 workers, labelled revault.io/storage=ssd (<name>-worker) and
-#   revault.io/storage=hdd (<name>-worker2); StorageClass revault-local (no provisioner,
+# Result: 1 control plane + 3 workers, labelled revault.io/storage=ssd (<name>-worker) and
+#   revault.io/storage=hdd (<name>-worker2), and <name>-worker3 unlabelled: the spare node the
+#   failover scenario labels, then loses (e2e/remote_test.go); StorageClass revault-local (no provisioner,
 #   WaitForFirstConsumer, the default class offline) with static local PVs
 #   revault-local-{ssd,hdd}-NN (1Gi, Retain, half on each worker); all nodes Ready and
 #   CoreDNS running. The kubeconfig path is the last line of stdout:
@@ -25,6 +26,8 @@ KCFG=$KIND_CACHE/$CLUSTER.kubeconfig
 PV_ROOT=/mnt/revault-local          # inside the worker node containers
 WORKERS=("$CLUSTER-worker" "$CLUSTER-worker2")
 TIERS=(ssd hdd)                     # revault.io/storage label of WORKERS[i]
+SPARE=$CLUSTER-worker3              # unlabelled; e2e/remote_test.go labels it, then stops it
+NODES=4
 SERVICE_CIDR=10.96.0.0/16           # kind's default serviceSubnet
 
 for a in "$@"; do [ -f "$a" ] || die "image archive not found: $a"; done
@@ -40,16 +43,16 @@ with_lock "kind-up-$CLUSTER"
 
 healthy() {
   # Node containers must run (after a dockerd restart they don't, while the API server's view
-  # of the nodes lags by ~40 s), the API server must answer and all 3 nodes must be Ready.
+  # of the nodes lags by ~40 s), the API server must answer and all nodes must be Ready.
   local n
-  for n in "$CLUSTER-control-plane" "${WORKERS[@]}"; do
+  for n in "$CLUSTER-control-plane" "${WORKERS[@]}" "$SPARE"; do
     [ "$(docker inspect -f '{{.State.Running}}' "$n" 2>/dev/null)" = true ] || return 1
   done
   [ -s "$KCFG" ] || kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KCFG" >/dev/null 2>&1 || return 1
   timeout 15 "${KUBECTL[@]}" get --raw /readyz >/dev/null 2>&1 || return 1
   local ready
   ready=$("${KUBECTL[@]}" get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null | grep -c True)
-  [ "$ready" -eq 3 ]
+  [ "$ready" -eq $NODES ]
 }
 
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
@@ -83,8 +86,9 @@ if [ $created = 1 ]; then
     echo "nodes:"
     echo "- role: control-plane"
     for i in 0 1; do printf -- '- role: worker\n  labels:\n    revault.io/storage: %s\n' "${TIERS[$i]}"; done
+    echo "- role: worker"
   } > "$cfg"
-  log "kind create cluster --name $CLUSTER --image $image (3 nodes, ~1 min)"
+  log "kind create cluster --name $CLUSTER --image $image ($NODES nodes, ~1 min)"
   kind create cluster --name "$CLUSTER" --image "$image" --config "$cfg" --kubeconfig "$KCFG" \
     >"$KIND_CACHE/$CLUSTER.create.log" 2>&1 ||
     { tail -30 "$KIND_CACHE/$CLUSTER.create.log" >&2; die "kind create cluster failed (log: $KIND_CACHE/$CLUSTER.create.log)"; }
@@ -96,7 +100,7 @@ if [ $created = 1 ]; then
     # the bridge plugin's masquerading. The firewall plugin opens FORWARD for pod traffic.
     log "installing the bridge CNI on every node"
     nodes=""
-    complete() { [ "$(wc -l <<<"$nodes")" -eq 3 ] && ! grep -qE ',,|,$' <<<"$nodes"; }
+    complete() { [ "$(wc -l <<<"$nodes")" -eq $NODES ] && ! grep -qE ',,|,$' <<<"$nodes"; }
     for _ in $(seq 60); do
       nodes=$("${KUBECTL[@]}" get nodes -o jsonpath='{range .items[*]}{.metadata.name},{.spec.podCIDR},{.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}')
       complete && break
@@ -134,6 +138,10 @@ fi
 for i in 0 1; do
   "${KUBECTL[@]}" label node "${WORKERS[$i]}" --overwrite "revault.io/storage=${TIERS[$i]}" >/dev/null
 done
+# The spare node starts every run unlabelled and without stores (a kept cluster's last run may
+# have labelled it, and left a store on it).
+"${KUBECTL[@]}" label node "$SPARE" revault.io/storage- >/dev/null 2>&1 || true
+docker exec "$SPARE" rm -rf /var/lib/revault
 
 # Static local PVs: kind's local-path-provisioner image is not available offline, and static
 # PVs with nodeAffinity are what a real cluster with local disks looks like anyway.

@@ -6,6 +6,8 @@
 # Object Lock, which the remote uses.
 #
 # usage: hack/s3-server.sh install   install it if missing (path: last line); idempotent
+#        hack/s3-server.sh e2e-image     the server as an image archive for the kind cluster (no
+#                                    registry; hack/mkimage.py): path of its .env file, last line
 #        hack/s3-server.sh run DIR [ADDR]
 #                                    serve DIR/root (object versions in DIR/versions) on ADDR (default 127.0.0.1:7070) in the
 #                                    foreground, with the test credentials below
@@ -32,11 +34,31 @@ install_vgw() {
   )
 }
 
+# The e2e suite's in-cluster S3 server (e2e/remote_test.go): the static binary in an image of
+# its own, run as root so it can write a hostPath directory.
+e2e_image() {
+  install_vgw
+  local images=$REVAULT_CACHE/images tag name archive
+  mkdir -p "$images"
+  tag=$VERSITYGW_VERSION-$(cat "$VGW" "$HACK_DIR/mkimage.py" | sha256sum | cut -c1-8)
+  name=revault.local/versitygw:$tag
+  archive=$images/versitygw-$tag.tar
+  if [ ! -s "$archive" ]; then
+    python3 "$HACK_DIR/mkimage.py" --user 0:0 --label org.opencontainers.image.title=versitygw \
+      "$name" "$archive.new" /versitygw "$VGW:/versitygw" >/dev/null
+    mv "$archive.new" "$archive"
+    find "$images" -maxdepth 1 -name 'versitygw-*.tar' ! -name "versitygw-$tag.tar" -delete
+  fi
+  printf 'S3_IMAGE=%s\nS3_ARCHIVE=%s\n' "$name" "$archive" > "$images/s3.env"
+  echo "$images/s3.env"
+}
+
 case ${1:-install} in
   install)
     install_vgw
     echo "$VGW"
     ;;
+  e2e-image) e2e_image ;;
   run)
     [ $# -ge 2 ] || die "usage: $0 run DIR [ADDR]"
     install_vgw
@@ -44,5 +66,5 @@ case ${1:-install} in
     exec "$VGW" --access revault-test --secret revault-test-secret --port "${3:-127.0.0.1:7070}" \
       posix --versioning-dir "$2/versions" "$2/root"
     ;;
-  *) die "usage: $0 install | run DIR [ADDR]" ;;
+  *) die "usage: $0 install | e2e-image | run DIR [ADDR]" ;;
 esac
