@@ -23,8 +23,11 @@ install_vgw() {
   (
     with_lock versitygw
     local have
-    have=$(go version -m "$VGW" 2>/dev/null | awk '$1 == "mod" {print $3; exit}' || true)
-    if [ "$have" != "$VERSITYGW_VERSION" ]; then
+    # The version, and whether it is static: the e2e image holds the bare binary, with no libc
+    # beside it, so a cgo build (e.g. installed by hand) is rebuilt.
+    have=$(go version -m "$VGW" 2>/dev/null |
+      awk '$1 == "mod" {v = $3} $2 == "CGO_ENABLED=0" {s = "static"} END {print v "/" s}' || true)
+    if [ "$have" != "$VERSITYGW_VERSION/static" ]; then
       log "go install versitygw $VERSITYGW_VERSION${have:+ (had $have)}"
       mkdir -p "$TOOLS_BIN"
       GOBIN=$TOOLS_BIN CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
