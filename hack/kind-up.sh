@@ -9,7 +9,8 @@
 #      KIND_LOCAL_PVS   number of 1Gi local PersistentVolumes (default 12, half per worker)
 #      REVAULT_KIND_IMAGE, REVAULT_KIND_OFFLINE   see hack/kind-node-image.sh
 # Result: 1 control plane + 3 workers, labelled revault.io/storage=ssd (<name>-worker) and
-#   revault.io/storage=hdd (<name>-worker2), and <name>-worker3 unlabelled: the spare node the
+#   revault.io/storage=hdd (<name>-worker2), and <name>-worker3 unlabelled and tainted
+#   revault.io/spare=true:NoExecute (only workers run there): the spare node the
 #   failover scenario labels, then loses (e2e/remote_test.go); StorageClass revault-local (no provisioner,
 #   WaitForFirstConsumer, the default class offline) with static local PVs
 #   revault-local-{ssd,hdd}-NN (1Gi, Retain, half on each worker); all nodes Ready and
@@ -26,7 +27,7 @@ KCFG=$KIND_CACHE/$CLUSTER.kubeconfig
 PV_ROOT=/mnt/revault-local          # inside the worker node containers
 WORKERS=("$CLUSTER-worker" "$CLUSTER-worker2")
 TIERS=(ssd hdd)                     # revault.io/storage label of WORKERS[i]
-SPARE=$CLUSTER-worker3              # unlabelled; e2e/remote_test.go labels it, then stops it
+SPARE=$CLUSTER-worker3              # unlabelled, tainted; e2e/remote_test.go labels it, then stops it
 NODES=4
 SERVICE_CIDR=10.96.0.0/16           # kind's default serviceSubnet
 
@@ -142,6 +143,12 @@ done
 # have labelled it, and left a store on it).
 "${KUBECTL[@]}" label node "$SPARE" revault.io/storage- >/dev/null 2>&1 || true
 docker exec "$SPARE" rm -rf /var/lib/revault
+# Only workers (the e2e's ssd pool tolerates it) run on the spare: the scenario that stops it
+# must not take CoreDNS, the operator or the S3 server down with it. NoExecute moves what
+# kind placed there before (CoreDNS).
+"${KUBECTL[@]}" taint node "$SPARE" revault.io/spare=true:NoExecute --overwrite >/dev/null
+"${KUBECTL[@]}" -n kube-system rollout status deployment/coredns --timeout=300s >/dev/null ||
+  die "CoreDNS not running after tainting the spare: $("${KUBECTL[@]}" -n kube-system get pods -o wide 2>&1)"
 
 # Static local PVs: kind's local-path-provisioner image is not available offline, and static
 # PVs with nodeAffinity are what a real cluster with local disks looks like anyway.

@@ -62,6 +62,7 @@ func (r *WorkerPoolReconciler) knownAdoptions(ctx context.Context, p *poolsRun) 
 	for _, d := range deps.Items {
 		pn := poolNode{d.Labels[plan.LabelPool], d.Annotations[plan.AnnotationNode]}
 		p.adopted[pn] = true
+		p.hosting[d.Annotations[plan.AnnotationHost]]++
 		if p.wanted[pn.media] {
 			p.services[pn] = true
 		}
@@ -69,38 +70,85 @@ func (r *WorkerPoolReconciler) knownAdoptions(ctx context.Context, p *poolsRun) 
 	return nil
 }
 
-// adoptIfLost adopts store st when its node is lost and another node of its pool can take it;
-// otherwise it shortens the requeue to when that may change.
+// adoptIfLost adopts store st when its node is lost, the bucket holds what adoption needs
+// (plan.AdoptionHold), and another node of its pool can keep it; otherwise it shortens the
+// requeue to when that may change.
 func (r *WorkerPoolReconciler) adoptIfLost(ctx context.Context, p *poolsRun, st poolNode) error {
-	lost, why, wait, err := r.nodeLost(ctx, st)
+	loss, err := r.nodeLost(ctx, st)
 	if err != nil {
 		return err
 	}
-	if !lost {
-		if wait > 0 && wait < p.requeue {
-			p.requeue = wait
-		}
+	if !loss.lost {
+		p.requeueWithin(loss.wait)
 		return nil
 	}
-	// Only where another node of the pool can take the store: a lone node's store waits for
+	placed, err := r.seriesOn(ctx, st)
+	if err != nil {
+		return err
+	}
+	if hold := plan.AdoptionHold(storeSeries(placed), loss.gone); hold != "" {
+		r.held(ctx, placed, fmt.Sprintf("%s, but its store is not rebuilt elsewhere: %s", loss.why, hold))
+		p.requeueWithin(time.Minute)
+		return nil
+	}
+	// Only where another node of the pool can keep the store: a lone node's store waits for
 	// its node, which may yet come back with it.
-	ok, err := r.otherReadyNode(ctx, st)
+	host, err := r.spareNode(ctx, p, st)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if host == "" {
 		logf.FromContext(ctx).Info("a lost node's store waits: no other ready node of its pool", "node", st.node, "media", st.media)
-		if p.requeue > time.Minute {
-			p.requeue = time.Minute
-		}
+		p.requeueWithin(time.Minute)
 		return nil
 	}
-	if err := r.adopt(ctx, st, why); err != nil {
+	if err := r.adopt(ctx, st, host, loss.why, placed); err != nil {
 		return err
 	}
 	p.adopted[st] = true
 	p.services[st] = true
+	p.hosting[host]++
 	return nil
+}
+
+// requeueWithin makes the pools be looked at again within d (d > 0).
+func (p *poolsRun) requeueWithin(d time.Duration) {
+	if d > 0 && d < p.requeue {
+		p.requeue = d
+	}
+}
+
+// seriesOn are the series placed on store st.
+func (r *WorkerPoolReconciler) seriesOn(ctx context.Context, st poolNode) ([]*backupv1alpha1.BackupSeries, error) {
+	var list backupv1alpha1.BackupSeriesList
+	if err := r.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	var out []*backupv1alpha1.BackupSeries
+	for i := range list.Items {
+		if w := list.Items[i].Status.Worker; w != nil && string(w.Media) == st.media && w.Node == st.node {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+func storeSeries(placed []*backupv1alpha1.BackupSeries) []plan.StoreSeries {
+	out := make([]plan.StoreSeries, 0, len(placed))
+	for _, bs := range placed {
+		out = append(out, plan.StoreSeries{Name: bs.Namespace + "/" + bs.Name,
+			Latest: bs.Status.LatestVersion, Durable: bs.Status.DurableVersion})
+	}
+	return out
+}
+
+// held says on each series why its lost node's store is not rebuilt yet (the recorder folds
+// repeats of one message into a count).
+func (r *WorkerPoolReconciler) held(ctx context.Context, placed []*backupv1alpha1.BackupSeries, msg string) {
+	logf.FromContext(ctx).Info("a lost node's store is held", "why", msg)
+	for _, bs := range placed {
+		r.Recorder.Event(bs, corev1.EventTypeWarning, "StoreAdoptionHeld", msg)
+	}
 }
 
 // placedStores are the (pool, node) stores series are placed on, sorted.
@@ -136,22 +184,31 @@ func (r *WorkerPoolReconciler) servedStores(ctx context.Context) (map[poolNode]b
 	return out, nil
 }
 
-// nodeLost says whether the node of store st is lost (and why), or how long until a node that
-// is NotReady now would count as lost. A node that is gone counts as lost once no worker pod
-// of its pool is left on it: a pod still terminating may be handing its last backups to the
-// bucket.
-func (r *WorkerPoolReconciler) nodeLost(ctx context.Context, st poolNode) (bool, string, time.Duration, error) {
+// nodeLoss is what nodeLost found: whether the node of a store is lost, and if so whether it
+// is gone (deleted, or no longer labelled for the pool) rather than NotReady, and why; if not,
+// how long until a node NotReady now would count as lost.
+type nodeLoss struct {
+	lost, gone bool
+	why        string
+	wait       time.Duration
+}
+
+// nodeLost says whether the node of store st is lost. A node that is gone counts as lost once
+// no worker pod of its pool is left on it: a pod still terminating may be handing its last
+// backups to the bucket.
+func (r *WorkerPoolReconciler) nodeLost(ctx context.Context, st poolNode) (nodeLoss, error) {
 	var n corev1.Node
 	err := r.Get(ctx, client.ObjectKey{Name: st.node}, &n)
 	switch {
 	case apierrors.IsNotFound(err) || (err == nil && n.Labels[backupv1alpha1.StorageLabel] != st.media):
 		running, err := r.workerPodOn(ctx, st)
 		if err != nil || running != "" {
-			return false, "", 10 * time.Second, err
+			return nodeLoss{wait: 10 * time.Second}, err
 		}
-		return true, fmt.Sprintf("node %s is gone (deleted, or no longer labelled %s=%s)", st.node, backupv1alpha1.StorageLabel, st.media), 0, nil
+		return nodeLoss{lost: true, gone: true, why: fmt.Sprintf("node %s is gone (deleted, or no longer labelled %s=%s)",
+			st.node, backupv1alpha1.StorageLabel, st.media)}, nil
 	case err != nil:
-		return false, "", 0, err
+		return nodeLoss{}, err
 	}
 	for _, c := range n.Status.Conditions {
 		if c.Type != corev1.NodeReady || c.Status == corev1.ConditionTrue {
@@ -160,30 +217,53 @@ func (r *WorkerPoolReconciler) nodeLost(ctx context.Context, st poolNode) (bool,
 		down := r.Now().Sub(c.LastTransitionTime.Time)
 		limit := r.Config.Remote.LostNodeTimeout.Duration
 		if down >= limit {
-			return true, fmt.Sprintf("node %s has been NotReady for %s (remote.lostNodeTimeout %s)", st.node, down.Round(time.Second), limit), 0, nil
+			return nodeLoss{lost: true, why: fmt.Sprintf("node %s has been NotReady for %s (remote.lostNodeTimeout %s)",
+				st.node, down.Round(time.Second), limit)}, nil
 		}
-		return false, "", limit - down + time.Second, nil
+		return nodeLoss{wait: limit - down + time.Second}, nil
 	}
-	return false, "", 0, nil
+	return nodeLoss{}, nil
 }
 
-// otherReadyNode says whether a Ready node of st's pool other than st's node exists.
-func (r *WorkerPoolReconciler) otherReadyNode(ctx context.Context, st poolNode) (bool, error) {
+// spareNode chooses the node that rebuilds and keeps store st: a Ready, schedulable node of
+// its pool (its media and node selector) other than st's, keeping the fewest adopted stores,
+// then by name; "" when there is none.
+func (r *WorkerPoolReconciler) spareNode(ctx context.Context, p *poolsRun, st poolNode) (string, error) {
+	pool, ok := r.Config.Pool(backupv1alpha1.Media(st.media))
+	if !ok {
+		return "", nil
+	}
+	sel := client.MatchingLabels{backupv1alpha1.StorageLabel: st.media}
+	for k, v := range pool.NodeSelector {
+		sel[k] = v
+	}
 	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes, client.MatchingLabels{backupv1alpha1.StorageLabel: st.media}); err != nil {
-		return false, err
+	if err := r.List(ctx, &nodes, sel); err != nil {
+		return "", err
 	}
+	var ready []string
 	for _, n := range nodes.Items {
-		if n.Name == st.node || n.Spec.Unschedulable {
-			continue
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
+		if n.Name != st.node && !n.Spec.Unschedulable && nodeReady(&n) {
+			ready = append(ready, n.Name)
 		}
 	}
-	return false, nil
+	sort.Slice(ready, func(i, j int) bool {
+		a, b := ready[i], ready[j]
+		return p.hosting[a] < p.hosting[b] || (p.hosting[a] == p.hosting[b] && a < b)
+	})
+	if len(ready) == 0 {
+		return "", nil
+	}
+	return ready[0], nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // workerPodOn names a pod of st's pool still on st's node (not adopted), if any.
@@ -200,34 +280,27 @@ func (r *WorkerPoolReconciler) workerPodOn(ctx context.Context, st poolNode) (st
 	return "", nil
 }
 
-// adopt creates the Deployment that rebuilds store st elsewhere, and says so on the series
+// adopt creates the Deployment that rebuilds store st on host, and says so on the series
 // placed there.
-func (r *WorkerPoolReconciler) adopt(ctx context.Context, st poolNode, why string) error {
+func (r *WorkerPoolReconciler) adopt(ctx context.Context, st poolNode, host, why string, placed []*backupv1alpha1.BackupSeries) error {
 	pool, ok := r.Config.Pool(backupv1alpha1.Media(st.media))
 	if !ok {
 		return nil
 	}
-	d := plan.AdoptedStore(r.Config, pool, st.node)
+	d := plan.AdoptedStore(r.Config, pool, st.node, host)
 	if err := apply(ctx, r.Client, r.Scheme, d); err != nil {
 		return fmt.Errorf("adopting the store of node %s: %w", st.node, err)
 	}
-	msg := fmt.Sprintf("%s: its %s store is rebuilt from the remote on another %s node (Deployment %s); backups continue there",
-		why, st.media, st.media, d.Name)
-	logf.FromContext(ctx).Info("adopting the store of a lost node", "node", st.node, "media", st.media, "deployment", d.Name, "why", why)
-	var list backupv1alpha1.BackupSeriesList
-	if err := r.List(ctx, &list); err != nil {
-		return err
-	}
-	for i := range list.Items {
-		bs := &list.Items[i]
-		if w := bs.Status.Worker; w != nil && string(w.Media) == st.media && w.Node == st.node {
-			note := msg
-			if s := bs.Status; s.LatestVersion > s.DurableVersion {
-				note += fmt.Sprintf("; the bucket held versions up to %d of this series, versions %d to %d stayed on the lost node",
-					s.DurableVersion, s.DurableVersion+1, s.LatestVersion)
-			}
-			r.Recorder.Event(bs, corev1.EventTypeWarning, "StoreAdopted", note)
+	msg := fmt.Sprintf("%s: its %s store is rebuilt from the remote on node %s (Deployment %s); backups continue there",
+		why, st.media, host, d.Name)
+	logf.FromContext(ctx).Info("adopting the store of a lost node", "node", st.node, "media", st.media, "host", host, "deployment", d.Name, "why", why)
+	for _, bs := range placed {
+		note := msg
+		if s := bs.Status; s.LatestVersion > s.DurableVersion {
+			note += fmt.Sprintf("; the bucket held versions up to %d of this series, versions %d to %d stayed on the lost node",
+				s.DurableVersion, s.DurableVersion+1, s.LatestVersion)
 		}
+		r.Recorder.Event(bs, corev1.EventTypeWarning, "StoreAdopted", note)
 	}
 	return nil
 }

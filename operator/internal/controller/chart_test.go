@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
@@ -152,6 +153,11 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
 				Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
 				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443"))
+				// It leaves a lost node quickly: it is what rebuilds the stores of lost nodes.
+				for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
+					Expect(pod.Tolerations).To(ContainElement(corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
+						Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(30))}))
+				}
 			default:
 				continue
 			}

@@ -92,27 +92,33 @@ var _ = Describe("Losing a node (with a remote)", Ordered, func() {
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(dep.Spec.Template.Spec.Containers[0].Env).To(ContainElement(corev1.EnvVar{
 			Name: "REVAULT_REMOTE", Value: "s3://revault-envtest/ssd/" + lostNode}))
+		// Pinned to the Ready SSD node chosen to keep it: a replaced pod finds the store there.
+		hostNode := dep.Annotations[plan.AnnotationHost]
+		Expect(hostNode).NotTo(BeEmpty())
+		Expect(hostNode).NotTo(Equal(lostNode))
+		term := dep.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0]
+		Expect(term.MatchFields).To(ConsistOf(corev1.NodeSelectorRequirement{
+			Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{hostNode}}))
 		Eventually(func() []string { return eventNotes(getSeries(ns, "db")) }).Should(ContainElement(ContainSubstring(
 			"node " + lostNode + " is gone")))
 
-		// Play the Deployment controller, the scheduler and the kubelet: its pod on another SSD
-		// node runs `revault serve --init --recover` over an empty directory.
+		// Play the Deployment controller, the scheduler and the kubelet: its pod on that node runs `revault serve --init --recover` over an empty directory.
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: dep.Name + "-x1", Namespace: operatorNS,
 				Labels: dep.Spec.Template.Labels, Annotations: dep.Spec.Template.Annotations},
-			Spec: corev1.PodSpec{NodeName: "node-ssd-1", TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			Spec: corev1.PodSpec{NodeName: hostNode, TerminationGracePeriodSeconds: ptr.To(int64(0)),
 				Containers: []corev1.Container{{Name: "revault", Image: opConfig.Worker.Image}}},
 		}
 		Expect(k8sClient.Create(ctx, pod)).To(Succeed())
-		adopted := startWorkerAt(lostNode, "node-ssd-1", backupv1alpha1.MediaSSD, filepath.Join(scratch, "adopted-"+lostNode), workerTokenFile)
+		adopted := startWorkerAt(lostNode, hostNode, backupv1alpha1.MediaSSD, filepath.Join(scratch, "adopted-"+lostNode), workerTokenFile)
 		workerProcs = append(workerProcs, adopted)
 		setPodReady(pod, true)
 
-		// The series keeps its store (its node), now served from node-ssd-1.
+		// The series keeps its store (its node), now served from the host.
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
 			g.Expect(st.Worker.Node).To(Equal(lostNode))
-			g.Expect(st.Worker.Host).To(Equal("node-ssd-1"))
+			g.Expect(st.Worker.Host).To(Equal(hostNode))
 			g.Expect(st.Worker.Pod).To(Equal(pod.Name))
 			c := condition(st.Conditions, backupv1alpha1.ConditionPlaced)
 			g.Expect(c.Reason).To(Equal("StoreAdopted"))

@@ -60,6 +60,8 @@ type poolsRun struct {
 	services map[poolNode]bool
 	// adopted: the stores of lost nodes, served elsewhere (an adoption Deployment each).
 	adopted map[poolNode]bool
+	// hosting counts the adopted stores each node keeps (the spare with fewest is chosen).
+	hosting map[string]int
 	// requeue is when to look again (a node NotReady, not yet long enough to count as lost).
 	requeue time.Duration
 }
@@ -71,7 +73,7 @@ type poolNode struct{ media, node string }
 func (r *WorkerPoolReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (_ ctrl.Result, err error) {
 	var o outcome
 	defer func() { o.record("workerpool", err) }()
-	p := &poolsRun{wanted: map[string]bool{}, services: map[poolNode]bool{}, adopted: map[poolNode]bool{},
+	p := &poolsRun{wanted: map[string]bool{}, services: map[poolNode]bool{}, adopted: map[poolNode]bool{}, hosting: map[string]int{},
 		// Revoke tokens of deleted namespaces now and then even when nothing else happens.
 		requeue: 10 * time.Minute}
 	if _, err := runSteps(ctx, p,

@@ -29,3 +29,27 @@ func TestDurabilityOf(t *testing.T) {
 		}
 	}
 }
+
+func TestAdoptionHold(t *testing.T) {
+	durable := []StoreSeries{{"a/db", 3, 3}, {"b/web", 0, 0}}
+	behind := []StoreSeries{{"a/db", 5, 3}, {"b/web", 2, 2}}
+	for _, tc := range []struct {
+		name     string
+		series   []StoreSeries
+		gone     bool
+		contains string // "" when it may be adopted
+	}{
+		{"NotReady, all in the bucket", durable, false, ""},
+		{"gone, all in the bucket", durable, true, ""},
+		{"NotReady, versions only on the node", behind, false, "a/db (versions 4 to 5)"},
+		{"gone, versions only on the node: they went with it", behind, true, ""},
+		{"nothing in the bucket", []StoreSeries{{"a/db", 2, 0}}, true, "would be empty"},
+		{"nothing in the bucket, NotReady", []StoreSeries{{"a/db", 2, 0}}, false, "would be empty"},
+		{"no series", nil, true, ""},
+	} {
+		got := AdoptionHold(tc.series, tc.gone)
+		if (tc.contains == "") != (got == "") || !strings.Contains(got, tc.contains) {
+			t.Errorf("%s: %q", tc.name, got)
+		}
+	}
+}

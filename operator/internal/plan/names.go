@@ -42,6 +42,9 @@ const (
 	// AnnotationNode holds the full node name on worker Services, and on an adopted store's
 	// pod the node whose store it serves.
 	AnnotationNode = "revault.io/node"
+	// AnnotationHost holds, on an adopted store's Deployment, the node that rebuilt the store
+	// and keeps it: the pod is pinned there.
+	AnnotationHost = "revault.io/host"
 
 	PartOf    = "revault"
 	ManagedBy = "revault-operator"

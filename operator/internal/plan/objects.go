@@ -114,9 +114,14 @@ func WorkerDaemonSet(cfg *config.Config, pool config.PoolConfig) *appsv1.DaemonS
 // node was lost: one pod on another node of the pool, which rebuilds the store from the
 // remote into <hostPath>/adopted/<media>-<node> (`revault serve --init --recover`) and then
 // serves it. It carries the lost node's revault.io/node label, so the node's Service — the
-// endpoint every series placed there records — reaches it. It never runs on the lost node
-// (which, if it comes back, holds a stale copy that the store's new generation fences out).
-func AdoptedStore(cfg *config.Config, pool config.PoolConfig, node string) *appsv1.Deployment {
+// endpoint every series placed there records — reaches it. It runs only on host, the node
+// chosen to keep the rebuilt store: a pod replaced (evicted, drained, deleted) comes back to
+// the same directory, where the store's lock keeps two pods from serving it at once. Were it
+// free to land on another node, the replacement would rebuild the store from the bucket again
+// and fence out the pod before it, whose last acknowledged backups may not have been uploaded.
+// It never runs on the lost node (which, if it comes back, holds a stale copy that the store's
+// new generation fences out).
+func AdoptedStore(cfg *config.Config, pool config.PoolConfig, node, host string) *appsv1.Deployment {
 	media := string(pool.Media)
 	labels := WorkerLabels(media)
 	labels[LabelNode] = LabelValue(node)
@@ -128,7 +133,7 @@ func AdoptedStore(cfg *config.Config, pool config.PoolConfig, node string) *apps
 			NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchExpressions: nodeSelectorExpressions(pool),
 				MatchFields: []corev1.NodeSelectorRequirement{{
-					Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{node},
+					Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{host},
 				}},
 			}},
 		},
@@ -138,7 +143,7 @@ func AdoptedStore(cfg *config.Config, pool config.PoolConfig, node string) *apps
 			Name:        AdoptedStoreName(media, node),
 			Namespace:   cfg.Namespace,
 			Labels:      labels,
-			Annotations: map[string]string{AnnotationNode: node},
+			Annotations: map[string]string{AnnotationNode: node, AnnotationHost: host},
 		},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To(int32(1)),

@@ -85,7 +85,7 @@ func TestWorkerDaemonSetWithARemote(t *testing.T) {
 func TestAdoptedStore(t *testing.T) {
 	cfg := remoteConfig(t)
 	pool, _ := cfg.Pool(backupv1alpha1.MediaSSD)
-	d := AdoptedStore(cfg, pool, "n1")
+	d := AdoptedStore(cfg, pool, "n1", "n2")
 	if d.Name != "revault-store-ssd-n1" || *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != "Recreate" {
 		t.Errorf("deployment %s replicas %d strategy %s", d.Name, *d.Spec.Replicas, d.Spec.Strategy.Type)
 	}
@@ -100,8 +100,13 @@ func TestAdoptedStore(t *testing.T) {
 		}
 	}
 	term := tpl.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0]
-	if f := term.MatchFields[0]; f.Key != "metadata.name" || f.Operator != "NotIn" || !reflect.DeepEqual(f.Values, []string{"n1"}) {
-		t.Errorf("it must never run on the lost node: %+v", f)
+	// Pinned to the node that rebuilt it: a replaced pod must find the store (and its lock)
+	// where it was, never rebuild it elsewhere and fence out its predecessor.
+	if f := term.MatchFields[0]; f.Key != "metadata.name" || f.Operator != "In" || !reflect.DeepEqual(f.Values, []string{"n2"}) {
+		t.Errorf("it must run only on its host n2: %+v", f)
+	}
+	if d.Annotations[AnnotationHost] != "n2" {
+		t.Errorf("annotations %v", d.Annotations)
 	}
 	want := []corev1.NodeSelectorRequirement{
 		{Key: "disk", Operator: "In", Values: []string{"fast"}},
@@ -125,7 +130,7 @@ func TestAdoptedStore(t *testing.T) {
 	if ds := WorkerDaemonSet(cfg, pool).Spec.Template.Spec.Containers[0].Args; slices.Contains(ds, "--adopt") {
 		t.Errorf("a DaemonSet worker rebuilds only its own store: %v", ds)
 	}
-	long := AdoptedStore(cfg, pool, "ip-10-0-12-34.eu-west-1.compute.internal.example.cluster.local")
+	long := AdoptedStore(cfg, pool, "ip-10-0-12-34.eu-west-1.compute.internal.example.cluster.local", "n2")
 	if len(long.Name) > 52 {
 		t.Errorf("name %s is longer than 52", long.Name)
 	}

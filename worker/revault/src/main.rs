@@ -118,12 +118,13 @@ fn init_cli_logging() {
 
 fn exit_on_error(r: anyhow::Result<()>, json: bool) {
     if let Err(e) = r {
+        // The code of the error underneath, the message with what the command was doing.
         let (code, msg) = if let Some(err) = e.downcast_ref::<revault_engine::Error>() {
-            (err.code().to_string(), err.to_string())
+            (err.code().to_string(), format!("{e:#}"))
         } else if let Some(err) = e.downcast_ref::<client::RemoteError>() {
             (err.code.clone(), err.message.clone())
         } else if let Some(err) = e.downcast_ref::<revault_remote::RemoteError>() {
-            (err.code().to_string(), err.to_string())
+            (err.code().to_string(), format!("{e:#}"))
         } else if let Some(err) = e.downcast_ref::<remote_cli::NotDurable>() {
             ("not_durable".to_string(), err.to_string())
         } else {

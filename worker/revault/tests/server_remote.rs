@@ -415,3 +415,28 @@ fn an_adopted_store_is_not_taken_back_and_a_superseded_copy_is_moved_aside() {
     });
     a.stop();
 }
+
+/// Adopting a lost node's store whose remote holds nothing (the remote was enabled, the node
+/// lost before its first upload): the adopting worker refuses to start rather than serve an
+/// empty store under that node's series; no store is created in its directory.
+#[test]
+fn adopting_a_store_the_remote_does_not_hold_refuses_to_serve_an_empty_one() {
+    let url = fresh_url("serve-adopt-empty");
+    let u = url.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, format!("{}\n", "07".repeat(32))).unwrap();
+    let store = dir.path().join("b").join("store");
+    std::fs::create_dir_all(store.parent().unwrap()).unwrap();
+    let mut adopt = remote_args(&u, key.to_str().unwrap());
+    adopt.extend(["--recover", "--adopt"]);
+    let err = serve_refuses(&store, &adopt, "node-b");
+    assert!(
+        err.contains("adopting a lost node's store: the remote holds nothing to rebuild it from"),
+        "{err}"
+    );
+    assert!(
+        !store.join("revault.store").exists(),
+        "no store was created in its place"
+    );
+}

@@ -213,6 +213,12 @@ pub fn recover_if_asked(
             store.settle();
             Ok(Some((store, Some(remote))))
         }
+        // A worker that starts on an empty disk with a remote that holds nothing yet starts
+        // a new store; one adopting a lost node's store must not serve an empty one under
+        // that node's series (the operator adopts only a store the bucket holds versions of).
+        Err(e @ RemoteError::NoStore { .. }) if a.adopt => Err(anyhow::Error::new(e).context(
+            "adopting a lost node's store: the remote holds nothing to rebuild it from, and an empty store must not be served in its place",
+        )),
         Err(RemoteError::NoStore { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
