@@ -13,11 +13,13 @@
    sweeps, cache memory) on the kube series and on a 20-version synthetic one
    (`revault-bench gen-series`);
 5. `revault-bench expire` (expiry cost at 10, 20, 40 versions beside a full
-   mark-and-sweep).
+   mark-and-sweep);
+6. the durable tier against a real S3 server on loopback (hack/bench_remote.py): backup with
+   the remote on vs off, restore from the bucket alone, recover, bucket vs local bytes.
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
 Options: --quick (fewer runs, no sweeps) for a smoke test; --only STEP,... runs some
-steps (criterion, throughput, chunk-sizes, anchor, schemes, expire) and keeps the others' results.
+steps (criterion, throughput, chunk-sizes, anchor, schemes, expire, remote) and keeps the others' results.
 """
 import argparse
 import json
@@ -114,8 +116,9 @@ def throughput(name, tars, runs):
         shutil.rmtree(base, ignore_errors=True)
         rv("init", "--store", base, "--json")
         series = "bench/tp"
-        if mode == "segment-rev":
-            rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
+        # Inline dedup alone unless reverse dedup is the mode (a new series slides by default).
+        rv("retention", "set", "--store", base, "--series", series, "--live", 1,
+           f"--auto={str(mode == 'segment-rev').lower()}", "--json")
         for t in tars[:-1]:
             rv("backup", "--store", base, "--series", series, "--unit", unit, t, "--json")
         backup_s = []
@@ -169,8 +172,8 @@ def chunk_sizes(tars, kibs=(2, 8)):
             shutil.rmtree(store, ignore_errors=True)
             rv("init", "--store", store, "--chunk-kib", kib, "--json")
             series = "bench/cs"
-            if mode == "segment-rev":
-                rv("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
+            rv("retention", "set", "--store", store, "--series", series, "--live", 1,
+               f"--auto={str(mode == 'segment-rev').lower()}", "--json")
             unit = "chunk" if mode == "chunk" else "segment"
             for t in tars:
                 rv("backup", "--store", store, "--series", series, "--unit", unit, t, "--json")
@@ -200,8 +203,8 @@ def anchor(tars):
         shutil.rmtree(store, ignore_errors=True)
         rv("init", "--store", store, "--chunk-kib", 2, "--json")
         series = "bench/anchor"
-        if name == "segment-rev":
-            rv("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
+        rv("retention", "set", "--store", store, "--series", series, "--live", 1,
+           f"--auto={str(name == 'segment-rev').lower()}", "--json")
         for t in tars:
             rv("backup", "--store", store, "--series", series, "--unit", unit, *extra, t, "--json")
         entry = {"dedup_ratio": rv("stats", "--store", store, "--json")["dedup_ratio"]}
@@ -231,7 +234,7 @@ def schemes(name, series_dir, quick):
     return str(out.relative_to(ROOT))
 
 
-STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire")
+STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire", "remote")
 
 
 def main():
@@ -277,6 +280,10 @@ def main():
         shutil.rmtree(exp, ignore_errors=True)
         rvb("expire", "--out", exp, "--counts", "10,20" if args.quick else "10,20,40", capture=False)
         results["expire"] = str(exp.relative_to(ROOT))
+    if "remote" in steps:
+        log("the durable tier against a real S3 server")
+        import bench_remote
+        results["remote"] = bench_remote.run(rv, timed_cpu, log, tars, WORK, ROOT / "hack", 2 if args.quick else 5)
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
     log(f"wrote {results_file}")

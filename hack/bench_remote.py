@@ -1,0 +1,160 @@
+"""The durable tier's figures (`make bench`, step `remote`; docs/remote.md, docs/performance.md).
+
+Against a real S3 server on loopback (versitygw, hack/s3-server.sh), on the same dataset as the
+throughput step:
+
+1. backup of the last version with the remote on (the CLI returns once the bucket holds it)
+   and off, into fresh copies of stores holding the other versions — interleaved off/on, so both
+   see the same machine; the remote-on copies get a copy of the bucket too;
+2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
+   read from the bucket (ranged GETs of sealed frames, prefetched a window ahead);
+3. `revault recover` of the whole store (metadata and every container);
+4. bytes in the bucket against bytes on local disk.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+ACCESS, SECRET = "revault-bench", "revault-bench-secret"
+
+
+def start_s3(hack, work):
+    """Starts versitygw on a free loopback port over work/s3; returns (process, endpoint, root)."""
+    import socket
+    vgw = subprocess.run([str(hack / "s3-server.sh"), "install"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    root = work / "s3" / "root"
+    shutil.rmtree(work / "s3", ignore_errors=True)
+    root.mkdir(parents=True)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen([vgw, "--access", ACCESS, "--secret", SECRET, "--port", f"127.0.0.1:{port}", "posix", str(root)],
+                         stdout=subprocess.DEVNULL, stderr=open(work / "s3.log", "w"))
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return p, f"http://127.0.0.1:{port}", root
+
+
+def tree_bytes(p):
+    return sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())
+
+
+def set_remote_prefix(store, bucket, prefix):
+    """Points a copied store at a copied prefix (objects are sealed under their names relative
+    to the prefix, so a copied prefix opens as the original)."""
+    conf = store / "remote" / "remote.json"
+    c = json.loads(conf.read_text())
+    c["url"] = {"bucket": bucket, "prefix": prefix}
+    conf.write_text(json.dumps(c))
+
+
+def run(rv, timed_cpu, log, tars, work, hack, runs):
+    env_before = dict(os.environ)
+    s3, endpoint, s3root = start_s3(hack, work)
+    os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"})
+    try:
+        return measure(rv, timed_cpu, log, tars, work, runs, s3root)
+    finally:
+        s3.terminate()
+        s3.wait()
+        os.environ.clear()
+        os.environ.update(env_before)
+
+
+def measure(rv, timed_cpu, log, tars, work, runs, s3root):
+    series = "bench/remote"
+    key = work / "remote-key"
+    key.unlink(missing_ok=True)
+    bucket = "revault-bench"
+    stores = {}
+    for mode in ("off", "on"):
+        base = work / f"remote-{mode}"
+        shutil.rmtree(base, ignore_errors=True)
+        extra = ["--remote", f"s3://{bucket}/base", "--key-file", key] if mode == "on" else []
+        rv("init", "--store", base, *extra, "--json")
+        rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
+        t0 = time.perf_counter()
+        for t in tars[:-1]:
+            rv("backup", "--store", base, "--series", series, t, "--json")
+        stores[mode] = (base, time.perf_counter() - t0)
+    logical = tars[-1].stat().st_size
+    backup = {"off": [], "on": []}
+    cpu = {"off": [], "on": []}
+    for i in range(runs):
+        for mode in ("off", "on"):
+            base = stores[mode][0]
+            trial = work / f"remote-{mode}-trial"
+            shutil.rmtree(trial, ignore_errors=True)
+            shutil.copytree(base, trial)
+            if mode == "on":
+                dst = s3root / bucket / f"trial{i}"
+                shutil.rmtree(dst, ignore_errors=True)
+                subprocess.run(["cp", "-a", str(s3root / bucket / "base"), str(dst)], check=True)
+                set_remote_prefix(trial, bucket, f"trial{i}")
+            subprocess.run(["sync"])
+            wall, c, _ = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
+            backup[mode].append(wall)
+            cpu[mode].append(c)
+    on_store = work / "remote-on-trial"
+    prefix = f"trial{runs - 1}"
+    url = f"s3://{bucket}/{prefix}"
+    bucket_bytes = tree_bytes(s3root / bucket / prefix)
+    local_data = tree_bytes(on_store / "data")
+    local_meta = tree_bytes(on_store / "meta")
+    # A store rebuilt with --lazy has no container on local disk: its restores read the bucket.
+    restores = []
+    for i in range(runs + 1):
+        lazy = work / f"remote-lazy{i}"
+        shutil.rmtree(lazy, ignore_errors=True)
+        rv("recover", "--remote", url, "--key-file", key, "--store", lazy, "--lazy", "--json")
+        assert tree_bytes(lazy / "data") == 0, "a lazy recovery downloaded containers"
+        t0 = time.perf_counter()
+        r = rv("restore", "--store", lazy, "--series", series, "--version", "latest", "-o", "/dev/null", "--json")
+        if i > 0:  # the first one warms the S3 server's page cache
+            restores.append((time.perf_counter() - t0, r))
+        shutil.rmtree(lazy, ignore_errors=True)
+    full = work / "remote-full"
+    shutil.rmtree(full, ignore_errors=True)
+    t0 = time.perf_counter()
+    rep = rv("recover", "--remote", url, "--key-file", key, "--store", full, "--json")
+    recover_s = time.perf_counter() - t0
+    check = rv("check", "--store", full, "--json")
+    med = statistics.median
+    res = {
+        "dataset_versions": len(tars),
+        "logical_bytes_last": logical,
+        "backup_off_mb_s": logical / 1e6 / med(backup["off"]),
+        "backup_on_mb_s": logical / 1e6 / med(backup["on"]),
+        "backup_on_vs_off": med(backup["off"]) / med(backup["on"]),
+        "backup_runs_s": backup,
+        "backup_cpu_s": {m: med(v) for m, v in cpu.items()},
+        "first_versions_s": {m: s for m, (_, s) in stores.items()},
+        "restore_from_bucket_mb_s": logical / 1e6 / med(t for t, _ in restores),
+        "restore_from_bucket_engine_mb_s": med(r["logical_bytes"] / 1e6 / r["seconds"] for _, r in restores),
+        "restore_from_bucket_runs_s": [t for t, _ in restores],
+        "restore_container_reads": restores[-1][1]["container_reads"],
+        "recover_s": recover_s,
+        "recover_containers": rep["containers"],
+        "recover_container_bytes": rep["containerBytesDownloaded"],
+        "recover_check_ok": check["ok"],
+        "bucket_bytes": bucket_bytes,
+        "local_data_bytes": local_data,
+        "local_meta_bytes": local_meta,
+        "bucket_vs_local": bucket_bytes / (local_data + local_meta),
+    }
+    log(f"remote: backup off {res['backup_off_mb_s']:.0f} MB/s, on {res['backup_on_mb_s']:.0f} MB/s "
+        f"(on/off time {1 / res['backup_on_vs_off']:.2f}); restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s; "
+        f"recover {recover_s:.1f} s; bucket {bucket_bytes / 2**20:.0f} MiB vs local {(local_data + local_meta) / 2**20:.0f} MiB")
+    for p in work.glob("remote-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    return res
