@@ -83,8 +83,9 @@ def demo_mode(mode, versions, work):
     shutil.rmtree(store, ignore_errors=True)
     run("init", "--store", store, "--json")
     series = f"demo/{unit}{'-rev' if reverse else ''}"
-    if reverse:
-        run("retention", "set", "--store", store, "--series", series, "--live", 1, "--auto", "--json")
+    # A new series slides by default; the inline modes are shown without it.
+    run("retention", "set", "--store", store, "--series", series, "--live", 1,
+        f"--auto={str(reverse).lower()}", "--json")
     rows = []
     for i, tar in enumerate(versions, 1):
         b = run("backup", "--store", store, "--series", series, "--unit", unit, tar, "--json")

@@ -87,6 +87,7 @@ const (
 	ErrorCodeRemoteUnavailable    ErrorCode = "remote_unavailable"
 	ErrorCodeRequestTimeout       ErrorCode = "request_timeout"
 	ErrorCodeSeriesBusy           ErrorCode = "series_busy"
+	ErrorCodeStarting             ErrorCode = "starting"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
 	ErrorCodeUnavailable          ErrorCode = "unavailable"
 	ErrorCodeUnitMismatch         ErrorCode = "unit_mismatch"
@@ -162,6 +163,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeRequestTimeout:
 		return true
 	case ErrorCodeSeriesBusy:
+		return true
+	case ErrorCodeStarting:
 		return true
 	case ErrorCodeUnauthorized:
 		return true
@@ -679,7 +682,7 @@ type RestoreRunningState string
 
 // Retention defines model for Retention.
 type Retention struct {
-	// Auto slide and expire after every backup
+	// Auto slide and expire after every backup (the default of a new series)
 	Auto *bool `json:"auto,omitempty"`
 
 	// Keep keep the newest N versions
@@ -1287,7 +1290,7 @@ type ClientInterface interface {
 
 	// GetReady The store is open and accepts requests.
 	//
-	// 503 while the store opens, while the server drains, and while the
+	// 503 while the store opens (code `starting`), while the server drains, and while the
 	// store is degraded (its metadata takes no writes after a full disk;
 	// reads are still served, see docs/service.md, "Full disks").
 	//
@@ -1547,7 +1550,7 @@ func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 
 // GetReady The store is open and accepts requests.
 //
-// 503 while the store opens, while the server drains, and while the
+// 503 while the store opens (code `starting`), while the server drains, and while the
 // store is degraded (its metadata takes no writes after a full disk;
 // reads are still served, see docs/service.md, "Full disks").
 //
@@ -3439,7 +3442,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetReadyWithResponse The store is open and accepts requests.
 	//
-	// 503 while the store opens, while the server drains, and while the
+	// 503 while the store opens (code `starting`), while the server drains, and while the
 	// store is degraded (its metadata takes no writes after a full disk;
 	// reads are still served, see docs/service.md, "Full disks").
 	//
@@ -5550,7 +5553,7 @@ func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEdi
 
 // GetReadyWithResponse The store is open and accepts requests.
 //
-// 503 while the store opens, while the server drains, and while the
+// 503 while the store opens (code `starting`), while the server drains, and while the
 // store is degraded (its metadata takes no writes after a full disk;
 // reads are still served, see docs/service.md, "Full disks").
 //

@@ -90,7 +90,7 @@ fn measure(
     pb: &ProgressBar,
 ) -> Result<ExpireRow> {
     let store = fresh_store(dir, 4)?;
-    reverse_dedup(&store)?;
+    reverse_dedup(&store, true)?;
     for v in versions {
         backup(
             &store,

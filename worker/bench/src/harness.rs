@@ -49,14 +49,15 @@ pub fn source(p: &Path) -> Result<Box<dyn Source>> {
     }
 }
 
-/// Reverse dedup as the product runs it: one version in the live window, automatic slides.
-pub fn reverse_dedup(store: &Store) -> Result<()> {
+/// Reverse dedup as the product runs it (one version in the live window, automatic slides;
+/// a new series' default), or none at all: the schemes that compare inline dedup alone.
+pub fn reverse_dedup(store: &Store, on: bool) -> Result<()> {
     set_retention(
         store,
         SERIES,
         Retention {
             live: 1,
-            auto: true,
+            auto: on,
             ..Default::default()
         },
     )?;

@@ -87,9 +87,7 @@ fn build(
 ) -> Result<(Store, Vec<BackupReport>)> {
     let (unit, reverse) = unit_of(&s.unit)?;
     let store = fresh_store(dir, container_mib)?;
-    if reverse {
-        reverse_dedup(&store)?;
-    }
+    reverse_dedup(&store, reverse)?;
     let mut reps = Vec::new();
     for v in versions {
         let opts = BackupOptions {

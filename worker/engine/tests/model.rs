@@ -526,8 +526,10 @@ impl StateMachineTest for Sut {
             revault_engine::set_retention(
                 &store,
                 name,
+                // Slides and expiries are the model's operations, not automatic.
                 Retention {
                     live: LIVE[i],
+                    auto: false,
                     ..Default::default()
                 },
             )

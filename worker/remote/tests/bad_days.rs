@@ -178,6 +178,7 @@ fn losing_the_uploaders_records_with_containers_evicted_loses_nothing() {
         "ns/a",
         Retention {
             live: 1,
+            auto: false,
             ..Default::default()
         },
     )

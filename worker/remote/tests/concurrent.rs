@@ -139,6 +139,7 @@ fn backups_maintenance_evictions_restores_and_syncs_at_once() {
             Retention {
                 live: 1,
                 keep: Some(4),
+                auto: false,
                 ..Default::default()
             },
         )

@@ -83,6 +83,7 @@ fn restoring_an_evicted_container_while_the_bucket_is_away_says_so_and_serves_no
         "ns/a",
         Retention {
             live: 1,
+            auto: false,
             ..Default::default()
         },
     )

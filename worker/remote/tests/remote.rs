@@ -66,6 +66,7 @@ fn a_store_rebuilt_from_the_bucket_alone_restores_every_version() {
         "ns/seg",
         Retention {
             live: 1,
+            auto: false,
             ..Default::default()
         },
     )
@@ -231,6 +232,7 @@ fn evicted_containers_are_read_back_from_the_bucket() {
         "ns/seg",
         Retention {
             live: 1,
+            auto: false,
             ..Default::default()
         },
     )

@@ -1,7 +1,6 @@
 //! Offline commands on a local store directory.
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,6 +15,7 @@ use revault_engine::{
 
 use crate::output::{self, mib, rate, ratio, Table};
 use crate::remote_cli::Opened;
+use crate::restore_out::{restore_to_file, Destination};
 use crate::{Cli, Cmd};
 
 #[derive(Args)]
@@ -181,9 +181,9 @@ pub struct RestoreArgs {
     /// of keeping it in memory between uses (to measure what reuse saves).
     #[arg(long)]
     pub no_reuse: bool,
-    /// Output: `-` (stdout, default), a FILE, or a DIR (existing, or ending in
-    /// `/`) to extract a directory version into. A directory version written to
-    /// a file or stdout is a tar stream.
+    /// Output: `-` (stdout, default), a FILE, or a DIR. A directory version is
+    /// extracted into a DIR that exists, ends in `/`, or is a new path not named
+    /// `*.tar*`; to stdout or a `*.tar` file it is a tar stream.
     #[arg(short = 'o', long = "output", default_value = "-")]
     pub output: String,
 }
@@ -226,8 +226,9 @@ pub struct RetentionSetArgs {
     /// Versions in the live window (inline-deduplicated, fastest to restore).
     #[arg(long, default_value_t = 1)]
     pub live: u32,
-    /// Slide and apply retention automatically after every backup.
-    #[arg(long)]
+    /// Slide and apply retention automatically after every backup (default);
+    /// `--auto=false` leaves it to `revault slide` and `revault expire`.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub auto: bool,
 }
 
@@ -429,53 +430,30 @@ fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
         cancel: None,
     };
     let sel = VersionSel::Number(v.number);
-    let is_dir = a.output.ends_with('/') || Path::new(&a.output).is_dir();
-    // A device or FIFO (e.g. /dev/null) is written in place, never replaced.
-    let special = std::fs::metadata(&a.output).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    let rep = if a.output == "-" {
-        let stdout = std::io::stdout();
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
-    } else if special {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&a.output)
-            .with_context(|| format!("cannot open {}", a.output))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
-    } else if is_dir {
-        restore(
+    let dest = Destination::of(&a.output, v.kind);
+    let rep = match &dest {
+        Destination::Stdout => {
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+            restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
+        }
+        Destination::InPlace => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&a.output)
+                .with_context(|| format!("cannot open {}", a.output))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w))
+        }
+        Destination::Dir => restore(
             &store,
             &a.series,
             sel,
             &opts,
             RestoreTarget::Dir(Path::new(&a.output)),
-        )
-    } else {
-        // Write beside the target and rename at the end: a failed restore
-        // never leaves a truncated file under the requested name.
-        let partial = PathBuf::from(format!("{}.revault-partial", a.output));
-        let f = File::create(&partial)
-            .with_context(|| format!("cannot create {}", partial.display()))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        let r = restore(&store, &a.series, sel, &opts, RestoreTarget::Writer(&mut w));
-        let r = r.and_then(|rep| {
-            w.flush().map_err(|e| revault_engine::Error::Io {
-                context: format!("writing {}", partial.display()),
-                source: e,
-            })?;
-            Ok(rep)
-        });
-        match r {
-            Ok(rep) => {
-                std::fs::rename(&partial, &a.output)
-                    .with_context(|| format!("cannot create {}", a.output))?;
-                Ok(rep)
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                Err(e)
-            }
+        ),
+        Destination::File | Destination::Tar => {
+            restore_to_file(&store, &a.series, &a.output, sel, &opts)
         }
     };
     pb.finish_and_clear();
@@ -487,9 +465,10 @@ fn cmd_restore(a: RestoreArgs, json: bool, quiet: bool) -> Result<()> {
             eprintln!("warning: {w}");
         }
         eprintln!(
-            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}, chain depth {}",
+            "{} version {} {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}, chain depth {}",
             rep.series,
             rep.version,
+            dest.describe(&a.output),
             mib(rep.logical_bytes),
             rep.seconds,
             rate(rep.logical_bytes, rep.seconds),

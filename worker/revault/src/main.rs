@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod output;
 mod remote_cli;
+mod restore_out;
 mod server;
 
 use clap::{Parser, Subcommand};

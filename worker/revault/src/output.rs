@@ -101,3 +101,10 @@ pub fn progress(total: Option<u64>, quiet: bool, msg: &str) -> ProgressBar {
     pb.enable_steady_tick(std::time::Duration::from_millis(200));
     pb
 }
+
+/// A restore's output named like a tar file (`x.tar`, `x.tar.gz`): a directory version asked
+/// for there is written as a tar archive, elsewhere it is extracted.
+pub fn named_like_tar(output: &str) -> bool {
+    let name = output.rsplit('/').next().unwrap_or(output);
+    name.ends_with(".tar") || name.contains(".tar.")
+}

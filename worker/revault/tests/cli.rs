@@ -3,6 +3,7 @@
 mod common;
 
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -267,7 +268,7 @@ fn an_unreadable_input_fails_clearly_and_creates_no_version() {
     for p in [dir.path(), &store, &tree, &tree.join("sub")] {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
-    let chown = |p: &std::path::Path| {
+    let chown = |p: &Path| {
         Command::new("chown")
             .args(["-R", "65534:65534", p.to_str().unwrap()])
             .status()
@@ -472,4 +473,171 @@ fn benchmarks_and_dataset_generation_are_not_revault_commands() {
             "`revault {gone}` is refused as unknown: {err}"
         );
     }
+}
+
+#[test]
+fn a_series_made_by_a_plain_backup_slides_automatically() {
+    // The documented default (live window 1, automatic slides) without `retention set`: a
+    // series that never slid kept segment-only dedup (issue 21).
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let mut data = random(4 << 20, 11);
+    let mut inputs = Vec::new();
+    for v in 0..3u8 {
+        data[(v as usize + 1) * 1_000_003] ^= 0x5a;
+        let input = dir.path().join(format!("in{v}"));
+        std::fs::write(&input, &data).unwrap();
+        ok_json(&[
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ]);
+        inputs.push(input);
+    }
+    let r = ok_json(&["retention", "show", "--store", s, "--series", "default/db"]);
+    assert_eq!(
+        (r["live"].as_u64(), r["auto"].as_bool()),
+        (Some(1), Some(true)),
+        "{r}"
+    );
+    let l = ok_json(&["list", "--store", s, "--series", "default/db"]);
+    let forms: Vec<&str> = l["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["form"].as_str().unwrap())
+        .collect();
+    assert_eq!(forms, ["archival", "archival", "live"], "{l}");
+    for (v, input) in inputs.iter().enumerate() {
+        let out = dir.path().join(format!("out{v}"));
+        let n = (v + 1).to_string();
+        ok_json(&[
+            "restore",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            "--version",
+            &n,
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(sha256_file(&out), sha256_file(input), "version {n}");
+    }
+    // Turned off explicitly, it stays off.
+    let off = ok_json(&[
+        "retention",
+        "set",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--auto=false",
+    ]);
+    assert_eq!(off["auto"], false, "{off}");
+    let on = ok_json(&[
+        "retention",
+        "set",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--keep",
+        "5",
+    ]);
+    assert_eq!(
+        (on["auto"].as_bool(), on["keep"].as_u64()),
+        (Some(true), Some(5)),
+        "{on}"
+    );
+}
+
+#[test]
+fn a_directory_version_restored_to_a_new_path_is_extracted_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/f"), random(50_000, 5)).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/t",
+        tree.to_str().unwrap(),
+    ]);
+    let restore = |out: &Path| {
+        let o = revault(&[
+            "restore",
+            "--store",
+            s,
+            "--series",
+            "default/t",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    // No trailing slash, not there yet: the directory, not a tar file named like one.
+    let out = dir.path().join("restored");
+    let said = restore(&out);
+    assert!(
+        said.contains(&format!("extracted into directory {}", out.display())),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("sub/f")).unwrap(),
+        std::fs::read(tree.join("sub/f")).unwrap()
+    );
+    // Named like a tar file: a tar file, and the summary says so.
+    let tarball = dir.path().join("t.tar");
+    let said = restore(&tarball);
+    assert!(
+        said.contains(&format!(
+            "written as a tar archive to {}",
+            tarball.display()
+        )),
+        "{said}"
+    );
+    let listing = Command::new("tar")
+        .args(["-tf", tarball.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("sub/f"));
+    // A file version to a new path is a file.
+    let input = dir.path().join("in");
+    std::fs::write(&input, random(10_000, 6)).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/f",
+        input.to_str().unwrap(),
+    ]);
+    let out = dir.path().join("f-restored");
+    let o = revault(&[
+        "restore",
+        "--store",
+        s,
+        "--series",
+        "default/f",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains(&format!("written to file {}", out.display())),
+        "{said}"
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
 }

@@ -426,6 +426,16 @@ fn a_full_data_directory_fails_writes_cleanly_and_needs_no_reopen() {
     ]);
     let srv = serve(dir.path(), &store, &[]);
     let mut acked = Acked::default();
+    // Slides here happen by hand, once the disk is full (a new series would slide by itself).
+    for s in ["ns/s", "ns/g"] {
+        let r = srv.request(
+            "PUT",
+            &format!("/v1/series/{s}/retention"),
+            &[("Content-Type", "application/json")],
+            br#"{"auto": false}"#,
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
 
     // A series with two similar versions, so a slide rewrites some units.
     let s1 = random(4 << 20, 10);

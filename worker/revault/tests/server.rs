@@ -1073,6 +1073,76 @@ fn retention_runs_after_backups_and_on_schedule() {
 }
 
 #[test]
+fn a_push_to_a_starting_worker_waits_for_it_and_says_why() {
+    // A backup Job whose worker pod is still opening its store (here: waiting for the store
+    // lock of the pod it replaces) used to fail with "Broken pipe": the worker refused the
+    // body unread. The client now asks first, waits while the worker says `starting`, and
+    // sends the body once it is ready.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let old = Server::start(&store, &[]);
+    let new = Server::spawn(&store, &["--lock-wait", "60s"], &[]);
+    new.get("/readyz", None).assert_error(503, "starting");
+    let input = dir.path().join("in");
+    std::fs::write(&input, random(3 << 20, 43)).unwrap();
+    let stderr = dir.path().join("push.err");
+    let url = new.url();
+    let push = std::process::Command::new(bin())
+        .args(push_args(&url, "default/db", input.to_str().unwrap()))
+        .env("REVAULT_LOG", "warn")
+        .env_remove("REVAULT_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    old.wait_for("the push to wait", Duration::from_secs(30), |_| {
+        std::fs::read_to_string(&stderr).is_ok_and(|e| e.contains("waiting for the worker"))
+    });
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(said.contains("the store is still opening"), "{said}");
+    old.signal(libc::SIGKILL);
+    let out = wait_child(push, Duration::from_secs(90));
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(out.status.success(), "the push failed: {said}");
+    assert!(!said.contains("Broken pipe"), "{said}");
+    let restored = dir.path().join("out");
+    client_ok(
+        &pull_to(&url, "default/db", restored.to_str().unwrap()),
+        None,
+    );
+    assert_eq!(
+        std::fs::read(&restored).unwrap(),
+        std::fs::read(&input).unwrap()
+    );
+    new.stop();
+}
+
+#[test]
+fn a_push_to_a_worker_that_never_starts_gives_up_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::write(&input, b"some bytes").unwrap();
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut args = push_args(&url, "default/db", input.to_str().unwrap());
+    args.extend(["--wait-ready", "1s"]);
+    let out = client(&args, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("the worker at {url} is not ready after 1s"))
+            && err.contains("cannot connect"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_new_server_waits_for_the_store_lock_of_an_exiting_one() {
     // A force-deleted worker pod's process can still hold the store while its
     // replacement starts: the new server waits, not ready, and takes over.

@@ -289,9 +289,11 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("store"), &[]);
 
-    // Backups: a stream, a tree, and one whose retention runs after it.
+    // Backups: a stream, a tree, and one whose retention runs after it. A new series' retention
+    // is automatic, so its reports carry what the slide and the expiry did.
+    let auto = with(BACKUP, &[("slide", "object"), ("expire", "object")]);
     let first = put_version(&srv, "default/db", OCTETS, &random(2 << 20, 1));
-    assert_shape("backup report", &first, BACKUP);
+    assert_shape("backup report", &first, &auto);
     assert_eq!(first["kind"], "stream");
     let t = put_version(
         &srv,
@@ -299,8 +301,20 @@ fn series_and_maintenance_bodies_keep_their_keys() {
         ("Content-Type", "application/x-tar"),
         &small_tar(),
     );
-    assert_shape("backup report (tar)", &t, BACKUP);
+    assert_shape("backup report (tar)", &t, &auto);
     assert_eq!(t["kind"], "tree");
+    // Without automatic retention, neither.
+    ok(
+        srv.request(
+            "PUT",
+            "/v1/series/default/manual/retention",
+            &[JSON],
+            b"{\"auto\": false}",
+        ),
+        201,
+    );
+    let m = put_version(&srv, "default/manual", OCTETS, &random(1 << 20, 4));
+    assert_shape("backup report (manual retention)", &m, BACKUP);
 
     // A retention that creates its series answers 201, one that replaces
     // another 200; the body is the same.
@@ -320,11 +334,7 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     let mut data = random(2 << 20, 2);
     data[..4096].fill(7);
     let b = put_version(&srv, "default/auto", OCTETS, &data);
-    assert_shape(
-        "backup report with automatic retention",
-        &b,
-        &with(BACKUP, &[("slide", "object"), ("expire", "object")]),
-    );
+    assert_shape("backup report with automatic retention", &b, &auto);
     assert_shape("backup report's slide", &b["slide"], SLIDE);
     assert_shape("backup report's expire", &b["expire"], EXPIRE);
     assert_eq!(b["expire"]["expired"], serde_json::json!([1]), "{b}");

@@ -108,13 +108,17 @@ pub struct Retention {
     pub auto: bool,
 }
 
+/// What a series gets until someone sets its retention: every version kept, a live window
+/// of one, and automatic slides — the mode docs/retention.md describes (segment dedup inline,
+/// chunk-level reverse dedup as versions leave the window). A series that never slid got
+/// segment dedup only (2.6x on the kube series instead of 9x; issue 21).
 impl Default for Retention {
     fn default() -> Self {
         Retention {
             keep: None,
             keep_within_secs: None,
             live: 1,
-            auto: false,
+            auto: true,
         }
     }
 }

@@ -10,8 +10,8 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use revault_engine::{
     backup, restore, BackupOptions, BackupReport, DedupUnit, InitOptions, OpenMode, RestoreOptions,
-    RestoreReport, RestoreTarget, SizeRange, Store, StoreConfig, StreamSource, VersionSel, KIB,
-    MIB,
+    RestoreReport, RestoreTarget, Retention, SizeRange, Store, StoreConfig, StreamSource,
+    VersionSel, KIB, MIB,
 };
 
 /// Small chunks, segments and containers so small inputs exercise many units,
@@ -66,9 +66,24 @@ pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -
     )
 }
 
+/// Backs `data` up as the next version of `series`. A series these helpers create has manual
+/// retention (no automatic slides): the engine's tests slide, expire and pause when they say
+/// so. A series created any other way gets `Retention::default()` (automatic slides).
 pub fn backup_with(store: &Store, series: &str, data: &[u8], opts: &BackupOptions) -> BackupReport {
+    if store.series(series).is_err() {
+        manual_retention(store, series);
+    }
     let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
     backup(store, series, Box::new(src), opts).unwrap()
+}
+
+/// Sets `series` (created if new) to keep every version, live window 1, no automatic slides.
+pub fn manual_retention(store: &Store, series: &str) {
+    let r = Retention {
+        auto: false,
+        ..Default::default()
+    };
+    revault_engine::set_retention(store, series, r).unwrap();
 }
 
 /// What the tests restore with: a 1 MiB budget, so that small versions

@@ -72,7 +72,16 @@ pub fn version_data(seed: u64, i: u64, len: usize) -> Vec<u8> {
     d
 }
 
+/// Backs `data` up as the next version of `series`; a series this creates slides only when a
+/// test says so (manual retention), as the engine's test helpers do.
 pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -> BackupReport {
+    if store.series(series).is_err() {
+        let manual = revault_engine::Retention {
+            auto: false,
+            ..Default::default()
+        };
+        revault_engine::set_retention(store, series, manual).unwrap();
+    }
     let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
     backup(
         store,

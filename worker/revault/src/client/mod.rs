@@ -47,6 +47,10 @@ pub struct ServerArgs {
     /// Trust this CA certificate (PEM) for an https server.
     #[arg(long)]
     pub ca_cert: Option<PathBuf>,
+    /// How long to wait for a worker that is starting (its store still opening, or not
+    /// listening yet) before giving up, e.g. `2m`; `0` does not wait.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub wait_ready: Duration,
 }
 
 pub fn read_token(file: Option<&Path>) -> Result<Option<String>> {
@@ -73,6 +77,7 @@ pub struct Conn {
     pub client: reqwest::Client,
     pub base: String,
     pub token: Option<String>,
+    pub wait_ready: Duration,
 }
 
 impl Conn {
@@ -97,7 +102,49 @@ impl Conn {
             client: b.build().context("setting up the HTTP client")?,
             base,
             token: read_token(a.token_file.as_deref())?,
+            wait_ready: a.wait_ready,
         })
+    }
+
+    /// Waits, with backoff, while the worker is starting: not listening yet, or answering 503
+    /// `starting` while its store opens. A body cannot be sent twice (stdin is read once), so
+    /// a push asks before it sends: the worker it would reach refuses the body unread, and the
+    /// client saw only "Broken pipe". Any other refusal is the caller's to report.
+    pub async fn wait_until_ready(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.wait_ready;
+        let mut backoff = Duration::from_millis(200);
+        let mut said = String::new();
+        loop {
+            let why = match self.client.get(self.url("/readyz")).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => match check(r).await {
+                    Err(e) => match e.downcast::<RemoteError>() {
+                        Ok(re) if re.code == "starting" => re.to_string(),
+                        // Degraded, shutting down: what the request itself would be told.
+                        Ok(_) | Err(_) => return Ok(()),
+                    },
+                    Ok(_) => return Ok(()),
+                },
+                Err(e) if e.is_connect() => format!("cannot connect ({})", root_cause(&e)),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!("reaching {}", self.base)))
+                }
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                bail!(
+                    "the worker at {} is not ready after {}: {why}",
+                    self.base,
+                    humantime::format_duration(self.wait_ready)
+                );
+            }
+            if why != said {
+                eprintln!("waiting for the worker at {}: {why}", self.base);
+                said = why;
+            }
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -111,6 +158,15 @@ impl Conn {
             None => r,
         }
     }
+}
+
+/// The innermost error's message ("Connection refused"), not reqwest's outer layers.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// Turns a non-success response into a [`RemoteError`].

@@ -284,7 +284,8 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
     let conn = Conn::new(&a.server)?;
     let started = Instant::now();
     let rt = runtime()?;
-    let (kind, number, restored, received, blocks, report) = rt.block_on(async {
+    let (kind, number, restored, received, blocks, report, written_as) = rt.block_on(async {
+        conn.wait_until_ready().await?;
         let mut q: Vec<(&str, String)> = Vec::new();
         if let Some(c) = &a.cache {
             q.push(("cache", c.clone()));
@@ -319,6 +320,21 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
         let restore_id = header("x-revault-restore-id");
         let total = resp.content_length();
         let blocks = header("content-type") == transfer::MEDIA_TYPE;
+        // As `revault restore`: a directory version asked for at a new path not named like a
+        // tar file is extracted there.
+        let target = match target {
+            Target::File(p) if kind == "tree" && !p.exists() && !output::named_like_tar(&a.output) => {
+                Target::Dir(p)
+            }
+            t => t,
+        };
+        let written_as = match &target {
+            Target::Stdout => "to stdout".to_string(),
+            Target::Special(p) => format!("written into {}", p.display()),
+            Target::Dir(p) => format!("extracted into directory {}", p.display()),
+            Target::File(p) if kind == "tree" => format!("written as a tar archive to {}", p.display()),
+            Target::File(p) => format!("written to file {}", p.display()),
+        };
         if kind == "stream" && matches!(target, Target::Dir(_)) {
             bail!(
                 "{} version {number} is a single stream, not a directory; pull it to a file (-o FILE)",
@@ -387,7 +403,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
             },
             Err(_) => None,
         };
-        Ok::<_, anyhow::Error>((kind, number, restored, received, blocks, report))
+        Ok::<_, anyhow::Error>((kind, number, restored, received, blocks, report, written_as))
     })?;
     let secs = started.elapsed().as_secs_f64();
     let report = report.unwrap_or(serde_json::Value::Null);
@@ -416,7 +432,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
         }
     } else {
         eprintln!(
-            "{} version {}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}",
+            "{} version {} {written_as}: {} MiB in {:.2}s ({} MiB/s), {} container reads, speed factor {}",
             a.series,
             number,
             mib(restored),

@@ -97,16 +97,16 @@ pub async fn healthz(State(app): AppState) -> Response {
 
 pub async fn readyz(State(app): AppState) -> Response {
     let refusal = if app.draining.load(Ordering::SeqCst) {
-        Some("the server is shutting down".to_string())
+        Some(ApiError::unavailable("the server is shutting down"))
     } else if let Some(why) = app.health.refusal() {
-        Some(super::health::degraded_message(&why))
+        Some(ApiError::unavailable(super::health::degraded_message(&why)))
     } else if !app.ready.load(Ordering::SeqCst) || app.open_store().is_none() {
-        Some("the store is still opening".to_string())
+        Some(ApiError::starting())
     } else {
         None
     };
     match refusal {
-        Some(why) => ApiError::unavailable(why).into_response(),
+        Some(e) => e.into_response(),
         None => (
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             "ready\n",

@@ -51,6 +51,15 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, ApiCode::RemoteFenced, message)
     }
 
+    /// 503 while the store opens: worth waiting for (`revault push` does).
+    pub fn starting() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ApiCode::Starting,
+            "the store is still opening",
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

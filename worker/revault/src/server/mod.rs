@@ -262,12 +262,13 @@ impl App {
         if self.draining.load(Ordering::SeqCst) {
             return Err(error::ApiError::unavailable("the server is shutting down"));
         }
-        self.open_store().ok_or_else(|| {
-            error::ApiError::unavailable(match self.health.refusal() {
-                Some(why) => format!("the store is being reopened: {why}"),
-                None => "the store is still opening".to_string(),
+        self.open_store()
+            .ok_or_else(|| match self.health.refusal() {
+                Some(why) => {
+                    error::ApiError::unavailable(format!("the store is being reopened: {why}"))
+                }
+                None => error::ApiError::starting(),
             })
-        })
     }
 
     /// The store if it is open, whatever else holds.

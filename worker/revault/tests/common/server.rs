@@ -25,6 +25,14 @@ impl Server {
 
     /// [`Server::start`] with these environment variables set (e.g. `NODE_NAME`).
     pub fn start_env(store: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let s = Self::spawn(store, extra, env);
+        s.wait_ready(Instant::now() + Duration::from_secs(30));
+        s
+    }
+
+    /// Starts `revault serve` and returns once it listens, ready or not (its store may still
+    /// be opening).
+    pub fn spawn(store: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = store.parent().unwrap();
         let n = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -72,26 +80,31 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        if scheme == "https" {
-            s.wait_for("the store to open", Duration::from_secs(30), |s| {
+        s
+    }
+
+    /// Waits until the server says it is ready, or panics at `deadline`.
+    pub fn wait_ready(&self, deadline: Instant) {
+        if self.scheme == "https" {
+            let limit = deadline.saturating_duration_since(Instant::now());
+            self.wait_for("the store to open", limit, |s| {
                 s.log_text().contains("store open; ready")
             });
-        } else {
-            loop {
-                if let Ok(r) = s.try_request("GET", "/readyz", &[], b"") {
-                    if r.status == 200 {
-                        break;
-                    }
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "revault serve never became ready:\n{}",
-                    s.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            return;
         }
-        s
+        loop {
+            if let Ok(r) = self.try_request("GET", "/readyz", &[], b"") {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "revault serve never became ready:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn url(&self) -> String {

@@ -56,6 +56,7 @@ api_codes! {
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",
     Unavailable => "unavailable",
+    Starting => "starting",
     RequestTimeout => "request_timeout",
     // The durable tier's.
     RemoteFenced => "remote_fenced",

@@ -18,12 +18,17 @@ pub struct Retention {
     pub keep_within_seconds: Option<u64>,
     #[serde(default = "one")]
     pub live: u32,
-    #[serde(default)]
+    /// Omitted: automatic, the default of a new series.
+    #[serde(default = "yes")]
     pub auto: bool,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl From<&EngineRetention> for Retention {
