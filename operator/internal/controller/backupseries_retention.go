@@ -45,8 +45,9 @@ func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instru
 	if bs.Spec.RetentionPolicyRef != nil || !hasRules {
 		return nil
 	}
-	live := int64(1)
-	if err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerclient.Retention{Live: &live}); err != nil {
+	// What a new series gets: every version kept, live window 1, automatic slides.
+	live, auto := int64(1), true
+	if err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerclient.Retention{Live: &live, Auto: &auto}); err != nil {
 		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", "clearing retention: "+err.Error())
 		return err
 	}

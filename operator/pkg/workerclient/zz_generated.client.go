@@ -682,7 +682,7 @@ type RestoreRunningState string
 
 // Retention defines model for Retention.
 type Retention struct {
-	// Auto slide and expire after every backup (the default of a new series)
+	// Auto slide and expire after every backup; omitted: the series keeps its setting (a new series: true)
 	Auto *bool `json:"auto,omitempty"`
 
 	// Keep keep the newest N versions

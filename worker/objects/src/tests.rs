@@ -76,6 +76,20 @@ fn put_get_list_overwrite_delete() {
         );
     }
     assert!(is_bucket(s.meta(), b).unwrap());
+    // Its versions are different objects: never slid one into the next (a new backup series
+    // slides by default; a bucket must not).
+    let r = s.series(b).unwrap().retention;
+    assert!(!r.auto, "a bucket's retention is automatic: {r:?}");
+    assert_eq!(
+        s.series(b)
+            .and_then(|rec| s.versions(&rec))
+            .unwrap()
+            .iter()
+            .filter(|v| v.form != revault_engine::RecipeForm::Live)
+            .count(),
+        0,
+        "a bucket version was slid"
+    );
     let l = list(&s, b, "backups/", Some("/"), None, 100).unwrap();
     assert_eq!(l.common_prefixes, ["backups/b1/", "backups/b2/"]);
     assert!(l.objects.is_empty());

@@ -106,6 +106,11 @@ impl Objects {
             progress: opts.progress.clone(),
             cancel: opts.cancel.clone(),
             on_commit: Some(hook),
+            // A bucket's versions are different objects: nothing to slide one into the next.
+            new_series_retention: Some(revault_engine::Retention {
+                auto: false,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let rep = backup(store, bucket, Box::new(source), &bopts).map_err(|e| match e {

@@ -226,10 +226,11 @@ pub struct RetentionSetArgs {
     /// Versions in the live window (inline-deduplicated, fastest to restore).
     #[arg(long, default_value_t = 1)]
     pub live: u32,
-    /// Slide and apply retention automatically after every backup (default);
-    /// `--auto=false` leaves it to `revault slide` and `revault expire`.
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub auto: bool,
+    /// Slide and apply retention automatically after every backup (`--auto`, or
+    /// `--auto=false` to leave it to `revault slide` and `revault expire`). Not
+    /// given: the series keeps its setting; a new series is automatic.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub auto: Option<bool>,
 }
 
 #[derive(Args)]
@@ -380,6 +381,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
         progress: Some(Arc::new(move |n| pb2.set_position(n))),
         cancel: None,
         on_commit: None,
+        new_series_retention: None,
     };
     let rep = backup(&store, series, source, &opts);
     pb.finish_and_clear();
@@ -765,17 +767,17 @@ fn retention(c: RetentionCmd, json: bool) -> Result<()> {
                 })
                 .transpose()?
                 .map(|d| d.as_secs());
-            let r = revault_engine::Retention {
-                keep: a.keep,
-                keep_within_secs,
-                live: a.live,
-                auto: a.auto,
-            };
             let store = open(
                 &a.series.store,
                 OpenMode::ReadWrite,
                 "revault retention set",
             )?;
+            let r = revault_engine::Retention {
+                keep: a.keep,
+                keep_within_secs,
+                live: a.live,
+                auto: revault_engine::auto_or_current(&store, &a.series.series, a.auto)?,
+            };
             let (s, _) = revault_engine::set_retention(&store, &a.series.series, r)?;
             store.durable(|| format!("the retention of {}", a.series.series))?;
             if json {

@@ -529,7 +529,8 @@ fn a_series_made_by_a_plain_backup_slides_automatically() {
         ]);
         assert_eq!(sha256_file(&out), sha256_file(input), "version {n}");
     }
-    // Turned off explicitly, it stays off.
+    // Turned off explicitly, it stays off, also when other rules change later: a `--keep`
+    // must not turn automatic expiry back on.
     let off = ok_json(&[
         "retention",
         "set",
@@ -540,7 +541,7 @@ fn a_series_made_by_a_plain_backup_slides_automatically() {
         "--auto=false",
     ]);
     assert_eq!(off["auto"], false, "{off}");
-    let on = ok_json(&[
+    let kept = ok_json(&[
         "retention",
         "set",
         "--store",
@@ -551,10 +552,34 @@ fn a_series_made_by_a_plain_backup_slides_automatically() {
         "5",
     ]);
     assert_eq!(
-        (on["auto"].as_bool(), on["keep"].as_u64()),
-        (Some(true), Some(5)),
-        "{on}"
+        (kept["auto"].as_bool(), kept["keep"].as_u64()),
+        (Some(false), Some(5)),
+        "{kept}"
     );
+    let on = ok_json(&[
+        "retention",
+        "set",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        "--keep",
+        "5",
+        "--auto",
+    ]);
+    assert_eq!(on["auto"], true, "{on}");
+    // A new series set without --auto is automatic.
+    let new = ok_json(&[
+        "retention",
+        "set",
+        "--store",
+        s,
+        "--series",
+        "default/new",
+        "--keep",
+        "3",
+    ]);
+    assert_eq!(new["auto"], true, "{new}");
 }
 
 #[test]

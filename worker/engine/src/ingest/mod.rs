@@ -71,6 +71,10 @@ pub struct BackupOptions {
     pub cancel: Option<Arc<AtomicBool>>,
     /// Metadata to commit with the version (see [`CommitHook`]).
     pub on_commit: Option<CommitHook>,
+    /// The retention of a series this backup creates; `None`: [`Retention::default`]
+    /// (automatic slides). An object bucket's series, whose versions are other objects, is
+    /// created without.
+    pub new_series_retention: Option<crate::format::records::Retention>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -359,6 +363,7 @@ fn commit_version(
         logical_bytes: d.logical,
     };
     let stored_rewrite = rewrite.clone();
+    let new_retention = opts.new_series_retention.clone().unwrap_or_default();
     txn.series_updates.push((
         name.clone(),
         Box::new(move |cur| match cur {
@@ -376,7 +381,7 @@ fn commit_version(
                 unit: unit_kind,
                 created_unix: now_unix(),
                 next_version: version + 1,
-                retention: Default::default(),
+                retention: new_retention,
                 generation: 1,
                 deleted_since_gc: false,
                 rewrite: stored_rewrite,

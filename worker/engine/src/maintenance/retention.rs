@@ -17,6 +17,19 @@ use crate::store::{check_series_name, now_unix, Store};
 /// does not exist yet, so a policy can be set before the first backup. Returns
 /// the series and whether this call created it (decided under the series'
 /// claim: of two callers only one creates it, the other finds it busy or made).
+/// `auto` as the caller gave it or, when it did not say, what the series has now (a new
+/// series: the default, automatic). A `retention set --keep 14` on a series someone turned
+/// to manual slides must not turn automatic expiry back on.
+pub fn auto_or_current(store: &Store, series: &str, auto: Option<bool>) -> Result<bool> {
+    match auto {
+        Some(a) => Ok(a),
+        None => Ok(store
+            .meta
+            .series(series)?
+            .map_or(Retention::default().auto, |s| s.retention.auto)),
+    }
+}
+
 pub fn set_retention(store: &Store, series: &str, r: Retention) -> Result<(SeriesRecord, bool)> {
     store.require_writable()?;
     check_series_name(series)?;

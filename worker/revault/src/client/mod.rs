@@ -106,47 +106,6 @@ impl Conn {
         })
     }
 
-    /// Waits, with backoff, while the worker is starting: not listening yet, or answering 503
-    /// `starting` while its store opens. A body cannot be sent twice (stdin is read once), so
-    /// a push asks before it sends: the worker it would reach refuses the body unread, and the
-    /// client saw only "Broken pipe". Any other refusal is the caller's to report.
-    pub async fn wait_until_ready(&self) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + self.wait_ready;
-        let mut backoff = Duration::from_millis(200);
-        let mut said = String::new();
-        loop {
-            let why = match self.client.get(self.url("/readyz")).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
-                Ok(r) => match check(r).await {
-                    Err(e) => match e.downcast::<RemoteError>() {
-                        Ok(re) if re.code == "starting" => re.to_string(),
-                        // Degraded, shutting down: what the request itself would be told.
-                        Ok(_) | Err(_) => return Ok(()),
-                    },
-                    Ok(_) => return Ok(()),
-                },
-                Err(e) if e.is_connect() => format!("cannot connect ({})", root_cause(&e)),
-                Err(e) => {
-                    return Err(anyhow::Error::new(e).context(format!("reaching {}", self.base)))
-                }
-            };
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                bail!(
-                    "the worker at {} is not ready after {}: {why}",
-                    self.base,
-                    humantime::format_duration(self.wait_ready)
-                );
-            }
-            if why != said {
-                eprintln!("waiting for the worker at {}: {why}", self.base);
-                said = why;
-            }
-            tokio::time::sleep(backoff.min(deadline - now)).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
-    }
-
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -158,6 +117,70 @@ impl Conn {
             None => r,
         }
     }
+
+    /// Waits, with backoff, while the worker is starting: not listening yet (connection
+    /// refused), or answering 503 `starting` while its store opens. A body cannot be sent
+    /// twice (stdin is read once), so a push asks before it sends: the worker it would reach
+    /// refuses the body unread, and the client saw only "Broken pipe". For work that writes
+    /// (`writes`), any other refusal (a degraded store, a server shutting down) is returned
+    /// as the server said it; reads go ahead, as they are still served.
+    pub async fn wait_until_ready(&self, writes: bool, quiet: bool) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.wait_ready;
+        let mut backoff = Duration::from_millis(200);
+        let mut said = String::new();
+        loop {
+            let now = tokio::time::Instant::now();
+            // A server (or proxy) that takes the connection and never answers must not hold
+            // the client past its deadline.
+            let probe = (deadline - now).clamp(Duration::from_secs(1), Duration::from_secs(10));
+            let sent = self
+                .client
+                .get(self.url("/readyz"))
+                .timeout(probe)
+                .send()
+                .await;
+            let why = match sent {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => match check(r).await.map_err(|e| e.downcast::<RemoteError>()) {
+                    Err(Ok(re)) if re.code == "starting" => re.to_string(),
+                    Err(Ok(re)) if writes => return Err(re.into()),
+                    // A server without /readyz, or a refusal reads do not care about.
+                    _ => return Ok(()),
+                },
+                Err(e) if refused(&e) => format!("cannot connect ({})", root_cause(&e)),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context(format!("reaching {}", self.base)))
+                }
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                bail!(
+                    "the worker at {} is not ready after {} (--wait-ready): {why}",
+                    self.base,
+                    humantime::format_duration(self.wait_ready)
+                );
+            }
+            if why != said && !quiet {
+                eprintln!("waiting for the worker at {}: {why}", self.base);
+            }
+            said = why;
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The connection was refused: nothing listens yet (a worker pod starting). A DNS, TLS or
+/// certificate failure is not worth waiting for.
+fn refused(e: &reqwest::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return io.kind() == io::ErrorKind::ConnectionRefused;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The innermost error's message ("Connection refused"), not reqwest's outer layers.

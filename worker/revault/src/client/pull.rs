@@ -285,7 +285,7 @@ pub fn pull(a: PullArgs, json: bool, quiet: bool) -> Result<()> {
     let started = Instant::now();
     let rt = runtime()?;
     let (kind, number, restored, received, blocks, report, written_as) = rt.block_on(async {
-        conn.wait_until_ready().await?;
+        conn.wait_until_ready(false, quiet).await?;
         let mut q: Vec<(&str, String)> = Vec::new();
         if let Some(c) = &a.cache {
             q.push(("cache", c.clone()));

@@ -108,7 +108,7 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
     let started = Instant::now();
     let rt = runtime()?;
     let rep: serde_json::Value = rt.block_on(async {
-        conn.wait_until_ready().await?;
+        conn.wait_until_ready(true, quiet).await?;
         let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
         let pb2 = pb.clone();
         let producer = std::thread::Builder::new()

@@ -13,9 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use revault_engine::{
-    check_series_name, expire, ErrorKind, ExpireReport, ExpireSel, Retention, VersionSel,
-};
+use revault_engine::{check_series_name, expire, ErrorKind, ExpireReport, ExpireSel, VersionSel};
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
@@ -100,8 +98,12 @@ pub async fn readyz(State(app): AppState) -> Response {
         Some(ApiError::unavailable("the server is shutting down"))
     } else if let Some(why) = app.health.refusal() {
         Some(ApiError::unavailable(super::health::degraded_message(&why)))
-    } else if !app.ready.load(Ordering::SeqCst) || app.open_store().is_none() {
+    } else if app.open_store().is_none() {
         Some(ApiError::starting())
+    } else if !app.ready.load(Ordering::SeqCst) {
+        // The store is open but readiness was withdrawn: the server is on its way down
+        // (`--shutdown-delay`), not starting.
+        Some(ApiError::unavailable("the server is shutting down"))
     } else {
         None
     };
@@ -347,8 +349,12 @@ pub async fn put_retention(
         ));
     }
     let (s, created) = guarded(&app, move |_, store| {
-        let ret = Retention::from(&r);
-        Ok(revault_engine::set_retention(store, &name, ret)?)
+        let auto = revault_engine::auto_or_current(store, &name, r.auto)?;
+        Ok(revault_engine::set_retention(
+            store,
+            &name,
+            r.to_engine(auto),
+        )?)
     })
     .await?;
     // 201 when the retention created the series (a policy set before the first backup).

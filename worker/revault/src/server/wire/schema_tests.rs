@@ -147,7 +147,7 @@ fn retention() -> Retention {
         keep: Some(7),
         keep_within_seconds: None,
         live: 1,
-        auto: true,
+        auto: Some(true),
     }
 }
 

@@ -18,17 +18,13 @@ pub struct Retention {
     pub keep_within_seconds: Option<u64>,
     #[serde(default = "one")]
     pub live: u32,
-    /// Omitted: automatic, the default of a new series.
-    #[serde(default = "yes")]
-    pub auto: bool,
+    /// Omitted in a request: the series' current setting (automatic for a new series).
+    #[serde(default)]
+    pub auto: Option<bool>,
 }
 
 fn one() -> u32 {
     1
-}
-
-fn yes() -> bool {
-    true
 }
 
 impl From<&EngineRetention> for Retention {
@@ -37,18 +33,19 @@ impl From<&EngineRetention> for Retention {
             keep: r.keep,
             keep_within_seconds: r.keep_within_secs,
             live: r.live,
-            auto: r.auto,
+            auto: Some(r.auto),
         }
     }
 }
 
-impl From<&Retention> for EngineRetention {
-    fn from(r: &Retention) -> Self {
+impl Retention {
+    /// The engine's retention, with `auto` resolved (see `revault_engine::auto_or_current`).
+    pub fn to_engine(&self, auto: bool) -> EngineRetention {
         EngineRetention {
-            keep: r.keep,
-            keep_within_secs: r.keep_within_seconds,
-            live: r.live,
-            auto: r.auto,
+            keep: self.keep,
+            keep_within_secs: self.keep_within_seconds,
+            live: self.live,
+            auto,
         }
     }
 }
