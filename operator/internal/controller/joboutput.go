@@ -52,8 +52,10 @@ func (o podOutput) Output(ctx context.Context, p *corev1.Pod) (string, error) {
 		return "", nil
 	}
 	b, err := o.clientset.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{
-		Container:  "revault",
-		TailLines:  ptr.To(int64(40)),
+		Container: "revault",
+		// The whole pretty-printed report: a backup report with its automatic slide and
+		// expiry runs past 60 lines (40 cut its head off, and with it the version).
+		TailLines:  ptr.To(int64(1000)),
 		LimitBytes: ptr.To(int64(64 << 10)),
 	}).DoRaw(ctx)
 	if err != nil {
