@@ -531,54 +531,23 @@ fn a_series_made_by_a_plain_backup_slides_automatically() {
     }
     // Turned off explicitly, it stays off, also when other rules change later: a `--keep`
     // must not turn automatic expiry back on.
-    let off = ok_json(&[
-        "retention",
-        "set",
-        "--store",
-        s,
-        "--series",
-        "default/db",
-        "--auto=false",
-    ]);
+    let set = |series: &str, flags: &[&str]| {
+        let mut args = vec!["retention", "set", "--store", s, "--series", series];
+        args.extend_from_slice(flags);
+        ok_json(&args)
+    };
+    let off = set("default/db", &["--auto=false"]);
     assert_eq!(off["auto"], false, "{off}");
-    let kept = ok_json(&[
-        "retention",
-        "set",
-        "--store",
-        s,
-        "--series",
-        "default/db",
-        "--keep",
-        "5",
-    ]);
+    let kept = set("default/db", &["--keep", "5"]);
     assert_eq!(
         (kept["auto"].as_bool(), kept["keep"].as_u64()),
         (Some(false), Some(5)),
         "{kept}"
     );
-    let on = ok_json(&[
-        "retention",
-        "set",
-        "--store",
-        s,
-        "--series",
-        "default/db",
-        "--keep",
-        "5",
-        "--auto",
-    ]);
+    let on = set("default/db", &["--keep", "5", "--auto"]);
     assert_eq!(on["auto"], true, "{on}");
     // A new series set without --auto is automatic.
-    let new = ok_json(&[
-        "retention",
-        "set",
-        "--store",
-        s,
-        "--series",
-        "default/new",
-        "--keep",
-        "3",
-    ]);
+    let new = set("default/new", &["--keep", "3"]);
     assert_eq!(new["auto"], true, "{new}");
 }
 
