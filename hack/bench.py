@@ -283,7 +283,7 @@ def main():
     if "remote" in steps:
         log("the durable tier against a real S3 server")
         import bench_remote
-        results["remote"] = bench_remote.run(rv, timed_cpu, log, tars, WORK, ROOT / "hack", 2 if args.quick else 5)
+        results["remote"] = bench_remote.run(rv, timed_cpu, log, tars, WORK, ROOT / "hack", 2 if args.quick else 5, BIN)
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
     log(f"wrote {results_file}")

@@ -5,7 +5,9 @@ throughput step:
 
 1. backup of the last version with the remote on (the CLI returns once the bucket holds it)
    and off, into fresh copies of stores holding the other versions — interleaved off/on, so both
-   see the same machine; the remote-on copies get a copy of the bucket too;
+   see the same machine; the remote-on copies get a copy of the bucket too; and the same through
+   `revault serve` + `revault push`, where the worker acknowledges from local disk and uploads in
+   the background (what Kubernetes users run);
 2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
    read from the bucket (ranged GETs of sealed frames, prefetched a window ahead);
 3. `revault recover` of the whole store (metadata and every container);
@@ -44,6 +46,32 @@ def start_s3(hack, work):
     return p, f"http://127.0.0.1:{port}", root
 
 
+def served_push(bin_path, store, series, tar, key):
+    """Wall seconds of `revault push` of tar into a `revault serve` over store (its remote, if
+    it has one, attached with key); the server is started before and stopped after the clock."""
+    import signal
+    addr_file = store.parent / f"{store.name}.addr"
+    addr_file.unlink(missing_ok=True)
+    srv = subprocess.Popen([bin_path, "serve", "--store", str(store), "--listen", "127.0.0.1:0",
+                            "--addr-file", str(addr_file), "--key-file", str(key)],
+                           stdout=subprocess.DEVNULL, stderr=open(store.parent / f"{store.name}.serve.log", "w"))
+    try:
+        url = None
+        for _ in range(600):
+            if addr_file.exists() and addr_file.read_text().strip():
+                url = "http://" + addr_file.read_text().strip()
+                break
+            time.sleep(0.05)
+        assert url, f"revault serve over {store} did not start"
+        t0 = time.perf_counter()
+        subprocess.run([bin_path, "push", "--server", url, "--series", series, str(tar), "--json", "--quiet"],
+                       check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=120)
+
+
 def tree_bytes(p):
     return sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())
 
@@ -57,13 +85,13 @@ def set_remote_prefix(store, bucket, prefix):
     conf.write_text(json.dumps(c))
 
 
-def run(rv, timed_cpu, log, tars, work, hack, runs):
+def run(rv, timed_cpu, log, tars, work, hack, runs, bin_path):
     env_before = dict(os.environ)
     s3, endpoint, s3root = start_s3(hack, work)
     os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
                        "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"})
     try:
-        return measure(rv, timed_cpu, log, tars, work, runs, s3root)
+        return measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path)
     finally:
         s3.terminate()
         s3.wait()
@@ -71,7 +99,7 @@ def run(rv, timed_cpu, log, tars, work, hack, runs):
         os.environ.update(env_before)
 
 
-def measure(rv, timed_cpu, log, tars, work, runs, s3root):
+def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
     series = "bench/remote"
     key = work / "remote-key"
     key.unlink(missing_ok=True)
@@ -105,6 +133,21 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root):
             wall, c, _ = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
             backup[mode].append(wall)
             cpu[mode].append(c)
+    served = {"off": [], "on": []}
+    for i in range(runs):
+        for mode in ("off", "on"):
+            base = stores[mode][0]
+            trial = work / f"remote-{mode}-served"
+            shutil.rmtree(trial, ignore_errors=True)
+            shutil.copytree(base, trial)
+            if mode == "on":
+                dst = s3root / bucket / f"served{i}"
+                shutil.rmtree(dst, ignore_errors=True)
+                subprocess.run(["cp", "-a", str(s3root / bucket / "base"), str(dst)], check=True)
+                set_remote_prefix(trial, bucket, f"served{i}")
+            subprocess.run(["sync"])
+            served[mode].append(served_push(bin_path, trial, series, tars[-1], key))
+            shutil.rmtree(trial, ignore_errors=True)
     on_store = work / "remote-on-trial"
     prefix = f"trial{runs - 1}"
     url = f"s3://{bucket}/{prefix}"
@@ -137,6 +180,10 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root):
         "backup_on_mb_s": logical / 1e6 / med(backup["on"]),
         "backup_on_vs_off": med(backup["off"]) / med(backup["on"]),
         "backup_runs_s": backup,
+        "served_push_off_mb_s": logical / 1e6 / med(served["off"]),
+        "served_push_on_mb_s": logical / 1e6 / med(served["on"]),
+        "served_push_on_vs_off": med(served["off"]) / med(served["on"]),
+        "served_push_runs_s": served,
         "backup_cpu_s": {m: med(v) for m, v in cpu.items()},
         "first_versions_s": {m: s for m, (_, s) in stores.items()},
         "restore_from_bucket_mb_s": logical / 1e6 / med(t for t, _ in restores),
@@ -153,7 +200,8 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root):
         "bucket_vs_local": bucket_bytes / (local_data + local_meta),
     }
     log(f"remote: backup off {res['backup_off_mb_s']:.0f} MB/s, on {res['backup_on_mb_s']:.0f} MB/s "
-        f"(on/off time {1 / res['backup_on_vs_off']:.2f}); restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s; "
+        f"(on/off time {1 / res['backup_on_vs_off']:.2f}); served push off {res['served_push_off_mb_s']:.0f}, "
+        f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s; "
         f"recover {recover_s:.1f} s; bucket {bucket_bytes / 2**20:.0f} MiB vs local {(local_data + local_meta) / 2**20:.0f} MiB")
     for p in work.glob("remote-*"):
         shutil.rmtree(p, ignore_errors=True)
