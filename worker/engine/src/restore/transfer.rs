@@ -114,6 +114,9 @@ pub fn send(
     let cache = ContainerCache::default();
     let mut carry = None;
     let mut next = take_window(&view, &mut ex, &mut carry, cap)?;
+    // The first window too: for containers read back from a bucket, every range of a window is
+    // requested at once instead of two at a time by the threads that assemble it.
+    prefetch(store, &cache, &next);
     let mut sent = 0u64;
     while !next.is_empty() {
         let window = std::mem::take(&mut next);
