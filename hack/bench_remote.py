@@ -118,34 +118,30 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
     logical = tars[-1].stat().st_size
     backup = {"off": [], "on": []}
     cpu = {"off": [], "on": []}
+    def fresh_copy(mode, kind, i):
+        """A copy of the mode's store holding the first versions; with the remote on, over a
+        copy of its bucket prefix (so every run uploads the same change)."""
+        trial = work / f"remote-{mode}-{kind}"
+        shutil.rmtree(trial, ignore_errors=True)
+        shutil.copytree(stores[mode][0], trial)
+        if mode == "on":
+            dst = s3root / bucket / f"{kind}{i}"
+            shutil.rmtree(dst, ignore_errors=True)
+            subprocess.run(["cp", "-a", str(s3root / bucket / "base"), str(dst)], check=True)
+            set_remote_prefix(trial, bucket, f"{kind}{i}")
+        subprocess.run(["sync"])
+        return trial
+
     for i in range(runs):
         for mode in ("off", "on"):
-            base = stores[mode][0]
-            trial = work / f"remote-{mode}-trial"
-            shutil.rmtree(trial, ignore_errors=True)
-            shutil.copytree(base, trial)
-            if mode == "on":
-                dst = s3root / bucket / f"trial{i}"
-                shutil.rmtree(dst, ignore_errors=True)
-                subprocess.run(["cp", "-a", str(s3root / bucket / "base"), str(dst)], check=True)
-                set_remote_prefix(trial, bucket, f"trial{i}")
-            subprocess.run(["sync"])
+            trial = fresh_copy(mode, "trial", i)
             wall, c, _ = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
             backup[mode].append(wall)
             cpu[mode].append(c)
     served = {"off": [], "on": []}
     for i in range(runs):
         for mode in ("off", "on"):
-            base = stores[mode][0]
-            trial = work / f"remote-{mode}-served"
-            shutil.rmtree(trial, ignore_errors=True)
-            shutil.copytree(base, trial)
-            if mode == "on":
-                dst = s3root / bucket / f"served{i}"
-                shutil.rmtree(dst, ignore_errors=True)
-                subprocess.run(["cp", "-a", str(s3root / bucket / "base"), str(dst)], check=True)
-                set_remote_prefix(trial, bucket, f"served{i}")
-            subprocess.run(["sync"])
+            trial = fresh_copy(mode, "served", i)
             served[mode].append(served_push(bin_path, trial, series, tars[-1], key))
             shutil.rmtree(trial, ignore_errors=True)
     on_store = work / "remote-on-trial"

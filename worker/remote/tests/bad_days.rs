@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use revault_engine::{DedupUnit, ExpireSel, GcOptions, OpenMode, Retention, Store};
+use revault_engine::{DedupUnit, ExpireSel, GcOptions, OpenMode, Store};
 use revault_remote::{recover, EvictOptions, RecoverOptions, Remote, RemoteUrl};
 
 fn rebuild(url: &RemoteUrl, key: &std::path::Path) -> (tempfile::TempDir, Store, Remote) {
@@ -173,16 +173,7 @@ fn losing_the_uploaders_records_with_containers_evicted_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     let (store, remote) = new_store_with_remote(dir.path(), &url);
-    revault_engine::set_retention(
-        &store,
-        "ns/a",
-        Retention {
-            live: 1,
-            auto: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    revault_engine::set_retention(&store, "ns/a", manual_live_1()).unwrap();
     let v1 = random(1_500_000, 1);
     let mut v2 = v1.clone();
     v2[..100_000].copy_from_slice(&random(100_000, 2));

@@ -9,7 +9,7 @@ use common::*;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use revault_engine::{DedupUnit, Retention};
+use revault_engine::DedupUnit;
 use revault_remote::{recover, EvictOptions, RecoverOptions};
 
 /// The tests of this binary stop the one S3 server in turn.
@@ -78,16 +78,7 @@ fn restoring_an_evicted_container_while_the_bucket_is_away_says_so_and_serves_no
     let v_old = backup_bytes(&store, "ns/a", &old, DedupUnit::Segment).version;
     let v_new = backup_bytes(&store, "ns/a", &new, DedupUnit::Segment).version;
     // Only the newest version stays live; the old one is archival, its containers evictable.
-    revault_engine::set_retention(
-        &store,
-        "ns/a",
-        Retention {
-            live: 1,
-            auto: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    revault_engine::set_retention(&store, "ns/a", manual_live_1()).unwrap();
     revault_engine::slide(&store, "ns/a").unwrap();
     remote.sync(&store).unwrap();
     let rep = remote

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
-use revault_engine::{DedupUnit, OpenMode, Retention, Store};
+use revault_engine::{DedupUnit, OpenMode, Store};
 use revault_remote::{recover, EvictOptions, RecoverOptions, Remote};
 
 type History = Vec<(&'static str, Vec<(u32, Vec<u8>)>)>;
@@ -61,16 +61,7 @@ fn a_store_rebuilt_from_the_bucket_alone_restores_every_version() {
     let (store, remote) = new_store_with_remote(dir.path(), &url);
     let expected = history(&store, &remote, 4);
     // Reverse dedup rewrites the older versions' recipes and repacks their data.
-    revault_engine::set_retention(
-        &store,
-        "ns/seg",
-        Retention {
-            live: 1,
-            auto: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    revault_engine::set_retention(&store, "ns/seg", manual_live_1()).unwrap();
     revault_engine::slide(&store, "ns/seg").unwrap();
     remote.sync(&store).unwrap();
     // The node is gone: only the bucket and the key file are left.
@@ -227,16 +218,7 @@ fn evicted_containers_are_read_back_from_the_bucket() {
     let dir = tempfile::tempdir().unwrap();
     let (store, remote) = new_store_with_remote(dir.path(), &url);
     let expected = history(&store, &remote, 4);
-    revault_engine::set_retention(
-        &store,
-        "ns/seg",
-        Retention {
-            live: 1,
-            auto: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    revault_engine::set_retention(&store, "ns/seg", manual_live_1()).unwrap();
     revault_engine::slide(&store, "ns/seg").unwrap();
     let live = revault_engine::live_containers(&store).unwrap();
     let rep = remote

@@ -70,20 +70,20 @@ pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -
 /// retention (no automatic slides): the engine's tests slide, expire and pause when they say
 /// so. A series created any other way gets `Retention::default()` (automatic slides).
 pub fn backup_with(store: &Store, series: &str, data: &[u8], opts: &BackupOptions) -> BackupReport {
-    if store.series(series).is_err() {
-        manual_retention(store, series);
-    }
+    let opts = BackupOptions {
+        new_series_retention: opts.new_series_retention.clone().or(Some(manual())),
+        ..opts.clone()
+    };
     let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
-    backup(store, series, Box::new(src), opts).unwrap()
+    backup(store, series, Box::new(src), &opts).unwrap()
 }
 
-/// Sets `series` (created if new) to keep every version, live window 1, no automatic slides.
-pub fn manual_retention(store: &Store, series: &str) {
-    let r = Retention {
+/// Every version kept, live window 1, no automatic slides.
+pub fn manual() -> Retention {
+    Retention {
         auto: false,
         ..Default::default()
-    };
-    revault_engine::set_retention(store, series, r).unwrap();
+    }
 }
 
 /// What the tests restore with: a 1 MiB budget, so that small versions

@@ -75,13 +75,6 @@ pub fn version_data(seed: u64, i: u64, len: usize) -> Vec<u8> {
 /// Backs `data` up as the next version of `series`; a series this creates slides only when a
 /// test says so (manual retention), as the engine's test helpers do.
 pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -> BackupReport {
-    if store.series(series).is_err() {
-        let manual = revault_engine::Retention {
-            auto: false,
-            ..Default::default()
-        };
-        revault_engine::set_retention(store, series, manual).unwrap();
-    }
     let src = StreamSource::new("test input", Cursor::new(data.to_vec()));
     backup(
         store,
@@ -89,10 +82,20 @@ pub fn backup_bytes(store: &Store, series: &str, data: &[u8], unit: DedupUnit) -
         Box::new(src),
         &BackupOptions {
             unit: Some(unit),
+            new_series_retention: Some(manual_live_1()),
             ..Default::default()
         },
     )
     .unwrap()
+}
+
+/// Every version kept, live window 1, slides only when a test says so.
+pub fn manual_live_1() -> revault_engine::Retention {
+    revault_engine::Retention {
+        live: 1,
+        auto: false,
+        ..Default::default()
+    }
 }
 
 pub fn restore_bytes(store: &Store, series: &str, v: u32) -> revault_engine::Result<Vec<u8>> {
