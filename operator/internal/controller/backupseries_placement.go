@@ -134,8 +134,8 @@ func (r *BackupSeriesReconciler) seriesPerNode(ctx context.Context, media backup
 
 // candidates asks each worker of media about the series. A worker that already holds it is
 // returned as adopted, ending the search: the series' data is there. Otherwise every ready worker
-// is a candidate (an unreachable one too, which plan.ChooseWorker passes over), and problems says
-// what is wrong with the others.
+// serving its own node's store is a candidate (an unreachable one too, which plan.ChooseWorker
+// passes over), and problems says what is wrong with the others.
 func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media,
 	ws []Worker, placed map[string]int) (adopted *Worker, cands []plan.Candidate, problems []string, _ error) {
 	for i, w := range ws {
@@ -147,9 +147,20 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		if _, err := api.Series(ctx, bs.Namespace, bs.Name); err == nil {
+		_, err = api.Series(ctx, bs.Namespace, bs.Name)
+		if err == nil {
 			return &ws[i], nil, nil, nil
-		} else if !workerclient.IsNotFound(err) {
+		}
+		if w.Host != w.Node {
+			// An adopted store (a lost node's, rebuilt on w.Host) serves the series it holds
+			// until it is given back; a new series goes to a node's own worker, so nothing
+			// new is tied to a node that is gone.
+			if !workerclient.IsNotFound(err) {
+				problems = append(problems, fmt.Sprintf("%s (adopted on %s): %v", w.Node, w.Host, err))
+			}
+			continue
+		}
+		if !workerclient.IsNotFound(err) {
 			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
 			cands = append(cands, plan.Candidate{Node: w.Node, Pod: w.Pod})
 			continue

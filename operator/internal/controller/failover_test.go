@@ -141,5 +141,16 @@ var _ = Describe("Losing a node (with a remote)", Ordered, func() {
 			g.Expect(st.DurableVersion).To(BeEquivalentTo(3))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		sameTree(v3, pull(ns, "db", lostNode, 3))
+
+		// A new series goes to a node's own worker, never to the store of the node that is gone,
+		// even when that store is the least used of the pool.
+		for _, n := range []string{"node-ssd-1", "node-ssd-2"} {
+			push(ns, "filler-"+n, n, randomTree(1024))
+		}
+		for _, name := range []string{"new1", "new2", "new3"} {
+			bs := placedSeries(pvcSeries(ns, name))
+			Expect(bs.Status.Worker.Node).NotTo(Equal(lostNode))
+			Expect(bs.Status.Worker.Host).To(Equal(bs.Status.Worker.Node))
+		}
 	})
 })
