@@ -74,8 +74,14 @@ fn backup_interrupted<T: Send + 'static>(
 
 /// Series b's only version is expired (and, with `collect`, gc run) once
 /// a's backup has read `at` bytes of the data it shares with b.
-fn backup_while_the_shared_series_is_deleted(unit: DedupUnit, at: u64, collect: bool) {
-    let (_d, st) = new_store(small_config());
+/// With `sampled`, the backup looks up in a sampled index (whose hints the race leaves
+/// stale) instead of the exact one.
+fn backup_while_the_shared_series_is_deleted(unit: DedupUnit, at: u64, collect: bool, sampled: bool) {
+    let (_d, st) = if sampled {
+        new_sampled_store(small_config(), 16 << 10)
+    } else {
+        new_store(small_config())
+    };
     let st = Arc::new(st);
     // Series b holds 8 MiB that a's backup repeats, then adds 1 MiB of its own.
     let shared = random(8 << 20, 11);
@@ -120,14 +126,23 @@ fn backup_while_the_shared_series_is_deleted(unit: DedupUnit, at: u64, collect: 
 #[test]
 fn chunk_mode_backup_survives_expiry_and_gc_of_the_series_it_dedups_against() {
     for (at, collect) in [(1 << 20, true), (4 << 20, false), (6 << 20, true)] {
-        backup_while_the_shared_series_is_deleted(DedupUnit::Chunk, at, collect);
+        backup_while_the_shared_series_is_deleted(DedupUnit::Chunk, at, collect, false);
     }
 }
 
 #[test]
 fn segment_mode_backup_survives_expiry_and_gc_of_the_series_it_dedups_against() {
     for (at, collect) in [(1 << 20, true), (4 << 20, false), (6 << 20, true)] {
-        backup_while_the_shared_series_is_deleted(DedupUnit::Segment, at, collect);
+        backup_while_the_shared_series_is_deleted(DedupUnit::Segment, at, collect, false);
+    }
+}
+
+#[test]
+fn a_backup_through_the_sampled_index_survives_expiry_and_gc_of_the_series_it_dedups_against() {
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        for (at, collect) in [(1 << 20, true), (4 << 20, false), (6 << 20, true)] {
+            backup_while_the_shared_series_is_deleted(unit, at, collect, true);
+        }
     }
 }
 

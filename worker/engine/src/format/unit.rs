@@ -71,6 +71,25 @@ impl UnitRecord {
         v
     }
 
+    /// What the index needs of a stored record, without its chunk list: its kind, whether
+    /// it is trimmed, and its fingerprint. The checksum is verified all the same.
+    pub fn decode_key(id: u64, b: &[u8]) -> Result<(DedupUnit, bool, Fp)> {
+        let bad = || corrupt_meta(format!("unit {id}"), "checksum or format mismatch");
+        let body = open_crc(b).ok_or_else(bad)?;
+        let mut r = Reader::new(body);
+        if r.u8().ok_or_else(bad)? != 1 {
+            return Err(bad());
+        }
+        let kind = match r.u8().ok_or_else(bad)? {
+            0 => DedupUnit::Segment,
+            1 => DedupUnit::Chunk,
+            _ => return Err(bad()),
+        };
+        let trimmed = r.u8().ok_or_else(bad)? != 0;
+        let fp = Fp(r.array().ok_or_else(bad)?);
+        Ok((kind, trimmed, fp))
+    }
+
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
         let bad = || corrupt_meta(format!("unit {id}"), "checksum or format mismatch");
         let body = open_crc(b).ok_or_else(bad)?;

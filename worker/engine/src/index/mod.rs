@@ -3,15 +3,18 @@
 //! (`Store::lookup_pin`), a commit records the copies it wrote and forgets the ones it freed,
 //! and `check` verifies every entry.
 //!
-//! The index today is exact and whole: one RocksDB record per fingerprint
-//! ([`full::FullIndex`]). The sampled, progressive index of "Rethinking Deduplication
-//! Scalability" (Efstathopoulos & Guo, ../shared/papers) is the other implementation this
-//! trait is for: a sample of fingerprints in memory, and on a hit the container's whole
-//! fingerprint list, so a backup's lookups are served from memory.
+//! Two implementations. The exact index keeps one RocksDB record per fingerprint
+//! ([`full::FullIndex`]): commits maintain it, `check` verifies it, and by default backups
+//! look up there. The sampled, progressive index of "Rethinking Deduplication Scalability"
+//! ([`sampled::SampledIndex`], `Store::use_sampled_index`) keeps a sample of it in memory
+//! and, on a hit, the neighbourhood of the unit found, so a backup's lookups are served from
+//! memory however large the store grows.
 
 pub mod full;
+pub mod sampled;
 
 pub use full::{decode_copies, FullIndex};
+pub use sampled::{SampledIndex, SampledStats};
 
 use crate::config::DedupUnit;
 use crate::error::Result;

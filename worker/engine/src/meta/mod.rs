@@ -273,6 +273,30 @@ impl Meta {
         self.walk_prefix(cf, ReadOptions::default(), from.max(prefix), prefix, f)
     }
 
+    /// Calls `f` on each entry with `from <= key < to`, in key order, until it returns
+    /// false. The blocks read are not cached (a scan, like [`Meta::for_each_prefix`]).
+    pub fn for_each_range(
+        &self,
+        cf: &str,
+        from: &[u8],
+        to: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let mut ro = ReadOptions::default();
+        ro.fill_cache(false);
+        ro.set_iterate_upper_bound(to.to_vec());
+        let it = self
+            .db
+            .iterator_cf_opt(self.cf(cf), ro, IteratorMode::From(from, Direction::Forward));
+        for item in it {
+            let (k, v) = item?;
+            if !f(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn walk_prefix(
         &self,
         cf: &str,

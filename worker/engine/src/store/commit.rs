@@ -251,6 +251,9 @@ impl Store {
         l.stage_totals(&mut b, &txn.totals);
         b.put_counters(&self.counters().max(meta.counters()?));
         self.write_durably(b, txn.session)?;
+        if let Some(sampled) = &self.sampled {
+            sampled.lock().committed(&l.index);
+        }
         // Held from the pin check to here: a backup that pinned a unit after
         // the check must, when it then reads the unit, see it gone. Released
         // before the write, a backup could pin and read a unit this batch was

@@ -46,6 +46,7 @@ use crate::error::{corrupt_meta, Error, IoContext, Result};
 use crate::format::container::session_dir_name;
 use crate::format::keys::CF_SESSIONS;
 use crate::format::records::{Counters, SessionRecord, Totals};
+use crate::index::{SampledIndex, SampledStats};
 use crate::meta::{Meta, MetaRead};
 use crate::store::lock::StoreLock;
 
@@ -109,6 +110,9 @@ pub struct Store {
     /// log (a failed sync), so their files stay for the next read-write open
     /// to decide on, by whether the session record is still there.
     unsettled: Arc<Mutex<HashSet<u64>>>,
+    /// Set by [`Store::use_sampled_index`]: backups look fingerprints up there instead of in
+    /// the exact index.
+    pub(crate) sampled: Option<Mutex<SampledIndex>>,
     _lock: Option<StoreLock>,
 }
 
@@ -247,6 +251,7 @@ impl Store {
             pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             unsettled: Arc::default(),
+            sampled: None,
             _lock: Some(lock),
         };
         if mode == OpenMode::ReadWrite {
@@ -267,6 +272,22 @@ impl Store {
     /// Waits for the open's background work (the metadata flush): a server
     /// does this before it takes requests, so that work's disk use (RocksDB
     /// preallocates its tables) is not racing the first backup's.
+    /// Backups of this store look their fingerprints up in a sampled, progressive index
+    /// of about `budget` bytes of memory (see [`crate::index::sampled`]) instead of the
+    /// exact index on disk: the lookups stay in memory as the store grows, at the cost of
+    /// a duplicate copy now and then. Builds the sample from the exact index, which commits
+    /// keep as before.
+    pub fn use_sampled_index(&mut self, budget: usize) -> Result<()> {
+        let units = self.meta.totals()?.units;
+        self.sampled = Some(Mutex::new(SampledIndex::open(&self.meta, budget, units)?));
+        Ok(())
+    }
+
+    /// What the sampled index holds, when the store uses one.
+    pub fn sampled_index_stats(&self) -> Option<SampledStats> {
+        self.sampled.as_ref().map(|s| s.lock().stats())
+    }
+
     pub fn settle(&self) {
         self.meta.wait_flushed();
     }

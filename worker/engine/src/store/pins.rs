@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::format::container::ContainerId;
 use crate::format::fp::Fp;
 use crate::format::unit::UnitRecord;
+use crate::index::sampled::SampledLookup;
 use crate::index::{FingerprintIndex, FullIndex};
 use crate::meta::MetaRead;
 use crate::store::Store;
@@ -35,14 +36,26 @@ impl Store {
         fps: &[Fp],
         pinned: &mut Vec<u64>,
     ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
-        let copies = FullIndex(&self.meta).copies_many(kind, fps)?;
+        let copies = match &self.sampled {
+            None => FullIndex(&self.meta).copies_many(kind, fps)?,
+            Some(index) => SampledLookup {
+                index,
+                meta: &self.meta,
+            }
+            .copies_many(kind, fps)?,
+        };
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        let usable: FxHashMap<u64, UnitCopy> = self
+        // With each copy, the fingerprint its record holds: a sampled index's hint is
+        // matched on 64 bits and may name another unit.
+        let usable: FxHashMap<u64, (UnitCopy, Fp)> = self
             .pin_read(&ids, pinned)?
             .into_iter()
-            .filter_map(|(_, copy)| copy.map(|c| (c.id, c)))
+            .filter_map(|(rec, copy)| {
+                let rec = rec.filter(|r| r.kind == kind)?;
+                copy.map(|c| (c.id, (c, rec.fp)))
+            })
             .collect();
         Ok(fps
             .iter()
@@ -50,7 +63,7 @@ impl Store {
             .map(|(fp, ids)| {
                 let cands = ids
                     .iter()
-                    .filter_map(|id| usable.get(id).copied())
+                    .filter_map(|id| usable.get(id).filter(|(_, f)| f == fp).map(|(c, _)| *c))
                     .collect();
                 (*fp, cands)
             })

@@ -48,6 +48,14 @@ pub fn new_store(config: StoreConfig) -> (tempfile::TempDir, Store) {
     (dir, s)
 }
 
+/// A store whose backups look up in a sampled index of `budget` bytes (see
+/// `Store::use_sampled_index`).
+pub fn new_sampled_store(config: StoreConfig, budget: usize) -> (tempfile::TempDir, Store) {
+    let (d, mut s) = new_store(config);
+    s.use_sampled_index(budget).unwrap();
+    (d, s)
+}
+
 pub fn random(n: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; n];
     ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut v);
