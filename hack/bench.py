@@ -15,11 +15,14 @@
 5. `revault-bench expire` (expiry cost at 10, 20, 40 versions beside a full
    mark-and-sweep);
 6. the durable tier against a real S3 server on loopback (hack/bench_remote.py): backup with
-   the remote on vs off, restore from the bucket alone, recover, bucket vs local bytes.
+   the remote on vs off, restore from the bucket alone, recover, bucket vs local bytes;
+7. the sampled index at scale (`revault-bench index`): segment mode to 100 TiB and chunk
+   mode to 10 TiB of logical data (--quick: 10 and 1), with its plots.
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
 Options: --quick (fewer runs, no sweeps) for a smoke test; --only STEP,... runs some
-steps (criterion, throughput, chunk-sizes, anchor, schemes, expire, remote) and keeps the others' results.
+steps (criterion, throughput, chunk-sizes, anchor, schemes, expire, remote, index) and keeps the others'
+results.
 """
 import argparse
 import json
@@ -234,7 +237,31 @@ def schemes(name, series_dir, quick):
     return str(out.relative_to(ROOT))
 
 
-STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire", "remote")
+def index_scale(quick):
+    """The sampled index as the store grows (docs/benchmarks.md, "The index at scale")."""
+    out = OUT / "index"
+    shutil.rmtree(out, ignore_errors=True)
+    res = {}
+    for unit, tib in (("segment", 10 if quick else 100), ("chunk", 1 if quick else 10)):
+        log(f"index: {unit} mode to {tib} TiB logical")
+        t0 = time.time()
+        # Its progress (a line per point) goes to our stderr: the chunk run takes a while.
+        p = subprocess.run([BENCH_BIN, "--json", "index", "--unit", unit, "--logical-tib", str(tib), "--out", out, "--work", WORK],
+                           stdout=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            sys.exit(f"bench: revault-bench index --unit {unit} failed")
+        r = json.loads(p.stdout)
+        first, last = r["points"][0], r["points"][-1]
+        res[unit] = {"logical_tib": last["logical_tib"], "seconds": round(time.time() - t0),
+                     "lookups_last_vs_first": round(last["fingerprints_per_sec"] / first["fingerprints_per_sec"], 2),
+                     "index_ram_mib": round(last["index_ram_bytes"] / MIB, 1),
+                     "dedup_vs_exact": round(last["dedup_vs_exact"], 4)}
+        log(f"index {unit}: {res[unit]}")
+    res["dir"] = str(out.relative_to(ROOT))
+    return res
+
+
+STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire", "remote", "index")
 
 
 def main():
@@ -284,6 +311,8 @@ def main():
         log("the durable tier against a real S3 server")
         import bench_remote
         results["remote"] = bench_remote.run(rv, timed_cpu, log, tars, WORK, ROOT / "hack", 2 if args.quick else 5, BIN)
+    if "index" in steps:
+        results["index"] = index_scale(args.quick)
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
     log(f"wrote {results_file}")

@@ -7,7 +7,8 @@
 //!   restored with every cache, knob sweeps and cache memory (src/schemes.rs);
 //! - `expire`: the cost of expiring the oldest version as the store grows
 //!   (src/expire.rs);
-//! - `gen-series`: a deterministic synthetic series (src/gen.rs).
+//! - `gen-series`: a deterministic synthetic series (src/gen.rs);
+//! - `index`: the sampled fingerprint index as the store grows (src/index.rs).
 
 // The same allocator, with the same settings, as the `revault` binary: the
 // figures depend on it. One file, so the two cannot drift apart; the bench
@@ -19,7 +20,9 @@ mod expire;
 mod gen;
 mod gen_series;
 mod harness;
+mod index;
 mod plot;
+mod plot_index;
 mod report;
 mod schemes;
 
@@ -48,6 +51,8 @@ enum Cmd {
     Expire(expire::ExpireArgs),
     /// Write a synthetic backup series (one tar or directory per version).
     GenSeries(gen_series::GenArgs),
+    /// The sampled fingerprint index as a store grows to many TiB, without the bytes.
+    Index(index::IndexArgs),
 }
 
 fn main() {
@@ -71,6 +76,7 @@ fn main() {
         Cmd::Schemes(a) => schemes::schemes(a, json),
         Cmd::Expire(a) => expire::expire_bench(a, json),
         Cmd::GenSeries(a) => gen_series::gen_series(a, json),
+        Cmd::Index(a) => index::index(a, json),
     };
     exit_on_error(r, json);
 }

@@ -28,11 +28,17 @@ mod meta;
 mod progress;
 mod recipe;
 mod restore;
+mod scale;
 mod source;
 mod store;
 
 // Opening a store, and what every call can fail with.
 pub use error::{panicked, Error, ErrorKind, IoContext, Result};
+// What the sampled fingerprint index holds (`Store::sampled_index_stats`).
+pub use index::SampledStats;
+// The sampled index's scale benchmark (`revault-bench index`): a tool's door, not an API.
+#[doc(hidden)]
+pub use scale::{bench_index, IndexBenchOptions, IndexBenchPoint, IndexBenchReport};
 pub use store::{
     check_series_name, now_unix, ColdTier, InitOptions, OpenMode, PauseHook, ReadView, Store,
     VersionSel, META_DIR,

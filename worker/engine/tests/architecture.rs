@@ -33,6 +33,7 @@ const ROOMS: &[&str] = &[
     "restore",
     "maintenance",
     "ingest",
+    "scale",
     "fuzzing",
 ];
 

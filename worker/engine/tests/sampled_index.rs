@@ -5,9 +5,7 @@
 mod common;
 
 use common::*;
-use revault_engine::{
-    check, expire, gc, slide, DedupUnit, ExpireSel, GcOptions, OpenMode, Store,
-};
+use revault_engine::{check, expire, gc, slide, DedupUnit, ExpireSel, GcOptions, OpenMode, Store};
 
 /// Five versions of a 6 MiB series, each overwriting a few scattered runs of the one before,
 /// and a second series that shares half of the first one's content.
@@ -88,7 +86,10 @@ fn a_reopened_store_rebuilds_its_sample_and_dedups_as_before() {
     let after = st.sampled_index_stats().unwrap();
     // The same rate or a higher one (the running index never raises its rate; a rebuilt
     // one takes the highest that fits), within the budget.
-    assert!(after.shift <= before.shift && after.sampled >= before.sampled, "{before:?} {after:?}");
+    assert!(
+        after.shift <= before.shift && after.sampled >= before.sampled,
+        "{before:?} {after:?}"
+    );
     assert!(after.ram_bytes <= 160 << 10, "{after:?}");
     // The same version again: everything is found.
     let rep = backup_bytes(&st, "t/a", &vs[1], DedupUnit::Chunk);
@@ -109,7 +110,11 @@ fn expired_data_leaves_the_sample_and_what_is_stored_again_restores() {
     assert!(sampled > 0);
     expire(&st, "t/a", &ExpireSel::Version(1)).unwrap();
     gc(&st, &GcOptions::default()).unwrap();
-    assert_eq!(st.sampled_index_stats().unwrap().sampled, 0, "nothing stored, nothing sampled");
+    assert_eq!(
+        st.sampled_index_stats().unwrap().sampled,
+        0,
+        "nothing stored, nothing sampled"
+    );
     // The same data again is new data, stored whole, and restores.
     let rep = backup_bytes(&st, "t/a", &vs[0], DedupUnit::Chunk);
     assert!(rep.new_vbytes >= vs[0].len() as u64 * 99 / 100, "{rep:?}");

@@ -1175,3 +1175,45 @@ fn a_new_server_waits_for_the_store_lock_of_an_exiting_one() {
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&input).unwrap());
     new.stop();
 }
+
+#[test]
+fn a_worker_with_a_sampled_index_dedups_and_restores_byte_exact() {
+    // `--index-mib`: backups look up in the sampled index; a second series with the same
+    // content finds it there, and every version restores byte-exact.
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--index-mib", "1"]);
+    let url = srv.url();
+    let input = dir.path().join("in.bin");
+    let mut data = random(8 << 20, 5);
+    std::fs::write(&input, &data).unwrap();
+    client_ok(&push_args(&url, "default/a", input.to_str().unwrap()), None);
+    data[3 << 20..(3 << 20) + 5000].fill(7);
+    std::fs::write(&input, &data).unwrap();
+    let out = client_ok(
+        &[
+            &push_args(&url, "default/b", input.to_str().unwrap())[..],
+            &["--json"],
+        ]
+        .concat(),
+        None,
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let new = rep["newBytes"].as_u64().unwrap();
+    assert!(
+        new < 2 << 20,
+        "b stored {new} new bytes of 8 MiB it shares with a: {rep}"
+    );
+    let log = srv.log_text();
+    assert!(
+        log.contains("backups look up in a sampled index"),
+        "the worker says it uses the sampled index:\n{log}"
+    );
+    for (series, want) in [("default/a", random(8 << 20, 5)), ("default/b", data)] {
+        let got = dir.path().join("out.bin");
+        client_ok(&pull_to(&url, series, got.to_str().unwrap()), None);
+        assert!(
+            std::fs::read(&got).unwrap() == want,
+            "{series} restores byte-exact"
+        );
+    }
+}

@@ -74,36 +74,15 @@ impl UnitRecord {
     /// What the index needs of a stored record, without its chunk list: its kind, whether
     /// it is trimmed, and its fingerprint. The checksum is verified all the same.
     pub fn decode_key(id: u64, b: &[u8]) -> Result<(DedupUnit, bool, Fp)> {
-        let bad = || corrupt_meta(format!("unit {id}"), "checksum or format mismatch");
-        let body = open_crc(b).ok_or_else(bad)?;
-        let mut r = Reader::new(body);
-        if r.u8().ok_or_else(bad)? != 1 {
-            return Err(bad());
-        }
-        let kind = match r.u8().ok_or_else(bad)? {
-            0 => DedupUnit::Segment,
-            1 => DedupUnit::Chunk,
-            _ => return Err(bad()),
-        };
-        let trimmed = r.u8().ok_or_else(bad)? != 0;
-        let fp = Fp(r.array().ok_or_else(bad)?);
-        Ok((kind, trimmed, fp))
+        let mut r = Reader::new(open_crc(b).ok_or_else(|| bad_unit(id))?);
+        read_head(&mut r).ok_or_else(|| bad_unit(id))
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
-        let bad = || corrupt_meta(format!("unit {id}"), "checksum or format mismatch");
+        let bad = || bad_unit(id);
         let body = open_crc(b).ok_or_else(bad)?;
         let mut r = Reader::new(body);
-        if r.u8().ok_or_else(bad)? != 1 {
-            return Err(bad());
-        }
-        let kind = match r.u8().ok_or_else(bad)? {
-            0 => DedupUnit::Segment,
-            1 => DedupUnit::Chunk,
-            _ => return Err(bad()),
-        };
-        let trimmed = r.u8().ok_or_else(bad)? != 0;
-        let fp = Fp(r.array().ok_or_else(bad)?);
+        let (kind, trimmed, fp) = read_head(&mut r).ok_or_else(bad)?;
         let container = ContainerId(r.uvarint().ok_or_else(bad)?);
         let vbase = r.uvarint().ok_or_else(bad)?;
         let n = r.uvarint().ok_or_else(bad)? as usize;
@@ -123,6 +102,24 @@ impl UnitRecord {
             chunks,
         })
     }
+}
+
+fn bad_unit(id: u64) -> crate::error::Error {
+    corrupt_meta(format!("unit {id}"), "checksum or format mismatch")
+}
+
+/// A record's head: format, kind, trimmed flag and fingerprint.
+fn read_head(r: &mut Reader<'_>) -> Option<(DedupUnit, bool, Fp)> {
+    if r.u8()? != 1 {
+        return None;
+    }
+    let kind = match r.u8()? {
+        0 => DedupUnit::Segment,
+        1 => DedupUnit::Chunk,
+        _ => return None,
+    };
+    let trimmed = r.u8()? != 0;
+    Some((kind, trimmed, Fp(r.array()?)))
 }
 
 #[cfg(test)]

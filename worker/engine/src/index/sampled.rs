@@ -42,13 +42,16 @@ const BLOCK_LINE_BYTES: usize = 16;
 /// The sample's share of the memory budget; the cache has the rest.
 const SAMPLE_SHARE: f64 = 0.5;
 
-/// Units per neighbourhood, as a power of two: 1024 chunks (~8 MiB of data, two containers)
-/// or 16 segments (~16 MiB, four containers).
-fn block_bits(kind: DedupUnit) -> u32 {
-    match kind {
+/// Units per neighbourhood, as a power of two: at least 1024 chunks (~8 MiB of data, two
+/// containers) or 16 segments (~16 MiB, four containers), and enough that a neighbourhood
+/// holds 16 sampled fingerprints on average (the paper's containers of ~1000 segments at
+/// rates down to 1%), or a stream would run through neighbourhoods no sample leads to.
+fn block_bits(kind: DedupUnit, shift: u32) -> u32 {
+    let least = match kind {
         DedupUnit::Chunk => 10,
         DedupUnit::Segment => 4,
-    }
+    };
+    least.max(shift + 4).min(40)
 }
 
 fn slot(kind: DedupUnit) -> usize {
@@ -72,13 +75,18 @@ pub struct SampledStats {
     pub sampled: usize,
     pub cached: usize,
     pub cached_blocks: usize,
-    /// Estimated bytes of memory the sample and the cache take.
+    /// Bytes the budget counts: the entries the sample and the cache hold.
     pub ram_bytes: usize,
+    /// Bytes the index has allocated: hash tables round their sizes up, so this is up to
+    /// about twice `ram_bytes` right after a table has grown.
+    pub allocated_bytes: usize,
     pub lookups: u64,
     pub sample_hits: u64,
     pub cache_hits: u64,
     pub blocks_loaded: u64,
 }
+
+type Block = (DedupUnit, u32, u64);
 
 pub struct SampledIndex {
     budget: usize,
@@ -87,10 +95,10 @@ pub struct SampledIndex {
     sample: [FxHashMap<u64, u64>; 2],
     /// Per kind: fingerprint prefix → newest unit of the cached neighbourhoods holding it.
     cache: [FxHashMap<u64, u64>; 2],
-    /// Cached neighbourhoods, each with the entries it put in the cache, and their order of
-    /// loading (the oldest is evicted first).
-    blocks: FxHashMap<(DedupUnit, u64), Vec<(u64, u64)>>,
-    order: VecDeque<(DedupUnit, u64)>,
+    /// Cached neighbourhoods (kind, size in bits, number), each with the entries it put in
+    /// the cache, and their order of loading (the oldest is evicted first).
+    blocks: FxHashMap<Block, Vec<(u64, u64)>>,
+    order: VecDeque<Block>,
     cached_lines: usize,
     stats: SampledStats,
 }
@@ -183,7 +191,7 @@ impl SampledIndex {
                 self.load_block(meta, kind, unit)?;
             }
         }
-        Ok(fps
+        let hints = fps
             .iter()
             .map(|fp| {
                 let p = prefix(fp);
@@ -195,23 +203,38 @@ impl SampledIndex {
                     None => self.sample[s].get(&p).map(|&u| vec![u]).unwrap_or_default(),
                 }
             })
-            .collect())
+            .collect();
+        // Only now: the batch's own neighbourhoods must not push each other out before
+        // the batch is resolved.
+        self.evict();
+        Ok(hints)
     }
 
     /// Loads the neighbourhood of `unit` into the cache, unless it is there.
     fn load_block(&mut self, meta: &Meta, kind: DedupUnit, unit: u64) -> Result<()> {
-        let bits = block_bits(kind);
+        let bits = block_bits(kind, self.shift);
         let block = unit >> bits;
-        if self.blocks.contains_key(&(kind, block)) {
+        if self.blocks.contains_key(&(kind, bits, block)) {
             return Ok(());
         }
         self.stats.blocks_loaded += 1;
-        let from = (block << bits).to_be_bytes();
-        let to = ((block + 1) << bits).to_be_bytes();
+        let from = (block << bits).to_be_bytes().to_vec();
+        // Past the last id of the block; past every id for the last block (9 bytes sort
+        // after any 8).
+        let to = match (block + 1)
+            .checked_shl(bits)
+            .filter(|e| e >> bits == block + 1)
+        {
+            Some(end) => end.to_be_bytes().to_vec(),
+            None => vec![0xff; 9],
+        };
         let mut lines = Vec::new();
         meta.for_each_range(CF_UNITS, &from, &to, |k, v| {
-            let id = u64::from_be_bytes(k.try_into().unwrap_or([0; 8]));
-            // A record that does not decode is `check`'s to report; a hint can do without.
+            // A key or record that does not decode is `check`'s to report; a hint can do
+            // without it.
+            let Ok(id) = k.try_into().map(u64::from_be_bytes) else {
+                return Ok(true);
+            };
             if let Ok((k, false, fp)) = UnitRecord::decode_key(id, v) {
                 if k == kind {
                     lines.push((prefix(&fp), id));
@@ -225,19 +248,22 @@ impl SampledIndex {
             *e = (*e).max(id);
         }
         self.cached_lines += lines.len();
-        self.blocks.insert((kind, block), lines);
-        self.order.push_back((kind, block));
-        self.evict();
+        self.blocks.insert((kind, bits, block), lines);
+        self.order.push_back((kind, bits, block));
         Ok(())
     }
 
     /// Drops the oldest neighbourhoods while the index is over its budget (the newest one
-    /// stays: the backup is reading it).
+    /// stays: the backup is reading it). Between a batch's loads and this, the cache may
+    /// exceed its share by the neighbourhoods of one batch.
     fn evict(&mut self) {
         while self.ram_bytes() > self.budget && self.order.len() > 1 {
-            let (kind, block) = self.order.pop_front().expect("more than one");
-            let lines = self.blocks.remove(&(kind, block)).unwrap_or_default();
+            let key = self.order.pop_front().expect("more than one");
+            let kind = key.0;
+            let lines = self.blocks.remove(&key).unwrap_or_default();
             self.cached_lines -= lines.len();
+            // A fingerprint another cached neighbourhood holds too goes with the one whose
+            // unit the cache names: a later lookup of it misses (a copy more, no harm).
             let cache = &mut self.cache[slot(kind)];
             for (p, id) in lines {
                 if cache.get(&p) == Some(&id) {
@@ -247,8 +273,8 @@ impl SampledIndex {
         }
     }
 
-    /// Learns what a commit wrote: `lists` holds, for every fingerprint whose copies the
-    /// commit changed, its copies after it (newest first; empty when none is left).
+    /// Learns what a commit wrote: `lists` holds, for every fingerprint the commit touched,
+    /// its copies after it (newest first; empty when none is left).
     pub fn committed<'a>(
         &mut self,
         lists: impl IntoIterator<Item = (&'a (DedupUnit, Fp), &'a Vec<u64>)>,
@@ -264,11 +290,13 @@ impl SampledIndex {
                     if self.sampled(p) {
                         self.sample[s].insert(p, u);
                     }
-                    let block = (*kind, u >> block_bits(*kind));
+                    let bits = block_bits(*kind, self.shift);
+                    let block = (*kind, bits, u >> bits);
                     if let Some(lines) = self.blocks.get_mut(&block) {
-                        self.cache[s].insert(p, u);
-                        lines.push((p, u));
-                        self.cached_lines += 1;
+                        if self.cache[s].insert(p, u) != Some(u) {
+                            lines.push((p, u));
+                            self.cached_lines += 1;
+                        }
                     } else if self.cache[s].get(&p).is_some_and(|c| !copies.contains(c)) {
                         // Its cached copy is gone; the new one's neighbourhood is not cached.
                         self.cache[s].remove(&p);
@@ -285,6 +313,13 @@ impl SampledIndex {
         let share = self.budget as f64 * SAMPLE_SHARE;
         while self.sample_bytes() as f64 > share && self.shift < 63 {
             self.shift += 1;
+            if [DedupUnit::Chunk, DedupUnit::Segment]
+                .iter()
+                .any(|&k| block_bits(k, self.shift) != block_bits(k, self.shift - 1))
+            {
+                // Neighbourhoods grow: cached ones of the old size would overlap new ones.
+                self.clear_cache();
+            }
             let limit = 1u64 << (64 - self.shift);
             for m in &mut self.sample {
                 m.retain(|p, _| *p < limit);
@@ -292,6 +327,13 @@ impl SampledIndex {
             }
         }
         self.evict();
+    }
+
+    fn clear_cache(&mut self) {
+        self.cache = Default::default();
+        self.blocks.clear();
+        self.order.clear();
+        self.cached_lines = 0;
     }
 
     fn sample_bytes(&self) -> usize {
@@ -304,6 +346,23 @@ impl SampledIndex {
         self.sample_bytes() + cache * MAP_ENTRY_BYTES + self.cached_lines * BLOCK_LINE_BYTES
     }
 
+    fn allocated_bytes(&self) -> usize {
+        let tables: usize = self
+            .sample
+            .iter()
+            .chain(&self.cache)
+            .map(|m| m.capacity())
+            .sum();
+        let lines: usize = self.blocks.values().map(|l| l.capacity()).sum();
+        tables * MAP_ENTRY_BYTES + lines * BLOCK_LINE_BYTES
+    }
+
+    /// Test hook: makes the sample name `unit` for `fp`, as a 64-bit collision would.
+    #[cfg(test)]
+    pub(crate) fn forge(&mut self, kind: DedupUnit, fp: &Fp, unit: u64) {
+        self.sample[slot(kind)].insert(prefix(fp), unit);
+    }
+
     pub fn stats(&self) -> SampledStats {
         SampledStats {
             shift: self.shift,
@@ -311,6 +370,7 @@ impl SampledIndex {
             cached: self.cache.iter().map(|m| m.len()).sum(),
             cached_blocks: self.order.len(),
             ram_bytes: self.ram_bytes(),
+            allocated_bytes: self.allocated_bytes(),
             ..self.stats
         }
     }
@@ -324,7 +384,10 @@ pub struct SampledLookup<'a> {
 
 impl FingerprintIndex for SampledLookup<'_> {
     fn copies(&self, kind: DedupUnit, fp: &Fp) -> Result<Vec<u64>> {
-        Ok(self.copies_many(kind, std::slice::from_ref(fp))?.pop().unwrap_or_default())
+        Ok(self
+            .copies_many(kind, std::slice::from_ref(fp))?
+            .pop()
+            .unwrap_or_default())
     }
 
     fn copies_many(&self, kind: DedupUnit, fps: &[Fp]) -> Result<Vec<Vec<u64>>> {
@@ -375,7 +438,10 @@ mod tests {
         let ids: Vec<u64> = (1..=n).collect();
         for batch in ids.chunks(256) {
             let fps: Vec<Fp> = batch.iter().map(|&i| fp(i)).collect();
-            for (&i, hint) in batch.iter().zip(ix.copies_many(meta, DedupUnit::Chunk, &fps).unwrap()) {
+            for (&i, hint) in batch
+                .iter()
+                .zip(ix.copies_many(meta, DedupUnit::Chunk, &fps).unwrap())
+            {
                 if !hint.is_empty() {
                     found += 1;
                     right &= hint == vec![i];
@@ -383,6 +449,58 @@ mod tests {
             }
         }
         (found, right)
+    }
+
+    #[test]
+    fn a_hint_to_a_unit_of_another_fingerprint_is_no_copy_and_leaves_no_pin() {
+        use crate::ingest::{backup, BackupOptions};
+        use crate::source::StreamSource;
+        use crate::store::{InitOptions, OpenMode, Store};
+        let dir = tempfile::tempdir().unwrap();
+        Store::init(dir.path(), &InitOptions::default()).unwrap();
+        let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+        st.use_sampled_index(1 << 20).unwrap();
+        let data: Vec<u8> = (0..3u32 << 20)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let opts = BackupOptions {
+            unit: Some(DedupUnit::Chunk),
+            ..Default::default()
+        };
+        let src = StreamSource::new("data", std::io::Cursor::new(data));
+        backup(&st, "t/a", Box::new(src), &opts).unwrap();
+        // Some stored unit, and a fingerprint the store does not hold that the sample now
+        // says it does.
+        let (unit, _) = st
+            .meta
+            .scan_prefix(CF_UNITS, b"")
+            .unwrap()
+            .into_iter()
+            .next()
+            .map(|(k, v)| {
+                let id = u64::from_be_bytes(k[..8].try_into().unwrap());
+                (id, UnitRecord::decode_key(id, &v).unwrap())
+            })
+            .unwrap();
+        let stranger = Fp::of(b"never stored");
+        st.sampled
+            .as_ref()
+            .unwrap()
+            .lock()
+            .forge(DedupUnit::Chunk, &stranger, unit);
+        let mut pinned = Vec::new();
+        let found = st
+            .lookup_pin(DedupUnit::Chunk, &[stranger], &mut pinned)
+            .unwrap();
+        assert!(
+            found[&stranger].is_empty(),
+            "a unit of another fingerprint is no copy"
+        );
+        assert!(pinned.is_empty(), "{pinned:?}");
+        assert!(
+            !st.pins.lock().pins.contains_key(&unit),
+            "the forged unit stays unpinned"
+        );
     }
 
     #[test]
@@ -404,7 +522,10 @@ mod tests {
         let st = ix.stats();
         assert_eq!(st.shift, 5, "{st:?}");
         let expected = n as f64 / 32.0;
-        assert!((st.sampled as f64 - expected).abs() < expected * 0.2, "{st:?}");
+        assert!(
+            (st.sampled as f64 - expected).abs() < expected * 0.2,
+            "{st:?}"
+        );
         let (found, right) = look_up_stream(&mut ix, &meta, n);
         assert!(right, "a hint named the wrong unit");
         // A neighbourhood of 1024 units holds ~32 sampled ones: a stream read in order misses
@@ -431,13 +552,21 @@ mod tests {
         assert!(st.sampled <= 2000, "{st:?}");
         // A commit that frees a sampled fingerprint's only copy drops it; one that writes a
         // newer copy points the sample there.
-        let sampled: Vec<u64> = (1..=20_000).filter(|&i| ix.sampled(prefix(&fp(i)))).collect();
+        let sampled: Vec<u64> = (1..=20_000)
+            .filter(|&i| ix.sampled(prefix(&fp(i))))
+            .collect();
         let (gone, moved) = (sampled[0], sampled[1]);
         let mut lists = FxHashMap::default();
         lists.insert((DedupUnit::Chunk, fp(gone)), vec![]);
         lists.insert((DedupUnit::Chunk, fp(moved)), vec![30_000, moved]);
         ix.committed(&lists);
-        assert_eq!(ix.sample[slot(DedupUnit::Chunk)].get(&prefix(&fp(gone))), None);
-        assert_eq!(ix.sample[slot(DedupUnit::Chunk)].get(&prefix(&fp(moved))), Some(&30_000));
+        assert_eq!(
+            ix.sample[slot(DedupUnit::Chunk)].get(&prefix(&fp(gone))),
+            None
+        );
+        assert_eq!(
+            ix.sample[slot(DedupUnit::Chunk)].get(&prefix(&fp(moved))),
+            Some(&30_000)
+        );
     }
 }

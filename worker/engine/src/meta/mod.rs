@@ -191,6 +191,18 @@ impl Meta {
         })
     }
 
+    /// Bytes column family `cf` takes: its table files and its memtables.
+    pub fn cf_bytes(&self, cf: &str) -> Result<u64> {
+        let mut total = 0;
+        for p in [
+            "rocksdb.total-sst-files-size",
+            "rocksdb.size-all-mem-tables",
+        ] {
+            total += self.db.property_int_value_cf(self.cf(cf), p)?.unwrap_or(0);
+        }
+        Ok(total)
+    }
+
     pub(crate) fn db(&self) -> &DB {
         &self.db
     }
@@ -274,7 +286,8 @@ impl Meta {
     }
 
     /// Calls `f` on each entry with `from <= key < to`, in key order, until it returns
-    /// false. The blocks read are not cached (a scan, like [`Meta::for_each_prefix`]).
+    /// false. The blocks read stay in the cache: the sampled index reads the same
+    /// neighbourhoods again when the next backup of a series comes round.
     pub fn for_each_range(
         &self,
         cf: &str,
@@ -283,11 +296,12 @@ impl Meta {
         mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
     ) -> Result<()> {
         let mut ro = ReadOptions::default();
-        ro.fill_cache(false);
         ro.set_iterate_upper_bound(to.to_vec());
-        let it = self
-            .db
-            .iterator_cf_opt(self.cf(cf), ro, IteratorMode::From(from, Direction::Forward));
+        let it = self.db.iterator_cf_opt(
+            self.cf(cf),
+            ro,
+            IteratorMode::From(from, Direction::Forward),
+        );
         for item in it {
             let (k, v) = item?;
             if !f(&k, &v)? {

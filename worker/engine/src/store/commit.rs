@@ -251,14 +251,16 @@ impl Store {
         l.stage_totals(&mut b, &txn.totals);
         b.put_counters(&self.counters().max(meta.counters()?));
         self.write_durably(b, txn.session)?;
-        if let Some(sampled) = &self.sampled {
-            sampled.lock().committed(&l.index);
-        }
         // Held from the pin check to here: a backup that pinned a unit after
         // the check must, when it then reads the unit, see it gone. Released
         // before the write, a backup could pin and read a unit this batch was
         // about to delete, and reference it (tests/concurrent.rs).
         drop(pin_state);
+        // Still under the commit lock, so commits reach the sampled index in order; after
+        // the pin lock, so no pin waits for the index (its hints are checked anyway).
+        if let Some(sampled) = &self.sampled {
+            sampled.lock().committed(&l.index);
+        }
 
         // Durable: now the files can go, once no reader that started before
         // this commit can still need them.

@@ -269,9 +269,6 @@ impl Store {
         &self.data_dir
     }
 
-    /// Waits for the open's background work (the metadata flush): a server
-    /// does this before it takes requests, so that work's disk use (RocksDB
-    /// preallocates its tables) is not racing the first backup's.
     /// Backups of this store look their fingerprints up in a sampled, progressive index
     /// of about `budget` bytes of memory (see [`crate::index::sampled`]) instead of the
     /// exact index on disk: the lookups stay in memory as the store grows, at the cost of
@@ -288,6 +285,9 @@ impl Store {
         self.sampled.as_ref().map(|s| s.lock().stats())
     }
 
+    /// Waits for the open's background work (the metadata flush): a server
+    /// does this before it takes requests, so that work's disk use (RocksDB
+    /// preallocates its tables) is not racing the first backup's.
     pub fn settle(&self) {
         self.meta.wait_flushed();
     }

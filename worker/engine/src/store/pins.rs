@@ -47,16 +47,33 @@ impl Store {
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        // With each copy, the fingerprint its record holds: a sampled index's hint is
-        // matched on 64 bits and may name another unit.
-        let usable: FxHashMap<u64, (UnitCopy, Fp)> = self
-            .pin_read(&ids, pinned)?
-            .into_iter()
-            .filter_map(|(rec, copy)| {
-                let rec = rec.filter(|r| r.kind == kind)?;
-                copy.map(|c| (c.id, (c, rec.fp)))
-            })
-            .collect();
+        // A sampled index's hint is matched on 64 bits and may name a unit of another
+        // fingerprint or kind: such a unit is no copy, and is unpinned at once.
+        let wanted: FxHashSet<&Fp> = fps.iter().collect();
+        let first_new = pinned.len();
+        let mut usable: FxHashMap<u64, (UnitCopy, Fp)> = FxHashMap::default();
+        let mut wrong = FxHashSet::default();
+        for (rec, copy) in self.pin_read(&ids, pinned)? {
+            match (rec, copy) {
+                (Some(r), Some(c)) if r.kind == kind && wanted.contains(&r.fp) => {
+                    usable.insert(c.id, (c, r.fp));
+                }
+                (_, Some(c)) => {
+                    wrong.insert(c.id);
+                }
+                _ => {}
+            }
+        }
+        if !wrong.is_empty() {
+            let mut i = first_new;
+            while i < pinned.len() {
+                if wrong.contains(&pinned[i]) {
+                    self.unpin([pinned.swap_remove(i)]);
+                } else {
+                    i += 1;
+                }
+            }
+        }
         Ok(fps
             .iter()
             .zip(copies)

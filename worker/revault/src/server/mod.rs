@@ -102,10 +102,36 @@ pub struct ServeArgs {
     /// in-flight work may run this long before it is cut (docs/service.md).
     #[arg(long, env = "REVAULT_REOPEN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub reopen_grace: Duration,
+    /// Look fingerprints up in a sampled index of this many MiB of memory instead of the
+    /// exact index on disk (docs/architecture.md, "The index"): for stores whose exact
+    /// index outgrows the node's memory. 0: the exact index.
+    #[arg(long, env = "REVAULT_INDEX_MIB", default_value_t = 0)]
+    pub index_mib: u64,
     #[command(flatten)]
     pub limits: limits::LimitArgs,
     #[command(flatten)]
     pub remote: durable::RemoteArgs,
+}
+
+/// `--index-mib`, for every open of the store in this process (the first and the reopens
+/// after a full metadata disk).
+static INDEX_MIB: AtomicU64 = AtomicU64::new(0);
+
+/// Gives a store opened read-write the sampled index `--index-mib` asks for.
+pub(crate) fn with_index(mut st: Store) -> revault_engine::Result<Store> {
+    let mib = INDEX_MIB.load(Ordering::Relaxed);
+    if mib > 0 {
+        st.use_sampled_index(usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX))?;
+        if let Some(s) = st.sampled_index_stats() {
+            tracing::info!(
+                budget_mib = mib,
+                sampling = format!("1/{}", 1u64 << s.shift),
+                sampled = s.sampled,
+                "backups look up in a sampled index"
+            );
+        }
+    }
+    Ok(st)
 }
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -407,6 +433,7 @@ type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
 /// until a signal, then drain.
 async fn serve(a: ServeArgs) -> Result<()> {
     let auth = Auth::load(a.token_file.clone())?;
+    INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
     let app = App::new(auth, a.max_cache_mib.max(1));
     app.metrics.tokens.set(app.auth.count() as i64);
     let (mut server, handle) = listen(&a, &app)?;
@@ -521,7 +548,7 @@ fn open_store(
 ) -> Result<Opened> {
     if init && !root.join("revault.store").exists() {
         if let Some((store, remote)) = durable::recover_if_asked(root, ra)? {
-            return Ok((store, remote, None));
+            return Ok((with_index(store)?, remote, None));
         }
         Store::init(root, &InitOptions::default())?;
         tracing::info!(store = %root.display(), "initialised a new store");
@@ -569,7 +596,7 @@ pub(crate) fn open_locked(root: &Path, lock_wait: Duration) -> Result<Store> {
             r => {
                 let st = r?;
                 st.settle();
-                return Ok(st);
+                return Ok(with_index(st)?);
             }
         }
     }
