@@ -217,13 +217,27 @@ fn a_backup_committing_inside_a_slide_keeps_the_units_it_references() {
     // Before the slide dooms the units it trims, team-b deduplicates against them; at the
     // slide's commit they are doomed and team-b must not build on what the commit trims.
     for point in ["slide.before_doom", "commit.enter"] {
-        backup_inside_a_slide(point);
+        backup_inside_a_slide(point, false);
     }
 }
 
-fn backup_inside_a_slide(point: &'static str) {
+#[test]
+fn a_backup_through_the_sampled_index_committing_inside_a_slide_keeps_the_units_it_references() {
+    // The same race with hints from the sampled index, which learns of the trim only at the
+    // slide's commit.
+    for point in ["slide.before_doom", "commit.enter"] {
+        backup_inside_a_slide(point, true);
+    }
+}
+
+/// With `sampled`, team-b looks up in a sampled index of 4 KiB (about one segment in two).
+fn backup_inside_a_slide(point: &'static str, sampled: bool) {
     let unit = DedupUnit::Segment;
-    let (_d, st) = new_store(small_config());
+    let (_d, st) = if sampled {
+        new_sampled_store(small_config(), 4 << 10)
+    } else {
+        new_store(small_config())
+    };
     // The second version repeats most of the first: the slide trims the
     // first version's own units down to what the second lacks.
     let old = random(2 << 20, 31);
@@ -271,4 +285,7 @@ fn backup_inside_a_slide(point: &'static str) {
     assert_eq!(restore_bytes(&st, "team-a/db", 2).0, new, "{point}");
     let c = check(&st).unwrap();
     assert!(c.ok, "{point}: {:?}", c.errors);
+    if let Some(ix) = st.sampled_index_stats() {
+        assert!(ix.shift > 0, "{point}: the index samples: {ix:?}");
+    }
 }

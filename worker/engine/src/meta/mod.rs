@@ -293,22 +293,11 @@ impl Meta {
         cf: &str,
         from: &[u8],
         to: &[u8],
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+        f: impl FnMut(&[u8], &[u8]) -> Result<bool>,
     ) -> Result<()> {
         let mut ro = ReadOptions::default();
         ro.set_iterate_upper_bound(to.to_vec());
-        let it = self.db.iterator_cf_opt(
-            self.cf(cf),
-            ro,
-            IteratorMode::From(from, Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item?;
-            if !f(&k, &v)? {
-                break;
-            }
-        }
-        Ok(())
+        self.walk_prefix(cf, ro, from, b"", f)
     }
 
     fn walk_prefix(
