@@ -25,14 +25,37 @@ const CONTAINER_HEADER: u64 = 64;
 const CONTAINER_TRAILER: u64 = 32;
 /// Prefetched ranges kept per open container (a window's worth is one or two).
 const PREFETCH_SLOTS: usize = 4;
+/// Whole containers fetched ahead of their opening, at most: a restore asks for a handful
+/// (its read-ahead); the oldest are dropped should nobody open them.
+const AHEAD_SLOTS: usize = 16;
+
+/// A container fetched whole ahead of its opening: its header and plaintext, once the GET
+/// and the opening of every frame are done.
+type Whole = std::sync::mpsc::Receiver<Result<(Header, Vec<u8>)>>;
 
 pub(crate) struct Tier {
     remote: Remote,
+    ahead: Mutex<Vec<(ContainerId, Whole)>>,
 }
 
 impl Tier {
     pub(crate) fn new(remote: Remote) -> Self {
-        Tier { remote }
+        Tier {
+            remote,
+            ahead: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What a prefetch of container `id` fetched, if one was asked for (waiting for it).
+    /// A prefetch that failed gives nothing: the opening reads again, and reports the
+    /// error as what it is.
+    fn take_whole(&self, id: ContainerId) -> Option<(Header, Vec<u8>)> {
+        let rx = {
+            let mut ahead = self.ahead.lock();
+            let i = ahead.iter().position(|(c, _)| *c == id)?;
+            ahead.remove(i).1
+        };
+        rx.recv().ok()?.ok()
     }
 }
 
@@ -42,6 +65,11 @@ impl ColdTier for Tier {
         id: ContainerId,
         local: &std::path::Path,
     ) -> revault_engine::Result<Box<dyn ColdFile>> {
+        if let Some((header, plain)) = self.take_whole(id) {
+            if let Some(c) = RemoteContainer::from_whole(&self.remote, id, header, plain) {
+                return Ok(Box::new(c));
+            }
+        }
         match RemoteContainer::open(&self.remote, id) {
             Ok(c) => Ok(Box::new(c)),
             Err(RemoteError::NotFound { object }) => Err(revault_engine::Error::MissingContainer {
@@ -50,6 +78,32 @@ impl ColdTier for Tier {
             }),
             Err(e) => Err(e.into_engine(&id.to_string())),
         }
+    }
+
+    /// Fetches container `id` whole (one GET, header, ends and data), authenticated, in the
+    /// background: its opening then costs no request.
+    fn prefetch(&self, id: ContainerId) {
+        let mut ahead = self.ahead.lock();
+        if ahead.iter().any(|(c, _)| *c == id) {
+            return;
+        }
+        if ahead.len() >= AHEAD_SLOTS {
+            ahead.remove(0);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let remote = self.remote.clone();
+        let name = layout::container(id);
+        let b = remote.inner.bucket.clone();
+        let rt = remote.rt().handle().clone();
+        rt.spawn(async move {
+            let res = b.get(&name).await.and_then(|body| {
+                let header = Header::decode(&name, &body)?;
+                let plain = seal::open(&remote.inner.key, &name, &body)?;
+                Ok((header, plain))
+            });
+            let _ = tx.send(res.map_err(|e| b.in_bucket(e)));
+        });
+        ahead.push((id, rx));
     }
 }
 
@@ -176,6 +230,51 @@ impl RemoteContainer {
         Ok(c)
     }
 
+    /// A container fetched whole ([`Tier::prefetch`]): its ends become its stub (recorded, as
+    /// an opening records it), and its data the range a whole read asks for. `None` when the
+    /// plaintext is too short to be a container (the regular opening then says so).
+    fn from_whole(
+        remote: &Remote,
+        id: ContainerId,
+        header: Header,
+        mut plain: Vec<u8>,
+    ) -> Option<RemoteContainer> {
+        let len = plain.len() as u64;
+        if len != header.plain_len || len < CONTAINER_HEADER + CONTAINER_TRAILER {
+            return None;
+        }
+        let t = &plain[(len - CONTAINER_TRAILER) as usize..];
+        let foff = u64::from_le_bytes(t[0..8].try_into().expect("8 bytes"));
+        // The footer's offset, when the trailer names one inside the file; the engine
+        // checks the footer itself (and refuses a wrong one) when it opens the container.
+        let tail_start = if (CONTAINER_HEADER..=len - CONTAINER_TRAILER).contains(&foff) {
+            foff
+        } else {
+            len - CONTAINER_TRAILER
+        };
+        let tail = plain.split_off(tail_start as usize);
+        let data = plain.split_off(CONTAINER_HEADER as usize);
+        let stub = Stub {
+            head: plain,
+            tail_start,
+            tail,
+        };
+        // A read-only store cannot record it; it is read again next time.
+        let _ = remote.inner.state.set_stub(id, &stub.encode());
+        Some(RemoteContainer {
+            remote: remote.clone(),
+            id,
+            name: layout::container(id),
+            header,
+            stub,
+            prefetched: Mutex::new(vec![Prefetch {
+                range: CONTAINER_HEADER..tail_start,
+                rx: None,
+                data: Some(data),
+            }]),
+        })
+    }
+
     /// Reads the container's header and its footer and trailer from the bucket.
     fn read_stub(&self) -> Result<Stub> {
         let len = self.header.plain_len;
@@ -225,6 +324,10 @@ impl RemoteContainer {
         let p = &mut slots[i];
         if let Some(rx) = p.rx.take() {
             p.data = rx.recv().ok().and_then(|r| r.ok());
+        }
+        if p.range == *range {
+            // Read whole, as read ahead: the bytes move out, uncopied.
+            return slots.remove(i).data;
         }
         let base = p.range.start;
         let out = p

@@ -187,7 +187,7 @@ impl Footer {
         let first = self
             .blocks
             .partition_point(|b| b.vbase + u64::from(b.vlen) <= vaddr);
-        let end = vaddr + len;
+        let end = vaddr.saturating_add(len);
         let last = self.blocks.partition_point(|b| b.vbase < end);
         first..last.max(first)
     }
@@ -634,6 +634,34 @@ impl ContainerFile {
         buf.resize((end - start) as usize, 0);
         self.backing.read_at(buf, start, self.id)?;
         Ok(end - start)
+    }
+
+    /// Hints that data-space bytes `[vaddr, vaddr+len)` will be read soon: the kernel starts
+    /// reading them from a local file, a cold file fetches them from the bucket in the
+    /// background (so a restore's waits for them overlap its decoding of what came before).
+    /// Returns the stored bytes the hint covers.
+    pub fn prefetch(&self, vaddr: u64, len: u64) -> u64 {
+        let blocks = &self.footer.blocks[self.footer.blocks_for(vaddr, len)];
+        let (Some(b0), Some(b1)) = (blocks.first(), blocks.last()) else {
+            return 0;
+        };
+        let (start, end) = (b0.offset, b1.offset + u64::from(b1.stored_len));
+        match &self.backing {
+            Backing::Local(file) => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: advisory call on a valid fd.
+                unsafe {
+                    libc::posix_fadvise(
+                        file.as_raw_fd(),
+                        start as libc::off_t,
+                        (end - start) as libc::off_t,
+                        libc::POSIX_FADV_WILLNEED,
+                    );
+                }
+            }
+            Backing::Cold(c) => c.prefetch(start..end),
+        }
+        end - start
     }
 
     /// The whole data space, decoded (empty for a container without data).

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::format::container::{decode_block, Backing, BlockInfo, ContainerFile, ContainerId};
+use crate::format::container::{decode_block, BlockInfo, ContainerFile, ContainerId};
 use crate::recipe::{Extent, Extents};
 use crate::store::Store;
 
@@ -170,30 +170,8 @@ pub(crate) fn prefetch(store: &Store, cache: &ContainerCache, window: &[Extent])
         }
     }
     for (id, (lo, hi)) in spans {
-        let Ok(cf) = cache.get(store, id) else {
-            continue;
-        };
-        let r = cf.footer.blocks_for(lo, hi - lo);
-        if r.is_empty() {
-            continue;
-        }
-        let b0 = &cf.footer.blocks[r.start];
-        let b1 = &cf.footer.blocks[r.end - 1];
-        let (start, end) = (b0.offset, b1.offset + u64::from(b1.stored_len));
-        match &cf.backing {
-            Backing::Local(file) => {
-                use std::os::fd::AsRawFd;
-                // SAFETY: advisory call on a valid fd.
-                unsafe {
-                    libc::posix_fadvise(
-                        file.as_raw_fd(),
-                        start as libc::off_t,
-                        (end - start) as libc::off_t,
-                        libc::POSIX_FADV_WILLNEED,
-                    );
-                }
-            }
-            Backing::Cold(c) => c.prefetch(start..end),
+        if let Ok(cf) = cache.get(store, id) {
+            cf.prefetch(lo, hi - lo);
         }
     }
 }

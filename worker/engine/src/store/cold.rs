@@ -14,6 +14,9 @@ pub trait ColdTier: Send + Sync {
     /// Container `id`'s file, whose place in the data directory is `local`; an error
     /// ([`Error::MissingContainer`]) when the tier does not hold it either.
     fn open(&self, id: ContainerId, local: &Path) -> Result<Box<dyn ColdFile>>;
+    /// Hints that container `id` will be opened and read whole soon: a tier may fetch it
+    /// in the background and serve the next [`ColdTier::open`] from what it fetched.
+    fn prefetch(&self, _id: ContainerId) {}
 }
 
 impl Store {
@@ -41,6 +44,23 @@ impl Store {
             container: id.to_string(),
             path: id.path(&self.data_dir),
         })
+    }
+
+    /// Hints that container `id` will be opened and read whole soon. Returns whether the
+    /// cold tier took the hint (the container is not in the data directory); a local
+    /// container is hinted once open ([`ContainerFile::prefetch`]).
+    pub(crate) fn prefetch_cold(&self, id: ContainerId) -> bool {
+        if id.path(&self.data_dir).exists() {
+            return false;
+        }
+        let tier = self.cold.read().clone();
+        match tier {
+            Some(t) => {
+                t.prefetch(id);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Removes container `id`'s file from the data directory once its copy is durable

@@ -281,6 +281,13 @@ fn pieces<'a>(locs: &'a [Loc], r: &Round) -> impl Iterator<Item = (Loc, u32, u32
     })
 }
 
+/// The data-space span `[lo, hi)` of one container's pieces (none is empty).
+fn span(ps: &[(usize, u64, u32)]) -> (u64, u64) {
+    let lo = ps.iter().map(|p| p.1).min().unwrap_or(0);
+    let hi = ps.iter().map(|p| p.1 + u64::from(p.2)).max().unwrap_or(lo);
+    (lo, hi)
+}
+
 pub(super) fn run(
     store: &Store,
     locs: &[Loc],
@@ -329,6 +336,19 @@ pub(super) fn run(
         });
         area.clear();
         area.resize(at, 0);
+        // Everything the round reads is asked for at once: read back from a bucket, the
+        // round's GETs then overlap instead of waiting one by one.
+        for (c, ps) in &by_container {
+            if cache.contains_key(c) {
+                continue;
+            }
+            if round.cache_out.contains(c) {
+                ld.prefetch(*c, 0, u64::MAX);
+            } else {
+                let (lo, hi) = span(ps);
+                ld.prefetch(*c, lo, hi - lo);
+            }
+        }
         // Cached containers first, dropping the ones this round is their
         // last use of: the cache then holds only what it keeps, and room is
         // there for the containers this round admits.
@@ -346,12 +366,7 @@ pub(super) fn run(
                 cache.insert(c, data);
             } else {
                 // Read through: only the blocks these pieces need.
-                let lo = ps.iter().map(|p| p.1).min().expect("a piece");
-                let hi = ps
-                    .iter()
-                    .map(|p| p.1 + u64::from(p.2))
-                    .max()
-                    .expect("a piece");
+                let (lo, hi) = span(ps);
                 let (base, data) = ld.read_blocks(c, lo, hi - lo)?;
                 ld.stats.reads += 1;
                 copy_pieces(&mut area, ps, &data, base, c)?;

@@ -17,10 +17,21 @@ pub(crate) struct CacheStats {
     pub peak: u64,
 }
 
+/// How many containers the read-ahead keeps asked for, and at most how many stored bytes
+/// they may hold: enough that the round trips of a bucket's GETs overlap each other and the
+/// decoding (a restore read from the bucket alone waited on one GET at a time), little
+/// enough to be noise beside the cache.
+const READ_AHEAD: usize = 8;
+const READ_AHEAD_BYTES: u64 = 64 << 20;
+/// How many positions past the current one the read-ahead looks for containers.
+const READ_AHEAD_SCAN: usize = 1 << 16;
+
 /// Reads and decodes whole containers, counting what it costs.
 pub(crate) struct Loader<'s> {
     store: &'s Store,
     files: HashMap<ContainerId, Arc<ContainerFile>>,
+    /// Containers asked for ahead and not loaded yet, with the stored bytes asked.
+    ahead: Vec<(ContainerId, u64)>,
     pub(crate) stats: CacheStats,
 }
 
@@ -29,6 +40,7 @@ impl<'s> Loader<'s> {
         Loader {
             store,
             files: HashMap::new(),
+            ahead: Vec::new(),
             stats: CacheStats::default(),
         }
     }
@@ -47,6 +59,67 @@ impl<'s> Loader<'s> {
         Ok(f)
     }
 
+    /// Asks for the whole containers the next loads will read, in the order `locs` uses them
+    /// from position `from` on: those not `cached` (given a chunk's container and address),
+    /// at most [`READ_AHEAD`] of them, and none (that is open) larger than `budget` (an
+    /// engine reads those block by block). A bucket then fetches
+    /// them in parallel in the background, a local disk starts reading them. Only a hint:
+    /// a container that cannot be opened now is left for its load to report.
+    pub(crate) fn read_ahead(
+        &mut self,
+        locs: &[Loc],
+        from: usize,
+        budget: u64,
+        cached: impl Fn(ContainerId, u64) -> bool,
+    ) {
+        let before = std::mem::take(&mut self.ahead);
+        let mut bytes = 0u64;
+        for l in locs.iter().skip(from).take(READ_AHEAD_SCAN) {
+            if self.ahead.len() >= READ_AHEAD || bytes >= READ_AHEAD_BYTES {
+                break;
+            }
+            let Loc::Stored {
+                container, vaddr, ..
+            } = *l
+            else {
+                continue;
+            };
+            if cached(container, vaddr) || self.ahead.iter().any(|(c, _)| *c == container) {
+                continue;
+            }
+            // Asked for already (and still to come): kept, not asked again.
+            if let Some(&(_, n)) = before.iter().find(|(c, _)| *c == container) {
+                self.ahead.push((container, n));
+                bytes += n;
+                continue;
+            }
+            // Not open yet and not on local disk: the tier fetches it whole, so that
+            // opening it costs no round trip of its own either.
+            if !self.files.contains_key(&container) && self.store.prefetch_cold(container) {
+                self.ahead.push((container, 0));
+                continue;
+            }
+            let Ok(f) = self.file(container, false) else {
+                continue;
+            };
+            if f.footer.vbytes > budget {
+                continue;
+            }
+            let n = f.prefetch(0, f.footer.vbytes);
+            self.ahead.push((container, n));
+            bytes += n;
+        }
+    }
+
+    /// Asks for data-space bytes `[vaddr, vaddr+len)` of a container ahead of reading them
+    /// (see [`ContainerFile::prefetch`]); a container that cannot be opened now is left for
+    /// its read to report.
+    pub(crate) fn prefetch(&mut self, id: ContainerId, vaddr: u64, len: u64) {
+        if let Ok(f) = self.file(id, false) {
+            f.prefetch(vaddr, len);
+        }
+    }
+
     /// Decoded size of a container (what caching it whole costs).
     pub(crate) fn size(&mut self, id: ContainerId) -> Result<u64> {
         Ok(self.file(id, false)?.footer.vbytes)
@@ -55,6 +128,7 @@ impl<'s> Loader<'s> {
     /// One container read: the whole data space, decoded.
     pub(crate) fn load(&mut self, id: ContainerId) -> Result<Vec<u8>> {
         let f = self.file(id, false)?;
+        self.ahead.retain(|(c, _)| *c != id);
         let data = f.read_all()?;
         self.stats.reads += 1;
         self.stats.bytes_read += f

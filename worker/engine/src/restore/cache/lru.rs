@@ -22,7 +22,7 @@ pub(super) fn container(
     let mut cache: HashMap<ContainerId, Vec<u8>> = HashMap::new();
     let mut order: VecDeque<ContainerId> = VecDeque::new();
     let mut held = 0u64;
-    for l in locs {
+    for (i, l) in locs.iter().enumerate() {
         match *l {
             Loc::Zero { len } => write_zeros(out, u64::from(len))?,
             Loc::Stored {
@@ -31,6 +31,7 @@ pub(super) fn container(
                 len,
             } => {
                 if !cache.contains_key(&container) {
+                    ld.read_ahead(locs, i, budget, |c, _| cache.contains_key(&c));
                     let need = ld.size(container)?;
                     if need > budget {
                         return Err(too_small("lru-container", budget, need));
@@ -68,7 +69,7 @@ pub(super) fn chunk(
     let mut recency: BTreeSet<(u64, ContainerId, u64)> = BTreeSet::new();
     let mut held = 0u64;
     let mut clock = 0u64;
-    for l in locs {
+    for (i, l) in locs.iter().enumerate() {
         let Loc::Stored {
             container,
             vaddr,
@@ -89,6 +90,7 @@ pub(super) fn chunk(
             continue;
         }
         // Miss: read the container; its decode buffer is held meanwhile.
+        ld.read_ahead(locs, i, budget, |c, v| cache.contains_key(&(c, v)));
         let need = ld.size(container)?;
         if need > budget {
             return Err(too_small("lru-chunk", budget, need));

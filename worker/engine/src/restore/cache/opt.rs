@@ -42,6 +42,7 @@ pub(super) fn run(
         if let Some((_, nu)) = cache.get(&container) {
             by_next.remove(&(*nu, container));
         } else {
+            ld.read_ahead(locs, i, budget, |c, _| cache.contains_key(&c));
             let need = ld.size(container)?;
             if need > budget {
                 // Larger than the whole budget (the default restore must
