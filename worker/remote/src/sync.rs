@@ -265,9 +265,18 @@ impl Remote {
         todo.sort();
         let prev = self.head();
         let seq = self.next_seq(gen, prev.as_ref())?;
-        self.upload_containers(gen, store.data_dir(), &todo, rep)?;
+        // The metadata files go up while the containers do: no head names either yet.
+        let (meta_files, meta_up) = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
+        let uploaded = self.upload_containers(gen, store.data_dir(), &todo, rep);
+        let meta_done = meta_up.recv().unwrap_or_else(|_| {
+            Err(RemoteError::Bucket {
+                what: "uploading metadata files".into(),
+                detail: "the upload stopped".into(),
+            })
+        });
+        uploaded?;
         self.failpoint("sync.uploaded")?;
-        let meta_files = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
+        meta_done?;
         self.failpoint("sync.meta")?;
         let head = Head {
             format: 1,
@@ -375,13 +384,14 @@ impl Remote {
         Ok(())
     }
 
-    /// Uploads the checkpoint's metadata files the remote lacks; returns the head's list.
+    /// Starts uploading the checkpoint's metadata files the remote lacks, [`PARALLEL`] at a
+    /// time; returns the head's list of them and where the upload's outcome will arrive.
     fn upload_meta_files(
         &self,
         files: &[(String, std::path::PathBuf)],
         prev: Option<&Head>,
         rep: &mut SyncReport,
-    ) -> Result<Vec<MetaFile>> {
+    ) -> Result<(Vec<MetaFile>, std::sync::mpsc::Receiver<Result<()>>)> {
         let have: HashSet<&str> = prev
             .map(|h| h.meta_files.iter().map(|f| f.object.as_str()).collect())
             .unwrap_or_default();
@@ -401,14 +411,15 @@ impl Remote {
         }
         todo.sort_by(|a, b| a.0.cmp(&b.0));
         todo.dedup_by(|a, b| a.0 == b.0);
-        for (object, bytes) in todo {
-            rep.meta_files_uploaded += 1;
-            rep.meta_bytes_uploaded += bytes.len() as u64;
-            let body = seal::seal(&self.inner.key, &object, &bytes, DEFAULT_FRAME_LOG2);
-            let lock = self.object_lock();
-            self.run(move |b| async move { b.put(&object, body.into(), lock).await })?;
-        }
-        Ok(out)
+        rep.meta_files_uploaded += todo.len() as u64;
+        rep.meta_bytes_uploaded += todo.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        let (key, lock) = (self.inner.key.clone(), self.object_lock());
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let b = self.inner.bucket.clone();
+        self.rt().spawn(async move {
+            let _ = tx.send(upload_meta(b, key, lock, todo).await);
+        });
+        Ok((out, rx))
     }
 
     /// Step 4. Returns false when something had to wait (a reader, a refused delete).
@@ -568,6 +579,32 @@ async fn upload_batch(
         })??);
     }
     Ok(out)
+}
+
+/// Seals and uploads metadata files (object name, bytes), [`PARALLEL`] at a time.
+async fn upload_meta(
+    b: Bucket,
+    key: DataKey,
+    lock: Option<ObjectLock>,
+    files: Vec<(String, Vec<u8>)>,
+) -> Result<()> {
+    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut set = tokio::task::JoinSet::new();
+    for (object, bytes) in files {
+        let (b, key, sem) = (b.clone(), key.clone(), sem.clone());
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await.expect("semaphore open");
+            let body = seal::seal(&key, &object, &bytes, DEFAULT_FRAME_LOG2);
+            b.put(&object, body.into(), lock).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(|e| RemoteError::Bucket {
+            what: "a metadata upload task".into(),
+            detail: e.to_string(),
+        })??;
+    }
+    Ok(())
 }
 
 async fn delete_all(b: Bucket, names: Vec<String>) -> Result<()> {
