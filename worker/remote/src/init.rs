@@ -96,6 +96,7 @@ impl Remote {
                 head: Mutex::new(None),
                 failpoint: Mutex::new(None),
                 before_head: Mutex::new(None),
+                whole_opens: Default::default(),
             }),
         };
         store.set_cold_tier(Arc::new(tier::Tier::new(remote.clone())));

@@ -79,6 +79,8 @@ struct Inner {
     failpoint: Mutex<Option<String>>,
     /// Test hook: runs once, between a sync's last fence check and the write of its head.
     before_head: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Containers opened from a whole read-ahead (`tier.rs`), for the tests to see it work.
+    whole_opens: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Inner {
@@ -191,6 +193,7 @@ impl Remote {
                 head: Mutex::new(head),
                 failpoint: Mutex::new(None),
                 before_head: Mutex::new(None),
+                whole_opens: Default::default(),
             }),
         })
     }
@@ -230,6 +233,15 @@ impl Remote {
     /// The newest version of `series` the remote holds.
     pub fn durable_version(&self, series: &str) -> Option<u32> {
         self.inner.head.lock().as_ref()?.durable_version(series)
+    }
+
+    /// How many containers this remote opened from a whole read-ahead rather than by
+    /// requests of their own (a restore's read-ahead at work; for the tests).
+    #[doc(hidden)]
+    pub fn whole_opens(&self) -> u64 {
+        self.inner
+            .whole_opens
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Test hook: the next sync stops at step `at` (`sync.uploaded`, `sync.meta`,

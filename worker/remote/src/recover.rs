@@ -267,6 +267,7 @@ fn rebuild(
             head: Mutex::new(Some(head)),
             failpoint: Mutex::new(None),
             before_head: Mutex::new(None),
+            whole_opens: Default::default(),
         }),
     };
     remote.serve_cold_reads(&store);

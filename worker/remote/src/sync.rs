@@ -69,6 +69,12 @@ pub struct SyncReport {
     pub seconds: f64,
 }
 
+/// Uploads running in the background: their outcome, and the task to abort them.
+struct Upload {
+    done: std::sync::mpsc::Receiver<Result<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// What a checkpoint holds, read from it.
 struct Snapshot {
     containers: HashSet<ContainerId>,
@@ -267,16 +273,20 @@ impl Remote {
         let seq = self.next_seq(gen, prev.as_ref())?;
         // The metadata files go up while the containers do: no head names either yet.
         let (meta_files, meta_up) = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
-        let uploaded = self.upload_containers(gen, store.data_dir(), &todo, rep);
-        let meta_done = meta_up.recv().unwrap_or_else(|_| {
+        let uploaded = self
+            .upload_containers(gen, store.data_dir(), &todo, rep)
+            .and_then(|()| self.failpoint("sync.uploaded"));
+        if let Err(e) = uploaded {
+            // A store fenced out (or failing) stops uploading: the metadata too.
+            meta_up.task.abort();
+            return Err(e);
+        }
+        meta_up.done.recv().unwrap_or_else(|_| {
             Err(RemoteError::Bucket {
                 what: "uploading metadata files".into(),
                 detail: "the upload stopped".into(),
             })
-        });
-        uploaded?;
-        self.failpoint("sync.uploaded")?;
-        meta_done?;
+        })?;
         self.failpoint("sync.meta")?;
         let head = Head {
             format: 1,
@@ -391,7 +401,7 @@ impl Remote {
         files: &[(String, std::path::PathBuf)],
         prev: Option<&Head>,
         rep: &mut SyncReport,
-    ) -> Result<(Vec<MetaFile>, std::sync::mpsc::Receiver<Result<()>>)> {
+    ) -> Result<(Vec<MetaFile>, Upload)> {
         let have: HashSet<&str> = prev
             .map(|h| h.meta_files.iter().map(|f| f.object.as_str()).collect())
             .unwrap_or_default();
@@ -414,12 +424,12 @@ impl Remote {
         rep.meta_files_uploaded += todo.len() as u64;
         rep.meta_bytes_uploaded += todo.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         let (key, lock) = (self.inner.key.clone(), self.object_lock());
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (tx, done) = std::sync::mpsc::sync_channel(1);
         let b = self.inner.bucket.clone();
-        self.rt().spawn(async move {
+        let task = self.rt().spawn(async move {
             let _ = tx.send(upload_meta(b, key, lock, todo).await);
         });
-        Ok((out, rx))
+        Ok((out, Upload { done, task }))
     }
 
     /// Step 4. Returns false when something had to wait (a reader, a refused delete).

@@ -25,17 +25,25 @@ const CONTAINER_HEADER: u64 = 64;
 const CONTAINER_TRAILER: u64 = 32;
 /// Prefetched ranges kept per open container (a window's worth is one or two).
 const PREFETCH_SLOTS: usize = 4;
-/// Whole containers fetched ahead of their opening, at most: a restore asks for a handful
-/// (its read-ahead); the oldest are dropped should nobody open them.
-const AHEAD_SLOTS: usize = 16;
+/// Whole containers fetched ahead of their opening, at most: a restore asks for 8 (its
+/// read-ahead) and withdraws what it will not read; beyond this the oldest are dropped.
+const AHEAD_SLOTS: usize = 32;
+/// How long a container fetched ahead may wait to be opened: what opens later is read from
+/// the bucket again, so no opening (a `check` above all) sees a copy older than this.
+const AHEAD_TTL: Duration = Duration::from_secs(30);
 
-/// A container fetched whole ahead of its opening: its header and plaintext, once the GET
-/// and the opening of every frame are done.
-type Whole = std::sync::mpsc::Receiver<Result<(Header, Vec<u8>)>>;
+/// A container being fetched whole ahead of its opening.
+struct Whole {
+    id: ContainerId,
+    asked: std::time::Instant,
+    /// Its header and plaintext, once the GET and the opening of every frame are done.
+    rx: std::sync::mpsc::Receiver<Result<(Header, Vec<u8>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
 
 pub(crate) struct Tier {
     remote: Remote,
-    ahead: Mutex<Vec<(ContainerId, Whole)>>,
+    ahead: Mutex<Vec<Whole>>,
 }
 
 impl Tier {
@@ -50,12 +58,16 @@ impl Tier {
     /// A prefetch that failed gives nothing: the opening reads again, and reports the
     /// error as what it is.
     fn take_whole(&self, id: ContainerId) -> Option<(Header, Vec<u8>)> {
-        let rx = {
+        let w = {
             let mut ahead = self.ahead.lock();
-            let i = ahead.iter().position(|(c, _)| *c == id)?;
-            ahead.remove(i).1
+            let i = ahead.iter().position(|w| w.id == id)?;
+            ahead.remove(i)
         };
-        rx.recv().ok()?.ok()
+        if w.asked.elapsed() > AHEAD_TTL {
+            w.task.abort();
+            return None;
+        }
+        w.rx.recv().ok()?.ok()
     }
 }
 
@@ -67,6 +79,10 @@ impl ColdTier for Tier {
     ) -> revault_engine::Result<Box<dyn ColdFile>> {
         if let Some((header, plain)) = self.take_whole(id) {
             if let Some(c) = RemoteContainer::from_whole(&self.remote, id, header, plain) {
+                self.remote
+                    .inner
+                    .whole_opens
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok(Box::new(c));
             }
         }
@@ -84,18 +100,18 @@ impl ColdTier for Tier {
     /// background: its opening then costs no request.
     fn prefetch(&self, id: ContainerId) {
         let mut ahead = self.ahead.lock();
-        if ahead.iter().any(|(c, _)| *c == id) {
+        if ahead.iter().any(|w| w.id == id) {
             return;
         }
         if ahead.len() >= AHEAD_SLOTS {
-            ahead.remove(0);
+            ahead.remove(0).task.abort();
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let remote = self.remote.clone();
         let name = layout::container(id);
         let b = remote.inner.bucket.clone();
         let rt = remote.rt().handle().clone();
-        rt.spawn(async move {
+        let task = rt.spawn(async move {
             let res = b.get(&name).await.and_then(|body| {
                 let header = Header::decode(&name, &body)?;
                 let plain = seal::open(&remote.inner.key, &name, &body)?;
@@ -103,7 +119,19 @@ impl ColdTier for Tier {
             });
             let _ = tx.send(res.map_err(|e| b.in_bucket(e)));
         });
-        ahead.push((id, rx));
+        ahead.push(Whole {
+            id,
+            asked: std::time::Instant::now(),
+            rx,
+            task,
+        });
+    }
+
+    fn cancel_prefetch(&self, id: ContainerId) {
+        let mut ahead = self.ahead.lock();
+        if let Some(i) = ahead.iter().position(|w| w.id == id) {
+            ahead.remove(i).task.abort();
+        }
     }
 }
 
@@ -259,8 +287,10 @@ impl RemoteContainer {
             tail_start,
             tail,
         };
-        // A read-only store cannot record it; it is read again next time.
-        let _ = remote.inner.state.set_stub(id, &stub.encode());
+        // Recorded once (a synced write); a read-only store cannot record it at all.
+        if !matches!(remote.inner.state.stub(id), Ok(Some(_))) {
+            let _ = remote.inner.state.set_stub(id, &stub.encode());
+        }
         Some(RemoteContainer {
             remote: remote.clone(),
             id,

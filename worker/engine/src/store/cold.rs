@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::container::{Backing, ColdFile, ContainerFile, ContainerId};
+use crate::meta::MetaRead;
 use crate::store::Store;
 
 /// Opens containers that are not in the data directory.
@@ -17,6 +18,9 @@ pub trait ColdTier: Send + Sync {
     /// Hints that container `id` will be opened and read whole soon: a tier may fetch it
     /// in the background and serve the next [`ColdTier::open`] from what it fetched.
     fn prefetch(&self, _id: ContainerId) {}
+    /// Withdraws a [`ColdTier::prefetch`] whose container will not be opened after all (the
+    /// restore that asked ended): what it fetched, or is fetching, is dropped.
+    fn cancel_prefetch(&self, _id: ContainerId) {}
 }
 
 impl Store {
@@ -46,20 +50,34 @@ impl Store {
         })
     }
 
-    /// Hints that container `id` will be opened and read whole soon. Returns whether the
-    /// cold tier took the hint (the container is not in the data directory); a local
-    /// container is hinted once open ([`ContainerFile::prefetch`]).
-    pub(crate) fn prefetch_cold(&self, id: ContainerId) -> bool {
-        if id.path(&self.data_dir).exists() {
-            return false;
+    /// Hints that container `id` will be opened and read whole soon, if the cold tier holds
+    /// it (it is not in the data directory) and it decodes to at most `max_vbytes`. Returns
+    /// the bytes of its file when the tier took the hint; a local container is hinted once
+    /// open ([`ContainerFile::prefetch`]).
+    pub(crate) fn prefetch_cold(&self, id: ContainerId, max_vbytes: u64) -> Option<u64> {
+        if self.is_local(id) {
+            return None;
         }
-        let tier = self.cold.read().clone();
-        match tier {
-            Some(t) => {
-                t.prefetch(id);
-                true
+        let tier = self.cold.read().clone()?;
+        let rec = self.meta.container(id).ok()??;
+        if rec.vbytes > max_vbytes {
+            return None;
+        }
+        tier.prefetch(id);
+        Some(rec.file_bytes)
+    }
+
+    /// Whether container `id`'s file is in the data directory.
+    pub(crate) fn is_local(&self, id: ContainerId) -> bool {
+        id.path(&self.data_dir).exists()
+    }
+
+    /// Withdraws [`Store::prefetch_cold`] hints for containers that will not be opened.
+    pub(crate) fn cancel_cold_prefetch(&self, ids: impl IntoIterator<Item = ContainerId>) {
+        if let Some(t) = self.cold.read().clone() {
+            for id in ids {
+                t.cancel_prefetch(id);
             }
-            None => false,
         }
     }
 

@@ -39,6 +39,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
+use super::io::{READ_AHEAD, READ_AHEAD_BYTES};
 use super::{out_err, write_zeros, CacheStats, Loader};
 use crate::config::MIB;
 use crate::error::{Error, Result};
@@ -336,18 +337,20 @@ pub(super) fn run(
         });
         area.clear();
         area.resize(at, 0);
-        // Everything the round reads is asked for at once: read back from a bucket, the
-        // round's GETs then overlap instead of waiting one by one.
-        for (c, ps) in &by_container {
-            if cache.contains_key(c) {
-                continue;
+        // The round's first reads are asked for at once (as many as the read-ahead of the
+        // other caches): read back from a bucket, their GETs overlap instead of waiting
+        // one by one.
+        let mut asked = (0usize, 0u64);
+        for c in order.iter().filter(|c| !cache.contains_key(*c)) {
+            if asked.0 >= READ_AHEAD || asked.1 >= READ_AHEAD_BYTES {
+                break;
             }
-            if round.cache_out.contains(c) {
-                ld.prefetch(*c, 0, u64::MAX);
+            let (lo, hi) = if round.cache_out.contains(c) {
+                (0, u64::MAX)
             } else {
-                let (lo, hi) = span(ps);
-                ld.prefetch(*c, lo, hi - lo);
-            }
+                span(&by_container[c])
+            };
+            asked = (asked.0 + 1, asked.1 + ld.prefetch(*c, lo, hi - lo));
         }
         // Cached containers first, dropping the ones this round is their
         // last use of: the cache then holds only what it keeps, and room is

@@ -21,10 +21,12 @@ pub(crate) struct CacheStats {
 /// they may hold: enough that the round trips of a bucket's GETs overlap each other and the
 /// decoding (a restore read from the bucket alone waited on one GET at a time), little
 /// enough to be noise beside the cache.
-const READ_AHEAD: usize = 8;
-const READ_AHEAD_BYTES: u64 = 64 << 20;
-/// How many positions past the current one the read-ahead looks for containers.
+pub(super) const READ_AHEAD: usize = 8;
+pub(super) const READ_AHEAD_BYTES: u64 = 64 << 20;
+/// How many positions past the current one the read-ahead looks for containers, and how
+/// far the restore moves on before it looks again.
 const READ_AHEAD_SCAN: usize = 1 << 16;
+const READ_AHEAD_RESCAN: usize = 64;
 
 /// Reads and decodes whole containers, counting what it costs.
 pub(crate) struct Loader<'s> {
@@ -32,7 +34,18 @@ pub(crate) struct Loader<'s> {
     files: HashMap<ContainerId, Arc<ContainerFile>>,
     /// Containers asked for ahead and not loaded yet, with the stored bytes asked.
     ahead: Vec<(ContainerId, u64)>,
+    /// The position from which the read-ahead looks again.
+    next_scan: usize,
     pub(crate) stats: CacheStats,
+}
+
+impl Drop for Loader<'_> {
+    /// A restore that ends (done, failed or cancelled) withdraws what it asked for and did
+    /// not read, so the tier holds no fetched container for nobody.
+    fn drop(&mut self) {
+        self.store
+            .cancel_cold_prefetch(self.ahead.drain(..).map(|(c, _)| c));
+    }
 }
 
 impl<'s> Loader<'s> {
@@ -41,6 +54,7 @@ impl<'s> Loader<'s> {
             store,
             files: HashMap::new(),
             ahead: Vec::new(),
+            next_scan: 0,
             stats: CacheStats::default(),
         }
     }
@@ -72,8 +86,16 @@ impl<'s> Loader<'s> {
         budget: u64,
         cached: impl Fn(ContainerId, u64) -> bool,
     ) {
+        // Called for every chunk of a container read block by block: look again only
+        // once the restore has moved on, or half of what was asked for has been read.
+        if from < self.next_scan && self.ahead.len() >= READ_AHEAD / 2 {
+            return;
+        }
+        self.next_scan = from + READ_AHEAD_RESCAN;
         let before = std::mem::take(&mut self.ahead);
         let mut bytes = 0u64;
+        // What was asked for and is no longer to come is withdrawn (see the end).
+        let mut kept = Vec::new();
         for l in locs.iter().skip(from).take(READ_AHEAD_SCAN) {
             if self.ahead.len() >= READ_AHEAD || bytes >= READ_AHEAD_BYTES {
                 break;
@@ -90,13 +112,17 @@ impl<'s> Loader<'s> {
             // Asked for already (and still to come): kept, not asked again.
             if let Some(&(_, n)) = before.iter().find(|(c, _)| *c == container) {
                 self.ahead.push((container, n));
+                kept.push(container);
                 bytes += n;
                 continue;
             }
             // Not open yet and not on local disk: the tier fetches it whole, so that
             // opening it costs no round trip of its own either.
-            if !self.files.contains_key(&container) && self.store.prefetch_cold(container) {
-                self.ahead.push((container, 0));
+            if !self.files.contains_key(&container) && !self.store.is_local(container) {
+                if let Some(n) = self.store.prefetch_cold(container, budget) {
+                    self.ahead.push((container, n));
+                    bytes += n;
+                }
                 continue;
             }
             let Ok(f) = self.file(container, false) else {
@@ -109,15 +135,21 @@ impl<'s> Loader<'s> {
             self.ahead.push((container, n));
             bytes += n;
         }
+        self.store.cancel_cold_prefetch(
+            before
+                .into_iter()
+                .map(|(c, _)| c)
+                .filter(|c| !kept.contains(c)),
+        );
     }
 
     /// Asks for data-space bytes `[vaddr, vaddr+len)` of a container ahead of reading them
-    /// (see [`ContainerFile::prefetch`]); a container that cannot be opened now is left for
-    /// its read to report.
-    pub(crate) fn prefetch(&mut self, id: ContainerId, vaddr: u64, len: u64) {
-        if let Ok(f) = self.file(id, false) {
-            f.prefetch(vaddr, len);
-        }
+    /// (see [`ContainerFile::prefetch`]) and returns the stored bytes asked for; a container
+    /// that cannot be opened now is left for its read to report.
+    pub(crate) fn prefetch(&mut self, id: ContainerId, vaddr: u64, len: u64) -> u64 {
+        self.file(id, false)
+            .map(|f| f.prefetch(vaddr, len))
+            .unwrap_or(0)
     }
 
     /// Decoded size of a container (what caching it whole costs).
