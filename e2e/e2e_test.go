@@ -278,7 +278,7 @@ func badInputSpecs() {
 			expectInvalid(k.Create(ctx, rp), "liveVersions must not exceed keepVersions")
 			expectInvalid(k.Create(ctx, &backupv1alpha1.RetentionPolicy{
 				ObjectMeta: metav1.ObjectMeta{Name: "keeps-nothing", Namespace: ns},
-			}), "set keepVersions, keepWithin or both")
+			}), "set at least one of keepVersions, keepWithin, keepHourly, keepDaily, keepWeekly, keepMonthly, keepYearly")
 
 			badVersion := &backupv1alpha1.RestoreJob{
 				ObjectMeta: metav1.ObjectMeta{Name: "bad-version", Namespace: ns},

@@ -13,6 +13,8 @@ have pkg-config || need_apt+=(pkg-config)
 have cmake || need_apt+=(cmake)
 # A font for the benchmark plots (revault-bench).
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# restic: the engine's retention is checked against restic's `forget` (tests/retention_restic.rs).
+have restic || need_apt+=(restic)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: apt-get install ${need_apt[*]}" >&2

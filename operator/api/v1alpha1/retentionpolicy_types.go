@@ -5,8 +5,10 @@ import (
 )
 
 // RetentionPolicySpec says which versions of a series are kept and how many stay in the live
-// window. A version is kept when any rule keeps it; the newest version is always kept.
-// +kubebuilder:validation:XValidation:rule="has(self.keepVersions) || has(self.keepWithin)",message="set keepVersions, keepWithin or both"
+// window. A version is kept when any rule keeps it (restic's forget policy, planned by the
+// worker); the newest version and the live window are always kept.
+// +kubebuilder:validation:XValidation:rule="has(self.keepVersions) || has(self.keepWithin) || has(self.keepHourly) || has(self.keepDaily) || has(self.keepWeekly) || has(self.keepMonthly) || has(self.keepYearly)",message="set at least one of keepVersions, keepWithin, keepHourly, keepDaily, keepWeekly, keepMonthly, keepYearly"
+// +kubebuilder:validation:XValidation:rule="!has(self.timeZone) || has(self.keepHourly) || has(self.keepDaily) || has(self.keepWeekly) || has(self.keepMonthly) || has(self.keepYearly)",message="timeZone only applies to keepHourly, keepDaily, keepWeekly, keepMonthly and keepYearly"
 // +kubebuilder:validation:XValidation:rule="!has(self.keepVersions) || !has(self.liveVersions) || self.liveVersions <= self.keepVersions",message="liveVersions must not exceed keepVersions"
 type RetentionPolicySpec struct {
 	// KeepVersions keeps the newest N versions.
@@ -14,13 +16,48 @@ type RetentionPolicySpec struct {
 	// +optional
 	KeepVersions *int32 `json:"keepVersions,omitempty"`
 
-	// KeepWithin keeps the versions taken within this duration of the newest version
-	// (not of the clock, so a series that stopped backing up is never emptied), e.g. "720h".
+	// KeepWithin keeps the versions taken less than this duration before the newest version
+	// (not the clock, so a series that stopped backing up is never emptied), e.g. "720h";
+	// whole seconds, and a duration under one second is no rule (as restic's 0).
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$')",message="keepWithin must be a duration such as \"720h\" or \"36h30m\" (units h, m, s, ms, us, ns)"
 	// +optional
 	KeepWithin *metav1.Duration `json:"keepWithin,omitempty"`
+
+	// KeepHourly keeps the newest version of each of the last N hours that have one.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	KeepHourly *int32 `json:"keepHourly,omitempty"`
+
+	// KeepDaily keeps the newest version of each of the last N days that have one.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	KeepDaily *int32 `json:"keepDaily,omitempty"`
+
+	// KeepWeekly keeps the newest version of each of the last N ISO weeks (Monday to Sunday)
+	// that have one.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	KeepWeekly *int32 `json:"keepWeekly,omitempty"`
+
+	// KeepMonthly keeps the newest version of each of the last N months that have one.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	KeepMonthly *int32 `json:"keepMonthly,omitempty"`
+
+	// KeepYearly keeps the newest version of each of the last N years that have one.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	KeepYearly *int32 `json:"keepYearly,omitempty"`
+
+	// TimeZone is the IANA time zone (e.g. "Europe/Berlin") in which hours, days, weeks, months
+	// and years begin for the keepHourly..keepYearly rules; unset means UTC. A name the worker
+	// does not know is reported in the Applied condition and nothing is expired.
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$`
+	// +optional
+	TimeZone *string `json:"timeZone,omitempty"`
 
 	// LiveVersions is the live window: the newest versions that reference whole segments and
 	// restore fastest. Older kept versions are reverse-deduplicated (archival).
@@ -114,6 +151,9 @@ type RetentionPolicyStatus struct {
 // +kubebuilder:resource:shortName=rtp,categories=revault
 // +kubebuilder:printcolumn:name="Keep",type=integer,JSONPath=`.spec.keepVersions`
 // +kubebuilder:printcolumn:name="Within",type=string,JSONPath=`.spec.keepWithin`
+// +kubebuilder:printcolumn:name="Daily",type=integer,JSONPath=`.spec.keepDaily`,priority=1
+// +kubebuilder:printcolumn:name="Weekly",type=integer,JSONPath=`.spec.keepWeekly`,priority=1
+// +kubebuilder:printcolumn:name="Monthly",type=integer,JSONPath=`.spec.keepMonthly`,priority=1
 // +kubebuilder:printcolumn:name="Live",type=integer,JSONPath=`.spec.liveVersions`
 // +kubebuilder:printcolumn:name="Series",type=integer,JSONPath=`.status.seriesCount`
 // +kubebuilder:printcolumn:name="Last Expiry",type=date,JSONPath=`.status.lastExpiryTime`

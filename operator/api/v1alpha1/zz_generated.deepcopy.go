@@ -498,6 +498,36 @@ func (in *RetentionPolicySpec) DeepCopyInto(out *RetentionPolicySpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.KeepHourly != nil {
+		in, out := &in.KeepHourly, &out.KeepHourly
+		*out = new(int32)
+		**out = **in
+	}
+	if in.KeepDaily != nil {
+		in, out := &in.KeepDaily, &out.KeepDaily
+		*out = new(int32)
+		**out = **in
+	}
+	if in.KeepWeekly != nil {
+		in, out := &in.KeepWeekly, &out.KeepWeekly
+		*out = new(int32)
+		**out = **in
+	}
+	if in.KeepMonthly != nil {
+		in, out := &in.KeepMonthly, &out.KeepMonthly
+		*out = new(int32)
+		**out = **in
+	}
+	if in.KeepYearly != nil {
+		in, out := &in.KeepYearly, &out.KeepYearly
+		*out = new(int32)
+		**out = **in
+	}
+	if in.TimeZone != nil {
+		in, out := &in.TimeZone, &out.TimeZone
+		*out = new(string)
+		**out = **in
+	}
 	if in.LiveVersions != nil {
 		in, out := &in.LiveVersions, &out.LiveVersions
 		*out = new(int32)

@@ -41,7 +41,9 @@ func (r *BackupSeriesReconciler) checkRetentionPolicy(ctx context.Context, s *se
 // without a RetentionPolicy keeps everything. s is the series as the worker reported it.
 func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instrumented, bs *backupv1alpha1.BackupSeries,
 	s *workerclient.SeriesDetail, cs conditionSetter) error {
-	hasRules := s.Retention.Keep != nil || s.Retention.KeepWithinSeconds != nil
+	sr := s.Retention
+	hasRules := sr.Keep != nil || sr.KeepWithinSeconds != nil || sr.KeepHourly != nil || sr.KeepDaily != nil ||
+		sr.KeepWeekly != nil || sr.KeepMonthly != nil || sr.KeepYearly != nil
 	if bs.Spec.RetentionPolicyRef != nil || !hasRules {
 		return nil
 	}

@@ -157,5 +157,16 @@ func describeKeep(s backupv1alpha1.RetentionPolicySpec) string {
 	if s.KeepWithin != nil {
 		parts = append(parts, "versions within "+s.KeepWithin.Duration.String()+" of the newest")
 	}
+	for _, c := range []struct {
+		n      *int32
+		period string
+	}{{s.KeepHourly, "hours"}, {s.KeepDaily, "days"}, {s.KeepWeekly, "weeks"}, {s.KeepMonthly, "months"}, {s.KeepYearly, "years"}} {
+		if c.n != nil {
+			parts = append(parts, fmt.Sprintf("the newest of each of the last %d %s", *c.n, c.period))
+		}
+	}
+	if s.TimeZone != nil && *s.TimeZone != "" {
+		parts = append(parts, "(in "+*s.TimeZone+")")
+	}
 	return strings.Join(parts, " and ")
 }

@@ -47,6 +47,12 @@ func Rules(spec backupv1alpha1.RetentionPolicySpec) workerclient.Retention {
 		secs := int64(spec.KeepWithin.Duration / time.Second)
 		wr.KeepWithinSeconds = &secs
 	}
+	wr.KeepHourly = count(spec.KeepHourly)
+	wr.KeepDaily = count(spec.KeepDaily)
+	wr.KeepWeekly = count(spec.KeepWeekly)
+	wr.KeepMonthly = count(spec.KeepMonthly)
+	wr.KeepYearly = count(spec.KeepYearly)
+	wr.Timezone = spec.TimeZone
 	live := int64(1)
 	if spec.LiveVersions != nil {
 		live = int64(*spec.LiveVersions)
@@ -55,6 +61,15 @@ func Rules(spec backupv1alpha1.RetentionPolicySpec) workerclient.Retention {
 	auto := spec.ExpirySchedule == ""
 	wr.Live, wr.Auto = &live, &auto
 	return wr
+}
+
+// count is a spec's optional count as the worker's.
+func count(n *int32) *int64 {
+	if n == nil {
+		return nil
+	}
+	v := int64(*n)
+	return &v
 }
 
 // policyRun is one reconcile of a RetentionPolicy: the policy as read (base, for the status patch),

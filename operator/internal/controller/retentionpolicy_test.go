@@ -161,6 +161,41 @@ var _ = Describe("RetentionPolicy", func() {
 		Expect(s.Retention.KeepWithinSeconds).To(HaveValue(BeEquivalentTo(48 * 3600)))
 		Expect(s.Retention.Live).To(BeEquivalentTo(2))
 	})
+
+	It("pushes calendar rules in a time zone, and reports a zone the worker does not know", func() {
+		ns := newNamespace("rtpgfs")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "gfs"}
+		bs = placedSeries(bs)
+		node := bs.Status.Worker.Node
+		rp := &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "gfs", Namespace: ns},
+			Spec: backupv1alpha1.RetentionPolicySpec{KeepDaily: ptr.To(int32(7)), KeepWeekly: ptr.To(int32(4)),
+				KeepMonthly: ptr.To(int32(12)), TimeZone: ptr.To("Europe/Berlin")},
+		}
+		Expect(k8sClient.Create(ctx, rp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(condition(getPolicy(ns, "gfs").Status.Conditions, backupv1alpha1.ConditionApplied).Status).To(Equal(metav1.ConditionTrue))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		s, err := adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention.KeepDaily).To(HaveValue(BeEquivalentTo(7)))
+		Expect(s.Retention.KeepWeekly).To(HaveValue(BeEquivalentTo(4)))
+		Expect(s.Retention.KeepMonthly).To(HaveValue(BeEquivalentTo(12)))
+		Expect(s.Retention.KeepHourly).To(BeNil())
+		Expect(s.Retention.Timezone).To(HaveValue(Equal("Europe/Berlin")))
+
+		By("a zone name of the right shape that is no zone")
+		updatePolicy(ns, "gfs", func(s *backupv1alpha1.RetentionPolicySpec) { s.TimeZone = ptr.To("Mars/Olympus_Mons") })
+		Eventually(func(g Gomega) {
+			c := condition(getPolicy(ns, "gfs").Status.Conditions, backupv1alpha1.ConditionApplied)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Message).To(ContainSubstring("Mars/Olympus_Mons"))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		s, err = adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention.Timezone).To(HaveValue(Equal("Europe/Berlin")), "the worker kept the rules it could apply")
+	})
 })
 
 // workerPod returns the fake worker pod of a node.

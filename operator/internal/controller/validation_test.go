@@ -140,7 +140,13 @@ var _ = Describe("CRD validation", func() {
 			Expect(rejected(rp)).To(ContainSubstring(want))
 		},
 		Entry("no keep rule", backupv1alpha1.RetentionPolicySpec{LiveVersions: ptr.To(int32(2))},
-			"set keepVersions, keepWithin or both"),
+			"set at least one of keepVersions, keepWithin, keepHourly, keepDaily, keepWeekly, keepMonthly, keepYearly"),
+		Entry("keepDaily zero", backupv1alpha1.RetentionPolicySpec{KeepDaily: ptr.To(int32(0))},
+			"spec.keepDaily in body should be greater than or equal to 1"),
+		Entry("a time zone without calendar rules", backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(3)), TimeZone: ptr.To("Europe/Berlin")},
+			"timeZone only applies to keepHourly, keepDaily, keepWeekly, keepMonthly and keepYearly"),
+		Entry("a time zone that is no IANA name", backupv1alpha1.RetentionPolicySpec{KeepDaily: ptr.To(int32(7)), TimeZone: ptr.To("UTC+2 or so")},
+			"spec.timeZone in body should match"),
 		Entry("live window larger than keep", backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(3)), LiveVersions: ptr.To(int32(5))},
 			"liveVersions must not exceed keepVersions"),
 		Entry("keep zero", backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(0))},
@@ -161,6 +167,20 @@ spec: {keepWithin: 30d}
 `), &u.Object)).To(Succeed())
 		u.SetNamespace(ns)
 		Expect(rejected(u)).To(ContainSubstring(`keepWithin must be a duration such as "720h"`))
+	})
+
+	It("accepts a calendar policy (restic's keep-daily/weekly/monthly/yearly) in a time zone", func() {
+		rp := &backupv1alpha1.RetentionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "gfs", Namespace: ns},
+			Spec: backupv1alpha1.RetentionPolicySpec{KeepDaily: ptr.To(int32(7)), KeepWeekly: ptr.To(int32(4)),
+				KeepMonthly: ptr.To(int32(12)), KeepYearly: ptr.To(int32(3)), TimeZone: ptr.To("America/Argentina/Buenos_Aires")}}
+		Expect(k8sClient.Create(ctx, rp, client.DryRunAll)).To(Succeed())
+		wr := Rules(rp.Spec)
+		Expect(wr.KeepDaily).To(HaveValue(BeEquivalentTo(7)))
+		Expect(wr.KeepWeekly).To(HaveValue(BeEquivalentTo(4)))
+		Expect(wr.KeepMonthly).To(HaveValue(BeEquivalentTo(12)))
+		Expect(wr.KeepYearly).To(HaveValue(BeEquivalentTo(3)))
+		Expect(wr.KeepHourly).To(BeNil())
+		Expect(wr.Timezone).To(HaveValue(Equal("America/Argentina/Buenos_Aires")))
 	})
 
 	It("accepts a RetentionPolicy and defaults the live window to 1", func() {

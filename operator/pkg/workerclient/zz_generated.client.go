@@ -688,11 +688,31 @@ type Retention struct {
 	// Keep keep the newest N versions
 	Keep *int64 `json:"keep,omitempty"`
 
-	// KeepWithinSeconds keep versions within this many seconds of the newest
+	// KeepDaily keep the newest version of each of the last N days that have one
+	KeepDaily *int64 `json:"keepDaily,omitempty"`
+
+	// KeepHourly keep the newest version of each of the last N hours that have one
+	KeepHourly *int64 `json:"keepHourly,omitempty"`
+
+	// KeepMonthly keep the newest version of each of the last N months that have one
+	KeepMonthly *int64 `json:"keepMonthly,omitempty"`
+
+	// KeepWeekly keep the newest version of each of the last N ISO weeks that have one
+	KeepWeekly *int64 `json:"keepWeekly,omitempty"`
+
+	// KeepWithinSeconds keep versions less than this many seconds older than the newest (0: no rule)
 	KeepWithinSeconds *int64 `json:"keepWithinSeconds,omitempty"`
+
+	// KeepYearly keep the newest version of each of the last N years that have one
+	KeepYearly *int64 `json:"keepYearly,omitempty"`
 
 	// Live versions in the live window
 	Live *int64 `json:"live,omitempty"`
+
+	// Timezone the IANA time zone the calendar rules count in (none: UTC)
+	//
+	// Example: Europe/Berlin
+	Timezone *string `json:"timezone,omitempty"`
 }
 
 // RetentionState a series' stored retention (every field present)
@@ -703,11 +723,29 @@ type RetentionState struct {
 	// Keep keep the newest N versions
 	Keep *int64 `json:"keep"`
 
-	// KeepWithinSeconds keep versions within this many seconds of the newest
+	// KeepDaily the newest version of each of the last N days
+	KeepDaily *int64 `json:"keepDaily"`
+
+	// KeepHourly the newest version of each of the last N hours
+	KeepHourly *int64 `json:"keepHourly"`
+
+	// KeepMonthly the newest version of each of the last N months
+	KeepMonthly *int64 `json:"keepMonthly"`
+
+	// KeepWeekly the newest version of each of the last N ISO weeks
+	KeepWeekly *int64 `json:"keepWeekly"`
+
+	// KeepWithinSeconds keep versions less than this many seconds older than the newest
 	KeepWithinSeconds *int64 `json:"keepWithinSeconds"`
+
+	// KeepYearly the newest version of each of the last N years
+	KeepYearly *int64 `json:"keepYearly"`
 
 	// Live versions in the live window
 	Live int64 `json:"live"`
+
+	// Timezone the IANA time zone of the calendar rules (none: UTC)
+	Timezone *string `json:"timezone"`
 }
 
 // Series defines model for Series.

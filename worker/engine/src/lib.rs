@@ -74,7 +74,7 @@ pub use bufpool::BufPool;
 pub use format::container::{ColdFile, ContainerId};
 pub use format::fp::Fp;
 pub use format::records::{
-    RecipeForm, Retention, SeriesRecord, Totals, VersionKind, VersionRecord,
+    Calendar, RecipeForm, Retention, SeriesRecord, Totals, VersionKind, VersionRecord,
 };
 pub use format::{catalog, keys};
 pub use meta::{Batch, Meta, MetaRead};

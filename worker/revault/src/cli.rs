@@ -220,9 +220,28 @@ pub struct RetentionSetArgs {
     /// Keep the newest N versions.
     #[arg(long)]
     pub keep: Option<u32>,
-    /// Keep versions within this duration of the newest one (e.g. `30d`, `12h`).
+    /// Keep versions less than this duration older than the newest one (e.g. `30d`, `12h`).
     #[arg(long)]
     pub keep_within: Option<String>,
+    /// Keep the newest version of each of the last N hours that have one.
+    #[arg(long)]
+    pub keep_hourly: Option<u32>,
+    /// Keep the newest version of each of the last N days that have one.
+    #[arg(long)]
+    pub keep_daily: Option<u32>,
+    /// Keep the newest version of each of the last N ISO weeks (Monday to Sunday) that have one.
+    #[arg(long)]
+    pub keep_weekly: Option<u32>,
+    /// Keep the newest version of each of the last N months that have one.
+    #[arg(long)]
+    pub keep_monthly: Option<u32>,
+    /// Keep the newest version of each of the last N years that have one.
+    #[arg(long)]
+    pub keep_yearly: Option<u32>,
+    /// The time zone whose days, weeks, months and years the calendar rules count (an IANA
+    /// name such as `Europe/Berlin`; default UTC).
+    #[arg(long)]
+    pub timezone: Option<String>,
     /// Versions in the live window (inline-deduplicated, fastest to restore).
     #[arg(long, default_value_t = 1)]
     pub live: u32,
@@ -271,7 +290,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::List(a) => list(a, json),
         Cmd::Stats(a) => stats(a, json),
         Cmd::Check(a) => check(a, json),
-        Cmd::Retention(c) => retention(c, json),
+        Cmd::Retention(c) => crate::retention_cli::run(c, json),
         Cmd::Slide(a) => slide(a, json),
         Cmd::Expire(a) => expire(a, json),
         Cmd::Gc(a) => gc(a, json),
@@ -280,7 +299,7 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
+pub(crate) fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
     crate::remote_cli::open(store, mode, what)
 }
 
@@ -743,65 +762,6 @@ fn gc(a: GcArgs, json: bool) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn retention(c: RetentionCmd, json: bool) -> Result<()> {
-    match c {
-        RetentionCmd::Show(a) => {
-            let store = open(&a.store, OpenMode::ReadOnly, "revault retention show")?;
-            let s = store.series(&a.series)?;
-            if json {
-                output::json(&s.retention);
-            } else {
-                print_retention(&s.name, &s.retention);
-            }
-        }
-        RetentionCmd::Set(a) => {
-            let keep_within_secs = a
-                .keep_within
-                .as_deref()
-                .map(|d| {
-                    humantime::parse_duration(d).with_context(|| {
-                        format!("--keep-within {d:?}: expected a duration like 30d or 12h")
-                    })
-                })
-                .transpose()?
-                .map(|d| d.as_secs());
-            let store = open(
-                &a.series.store,
-                OpenMode::ReadWrite,
-                "revault retention set",
-            )?;
-            let r = revault_engine::Retention {
-                keep: a.keep,
-                keep_within_secs,
-                live: a.live,
-                auto: revault_engine::auto_or_current(&store, &a.series.series, a.auto)?,
-            };
-            let (s, _) = revault_engine::set_retention(&store, &a.series.series, r)?;
-            store.durable(|| format!("the retention of {}", a.series.series))?;
-            if json {
-                output::json(&s.retention);
-            } else {
-                print_retention(&s.name, &s.retention);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn print_retention(name: &str, r: &revault_engine::Retention) {
-    println!(
-        "{name}: keep {}, keep within {}, live window {}, automatic {}",
-        r.keep
-            .map(|k| k.to_string())
-            .unwrap_or_else(|| "all".into()),
-        r.keep_within_secs
-            .map(|s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())
-            .unwrap_or_else(|| "-".into()),
-        r.live,
-        if r.auto { "yes" } else { "no" }
-    );
 }
 
 fn slide(a: SeriesArgs, json: bool) -> Result<()> {

@@ -7,6 +7,7 @@ mod client;
 mod output;
 mod remote_cli;
 mod restore_out;
+mod retention_cli;
 mod server;
 
 use clap::{Parser, Subcommand};

@@ -551,6 +551,93 @@ fn a_series_made_by_a_plain_backup_slides_automatically() {
     assert_eq!(new["auto"], true, "{new}");
 }
 
+/// Calendar retention from the CLI: days end at midnight in the zone given, not in UTC; an
+/// expiry by retention removes what the rules do not keep; a zone nobody has is refused by
+/// name.
+#[test]
+fn calendar_retention_counts_days_in_the_time_zone_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    init(&store);
+    // In UTC these are two days (the 1st, and the 2nd twice); in Tokyo (UTC+9) the 1st at
+    // 16:00 is the 2nd at 01:00, so all three fall on the 2nd.
+    let times = [
+        "2026-03-01T16:00:00Z",
+        "2026-03-02T02:00:00Z",
+        "2026-03-02T12:00:00Z",
+    ];
+    for series in ["default/tokyo", "default/utc"] {
+        for (i, t) in times.iter().enumerate() {
+            let input = dir.path().join(format!("in{i}"));
+            std::fs::write(&input, random(10_000, i as u64)).unwrap();
+            ok_json(&[
+                "backup",
+                "--store",
+                s,
+                "--series",
+                series,
+                "--time",
+                t,
+                input.to_str().unwrap(),
+            ]);
+        }
+    }
+    let bad = fails(&[
+        "retention",
+        "set",
+        "--store",
+        s,
+        "--series",
+        "default/tokyo",
+        "--keep-daily",
+        "2",
+        "--timezone",
+        "Mars/Olympus_Mons",
+    ]);
+    assert!(bad.contains("Mars/Olympus_Mons"), "{bad}");
+    let expire_daily = |series: &str, zone: &[&str]| {
+        let mut args = vec![
+            "retention",
+            "set",
+            "--store",
+            s,
+            "--series",
+            series,
+            "--keep-daily",
+            "2",
+            "--auto=false",
+        ];
+        args.extend_from_slice(zone);
+        let set = ok_json(&args);
+        assert_eq!(set["calendar"]["daily"].as_u64(), Some(2), "{set}");
+        ok_json(&[
+            "expire",
+            "--store",
+            s,
+            "--series",
+            series,
+            "--apply-retention",
+        ])["expired"]
+            .clone()
+    };
+    assert_eq!(
+        expire_daily("default/tokyo", &["--timezone", "Asia/Tokyo"]),
+        serde_json::json!([1, 2])
+    );
+    assert_eq!(expire_daily("default/utc", &[]), serde_json::json!([2]));
+    for (series, left) in [("default/tokyo", vec![3]), ("default/utc", vec![1, 3])] {
+        let l = ok_json(&["list", "--store", s, "--series", series]);
+        let numbers: Vec<u64> = l["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(numbers, left, "{series}: {l}");
+    }
+}
+
 #[test]
 fn a_directory_version_restored_to_a_new_path_is_extracted_and_says_so() {
     let dir = tempfile::tempdir().unwrap();

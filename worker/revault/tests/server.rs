@@ -751,6 +751,24 @@ fn bad_input_gets_json_4xx_and_never_a_version() {
         .assert_error(404, "unknown_series");
     // JSON bodies.
     let js = [("Content-Type", "application/json")];
+    // Calendar retention: a zone nobody has, a count of zero; nothing is stored.
+    let r = srv.request(
+        "PUT",
+        "/v1/series/default/db/retention",
+        &js,
+        b"{\"keepDaily\": 7, \"timezone\": \"Mars/Olympus_Mons\"}",
+    );
+    r.assert_error(400, "invalid_argument");
+    assert!(r.text().contains("Mars/Olympus_Mons"), "{}", r.text());
+    srv.request(
+        "PUT",
+        "/v1/series/default/db/retention",
+        &js,
+        b"{\"keepWeekly\": 0}",
+    )
+    .assert_error(400, "invalid_argument");
+    let kept = srv.get("/v1/series/default/db", None).json();
+    assert!(kept["retention"]["keepDaily"].is_null(), "{kept}");
     srv.request("POST", "/v1/series/default/db/expire", &js, b"{}")
         .assert_error(400, "invalid_argument");
     srv.request(

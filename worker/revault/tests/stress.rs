@@ -118,14 +118,18 @@ impl Policy {
     }
 
     /// Whether this policy would expire a version with `newer` versions
-    /// after it, `age` seconds older than the newest time of its series
-    /// (`retention::plan`: kept when any rule keeps it; the newest always).
+    /// newer than it (by time, as restic's forget orders them; of equal
+    /// times the higher number), `age` seconds older than the newest time of
+    /// its series (`retention::plan`: kept when any rule keeps it; a
+    /// keep-within of 0 is no rule; the newest always). The engine also keeps
+    /// the newest by number and the live window: it never removes more.
     fn removes(&self, newer: usize, age: i64) -> bool {
-        if self.keep.is_none() && self.within.is_none() || newer == 0 {
+        let within = self.within.filter(|d| *d > 0);
+        if self.keep.is_none() && within.is_none() || newer == 0 {
             return false;
         }
         let by_count = self.keep.is_some_and(|k| newer < k as usize);
-        let by_age = self.within.is_some_and(|d| age <= d as i64);
+        let by_age = within.is_some_and(|d| age < d as i64);
         !(by_count || by_age)
     }
 }
@@ -204,7 +208,12 @@ impl SeriesModel {
     /// over-approximates what any moment allows (never a false alarm).
     fn retention_allows(&self, n: u32) -> bool {
         let live = || self.versions.iter().filter(|(_, v)| !v.gone);
-        let newer = live().filter(|(m, _)| **m > n).count() + self.pushing.len();
+        let t = self.versions[&n].time;
+        // Pushes in flight get higher numbers: newer when their time is not older.
+        let newer = live()
+            .filter(|(m, v)| v.time > t || (v.time == t && **m > n))
+            .count()
+            + self.pushing.values().filter(|p| **p >= t).count();
         let newest_time = live()
             .map(|(_, v)| v.time)
             .chain(self.pushing.values().copied())

@@ -70,6 +70,12 @@ const ERROR: &[(&str, &str)] = &[("code", "string"), ("message", "string")];
 const RETENTION: &[(&str, &str)] = &[
     ("keep", "int"),
     ("keepWithinSeconds", "null"),
+    ("keepHourly", "null"),
+    ("keepDaily", "null"),
+    ("keepWeekly", "null"),
+    ("keepMonthly", "null"),
+    ("keepYearly", "null"),
+    ("timezone", "null"),
     ("live", "int"),
     ("auto", "bool"),
 ];
@@ -358,6 +364,12 @@ fn series_and_maintenance_bodies_keep_their_keys() {
         &[
             ("keep", "null"),
             ("keepWithinSeconds", "null"),
+            ("keepHourly", "null"),
+            ("keepDaily", "null"),
+            ("keepWeekly", "null"),
+            ("keepMonthly", "null"),
+            ("keepYearly", "null"),
+            ("timezone", "null"),
             ("live", "int"),
             ("auto", "bool"),
         ],

@@ -93,12 +93,16 @@ fn ratio(a: u64, b: u64) -> f64 {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retention {
-    /// Keep at most this many versions.
+    /// Keep the newest this many versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep: Option<u32>,
-    /// Keep versions younger than this many seconds.
+    /// Keep versions less than this many seconds older than the newest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_within_secs: Option<u64>,
+    /// Calendar thinning: the newest version of each of the last N hours, days, ISO weeks,
+    /// months and years that have one, in `timezone` (see `maintenance/retention.rs`).
+    #[serde(default, skip_serializing_if = "Calendar::is_empty")]
+    pub calendar: Calendar,
     /// Versions in the live window (default 1).
     #[serde(default = "default_live")]
     pub live: u32,
@@ -117,9 +121,46 @@ impl Default for Retention {
         Retention {
             keep: None,
             keep_within_secs: None,
+            calendar: Calendar::default(),
             live: 1,
             auto: true,
         }
+    }
+}
+
+/// How many hourly, daily, weekly, monthly and yearly versions a retention keeps, and the
+/// time zone whose clock says where an hour, day, week, month or year begins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calendar {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hourly: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daily: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weekly: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monthly: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yearly: Option<u32>,
+    /// An IANA time zone name (`Europe/Berlin`); none means UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+}
+
+impl Calendar {
+    pub fn is_empty(&self) -> bool {
+        self == &Calendar::default()
+    }
+
+    /// The counts, finest period first, with their names.
+    pub fn counts(&self) -> [(&'static str, Option<u32>); 5] {
+        [
+            ("hourly", self.hourly),
+            ("daily", self.daily),
+            ("weekly", self.weekly),
+            ("monthly", self.monthly),
+            ("yearly", self.yearly),
+        ]
     }
 }
 

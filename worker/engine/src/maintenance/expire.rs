@@ -79,7 +79,9 @@ pub(crate) fn expire_claimed(store: &Store, series: &str, sel: &ExpireSel) -> Re
                 .map(|v| v.number)
                 .collect()
         }
-        ExpireSel::Retention => crate::maintenance::retention::plan_expiry(&versions, &s.retention),
+        ExpireSel::Retention => {
+            crate::maintenance::retention::plan_expiry(&versions, &s.retention)?
+        }
     };
     let mut rep = ExpireReport {
         series: s.name.clone(),

@@ -146,6 +146,12 @@ fn retention() -> Retention {
     Retention {
         keep: Some(7),
         keep_within_seconds: None,
+        keep_hourly: None,
+        keep_daily: Some(7),
+        keep_weekly: Some(4),
+        keep_monthly: Some(12),
+        keep_yearly: None,
+        timezone: Some("Europe/Berlin".into()),
         live: 1,
         auto: Some(true),
     }

@@ -16,6 +16,21 @@ pub struct Retention {
     pub keep: Option<u32>,
     #[serde(default)]
     pub keep_within_seconds: Option<u64>,
+    /// Calendar thinning (restic's `--keep-hourly` … `--keep-yearly`): the newest version
+    /// of each of the last N hours, days, ISO weeks, months, years that have one.
+    #[serde(default)]
+    pub keep_hourly: Option<u32>,
+    #[serde(default)]
+    pub keep_daily: Option<u32>,
+    #[serde(default)]
+    pub keep_weekly: Option<u32>,
+    #[serde(default)]
+    pub keep_monthly: Option<u32>,
+    #[serde(default)]
+    pub keep_yearly: Option<u32>,
+    /// The IANA time zone those periods are counted in (none: UTC).
+    #[serde(default)]
+    pub timezone: Option<String>,
     #[serde(default = "one")]
     pub live: u32,
     /// Omitted in a request: the series' current setting (automatic for a new series).
@@ -29,9 +44,16 @@ fn one() -> u32 {
 
 impl From<&EngineRetention> for Retention {
     fn from(r: &EngineRetention) -> Self {
+        let c = &r.calendar;
         Retention {
             keep: r.keep,
             keep_within_seconds: r.keep_within_secs,
+            keep_hourly: c.hourly,
+            keep_daily: c.daily,
+            keep_weekly: c.weekly,
+            keep_monthly: c.monthly,
+            keep_yearly: c.yearly,
+            timezone: c.timezone.clone(),
             live: r.live,
             auto: Some(r.auto),
         }
@@ -44,6 +66,14 @@ impl Retention {
         EngineRetention {
             keep: self.keep,
             keep_within_secs: self.keep_within_seconds,
+            calendar: revault_engine::Calendar {
+                hourly: self.keep_hourly,
+                daily: self.keep_daily,
+                weekly: self.keep_weekly,
+                monthly: self.keep_monthly,
+                yearly: self.keep_yearly,
+                timezone: self.timezone.clone(),
+            },
             live: self.live,
             auto,
         }
@@ -100,10 +130,16 @@ pub struct SeriesDetail {
 impl SeriesDetail {
     /// The series `s` whose versions are `vs` (oldest first).
     pub fn new(s: &SeriesRecord, vs: &[VersionRecord], durable: Option<u32>) -> Self {
+        // Reading a series never fails on its plan: a retention this build cannot evaluate
+        // (a time zone it does not know) plans nothing, and its expiry says why.
+        let pending_expiry = revault_engine::plan_expiry(vs, &s.retention).unwrap_or_else(|e| {
+            tracing::warn!(series = %s.name, error = %e, "cannot plan the retention");
+            Vec::new()
+        });
         SeriesDetail {
             series: Series::new(s, vs, durable),
             version_list: vs.iter().map(Version::from).collect(),
-            pending_expiry: revault_engine::plan_expiry(vs, &s.retention),
+            pending_expiry,
         }
     }
 }
