@@ -17,11 +17,14 @@
 6. the durable tier against a real S3 server on loopback (hack/bench_remote.py): backup with
    the remote on vs off, restore from the bucket alone, recover, bucket vs local bytes;
 7. the sampled index at scale (`revault-bench index`): segment mode to 100 TiB and chunk
-   mode to 10 TiB of logical data (--quick: 10 and 1), with its plots.
+   mode to 10 TiB of logical data (--quick: 10 and 1), with its plots;
+8. side by side with restic and borg (hack/bench_peers.py, Debian's packages): backups of
+   every version, restore of the latest (checked with cmp), expiring half, repository size,
+   CPU seconds and peak memory, interleaved; writes docs/bench/peers.md.
 
 Writes docs/bench/results.json, docs/bench/*.md, *.csv and *.png.
 Options: --quick (fewer runs, no sweeps) for a smoke test; --only STEP,... runs some
-steps (criterion, throughput, chunk-sizes, anchor, schemes, expire, remote, index) and keeps the others'
+steps (criterion, throughput, chunk-sizes, anchor, schemes, expire, remote, index, peers) and keeps the others'
 results.
 """
 import argparse
@@ -261,7 +264,7 @@ def index_scale(quick):
     return res
 
 
-STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire", "remote", "index")
+STEPS = ("criterion", "throughput", "chunk-sizes", "anchor", "schemes", "expire", "remote", "index", "peers")
 
 
 def main():
@@ -313,6 +316,14 @@ def main():
         results["remote"] = bench_remote.run(rv, timed_cpu, log, tars, WORK, ROOT / "hack", 2 if args.quick else 5, BIN)
     if "index" in steps:
         results["index"] = index_scale(args.quick)
+    if "peers" in steps:
+        log("side by side with restic and borg")
+        import bench_peers
+        results["peers"] = bench_peers.run(log, tars, WORK, ROOT / "hack", 2 if args.quick else 3, BIN)
+        (OUT / "peers.md").write_text(
+            f"Made by `python3 hack/bench.py --only peers` on {results['when']} ({name} series, "
+            f"{len(tars)} versions, load average {results['load_average'][0]:.1f} at the start):\n\n"
+            + bench_peers.table(results["peers"]) + "\n")
     results_file.write_text(json.dumps(results, indent=2))
     shutil.rmtree(WORK, ignore_errors=True)
     log(f"wrote {results_file}")
