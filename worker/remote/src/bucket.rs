@@ -324,6 +324,12 @@ impl Bucket {
         }
     }
 
+    /// The object's first `max` bytes at most (all of a shorter one): a read whose length
+    /// the caller knows a bound for, so a hostile object cannot make it hold more.
+    pub async fn get_at_most(&self, name: &str, max: u64) -> Result<Bytes> {
+        self.get_inner(name, Some(0..max)).await
+    }
+
     /// Bytes `range` of the object.
     pub async fn get_range(&self, name: &str, range: Range<u64>) -> Result<Bytes> {
         let b = self.get_inner(name, Some(range.clone())).await?;

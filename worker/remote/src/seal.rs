@@ -43,6 +43,16 @@ const KEY_CONTEXT: &str = "revault remote object key v1";
 /// The largest plaintext an object may claim (1 PiB): far beyond any container or table, and
 /// small enough that every offset computed from it fits in 64 bits.
 const MAX_PLAIN: u64 = 1 << 50;
+/// The smallest frames a header may declare (`2^10` bytes).
+const MIN_FRAME_LOG2: u8 = 10;
+
+/// The most bytes an object sealing `plain_len` bytes can have, whatever frame size its
+/// header declares: how much of an object a reader that knows the plaintext's length need
+/// ever fetch (one that says it is longer is not that object).
+pub fn sealed_len_at_most(plain_len: u64) -> u64 {
+    let frames = plain_len.div_ceil(1 << MIN_FRAME_LOG2).max(1);
+    HEADER_LEN as u64 + plain_len + frames * TAG_LEN as u64
+}
 
 /// A data key: what seals and opens objects. Never leaves the node unwrapped.
 #[derive(Clone)]
@@ -116,7 +126,7 @@ impl Header {
             return Err(bad(&format!("unknown sealed format {}", b[8])));
         }
         let frame_log2 = b[9];
-        if !(10..=24).contains(&frame_log2) || b[10..12] != [0, 0] {
+        if !(MIN_FRAME_LOG2..=24).contains(&frame_log2) || b[10..12] != [0, 0] {
             return Err(bad("malformed header"));
         }
         let key_id = u32::from_le_bytes(b[12..16].try_into().unwrap());
@@ -313,6 +323,25 @@ mod tests {
 
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn no_object_is_longer_than_its_bound() {
+        for n in [0usize, 1, 1023, 1024, 1025, 70_000, 1 << 20] {
+            for log2 in [MIN_FRAME_LOG2, 12, DEFAULT_FRAME_LOG2, 20] {
+                let sealed = seal(&key(), "c", &data(n), log2);
+                assert!(
+                    sealed.len() as u64 <= sealed_len_at_most(n as u64),
+                    "{n} bytes in frames of 2^{log2}"
+                );
+            }
+        }
+        let smallest = seal(&key(), "c", &data(5000), MIN_FRAME_LOG2);
+        assert_eq!(
+            smallest.len() as u64,
+            sealed_len_at_most(5000),
+            "the bound is tight"
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ const AHEAD_TTL: Duration = Duration::from_secs(30);
 /// A container being fetched whole ahead of its opening.
 struct Whole {
     id: ContainerId,
+    /// The hints not withdrawn yet (restores running at once may ask for the same one).
+    askers: usize,
     asked: std::time::Instant,
     /// Its header and plaintext, once the GET and the opening of every frame are done.
     rx: std::sync::mpsc::Receiver<Result<(Header, Vec<u8>)>>,
@@ -97,10 +99,12 @@ impl ColdTier for Tier {
     }
 
     /// Fetches container `id` whole (one GET, header, ends and data), authenticated, in the
-    /// background: its opening then costs no request.
-    fn prefetch(&self, id: ContainerId) {
+    /// background: its opening then costs no request. No more is read than an object of
+    /// `file_bytes` can hold, whatever the bucket serves.
+    fn prefetch(&self, id: ContainerId, file_bytes: u64) {
         let mut ahead = self.ahead.lock();
-        if ahead.iter().any(|w| w.id == id) {
+        if let Some(w) = ahead.iter_mut().find(|w| w.id == id) {
+            w.askers += 1;
             return;
         }
         if ahead.len() >= AHEAD_SLOTS {
@@ -112,7 +116,8 @@ impl ColdTier for Tier {
         let b = remote.inner.bucket.clone();
         let rt = remote.rt().handle().clone();
         let task = rt.spawn(async move {
-            let res = b.get(&name).await.and_then(|body| {
+            let at_most = seal::sealed_len_at_most(file_bytes);
+            let res = b.get_at_most(&name, at_most).await.and_then(|body| {
                 let header = Header::decode(&name, &body)?;
                 let plain = seal::open(&remote.inner.key, &name, &body)?;
                 Ok((header, plain))
@@ -121,6 +126,7 @@ impl ColdTier for Tier {
         });
         ahead.push(Whole {
             id,
+            askers: 1,
             asked: std::time::Instant::now(),
             rx,
             task,
@@ -130,7 +136,10 @@ impl ColdTier for Tier {
     fn cancel_prefetch(&self, id: ContainerId) {
         let mut ahead = self.ahead.lock();
         if let Some(i) = ahead.iter().position(|w| w.id == id) {
-            ahead.remove(i).task.abort();
+            ahead[i].askers -= 1;
+            if ahead[i].askers == 0 {
+                ahead.remove(i).task.abort();
+            }
         }
     }
 }

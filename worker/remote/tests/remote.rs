@@ -54,16 +54,22 @@ fn history(store: &Store, remote: &Remote, n: u64) -> History {
     vec![("ns/seg", seg), ("ns/chunk", chunk)]
 }
 
+/// [`history`] of 4 versions, the segment series slid (reverse dedup rewrites the older
+/// versions' recipes and repacks their data), all of it synced.
+fn slid_history(store: &Store, remote: &Remote) -> History {
+    let expected = history(store, remote, 4);
+    revault_engine::set_retention(store, "ns/seg", manual_live_1()).unwrap();
+    revault_engine::slide(store, "ns/seg").unwrap();
+    remote.sync(store).unwrap();
+    expected
+}
+
 #[test]
 fn a_store_rebuilt_from_the_bucket_alone_restores_every_version() {
     let url = fresh_url("rebuild");
     let dir = tempfile::tempdir().unwrap();
     let (store, remote) = new_store_with_remote(dir.path(), &url);
-    let expected = history(&store, &remote, 4);
-    // Reverse dedup rewrites the older versions' recipes and repacks their data.
-    revault_engine::set_retention(&store, "ns/seg", manual_live_1()).unwrap();
-    revault_engine::slide(&store, "ns/seg").unwrap();
-    remote.sync(&store).unwrap();
+    let expected = slid_history(&store, &remote);
     // The node is gone: only the bucket and the key file are left.
     drop(remote);
     drop(store);
@@ -135,10 +141,7 @@ fn every_restore_cache_reads_ahead_from_the_bucket_byte_exact() {
     let url = fresh_url("ahead");
     let dir = tempfile::tempdir().unwrap();
     let (store, remote) = new_store_with_remote(dir.path(), &url);
-    let expected = history(&store, &remote, 4);
-    revault_engine::set_retention(&store, "ns/seg", manual_live_1()).unwrap();
-    revault_engine::slide(&store, "ns/seg").unwrap();
-    remote.sync(&store).unwrap();
+    let expected = slid_history(&store, &remote);
     let small = 2 * store.config().container_bytes;
     let key = dir.path().join("key");
     drop(remote);
@@ -168,12 +171,27 @@ fn every_restore_cache_reads_ahead_from_the_bucket_byte_exact() {
             }
         }
     }
+    // Two restores at once through the one tier, asking for the same containers ahead:
+    // neither one's end withdraws what the other still reads ahead.
+    let (series, versions) = &expected[0];
+    let (n, data) = versions.last().unwrap();
+    std::thread::scope(|sc| {
+        let runs: Vec<_> = (0..2)
+            .map(|_| sc.spawn(|| restore_with(&s2, series, *n, Opt, 64 << 20)))
+            .collect();
+        for r in runs {
+            assert!(r.join().unwrap().unwrap() == *data, "a concurrent restore");
+        }
+    });
     // Tampered in the bucket: in the middle of one container, at the end (trailer and
-    // footer, what its stub is built from) of another. A store opened afresh, so nothing
-    // fetched before the tampering is at hand.
+    // footer, what its stub is built from) of another; a third is followed by 8 MiB that
+    // are no part of it (a read ahead fetches no more than the container can be, and
+    // reading it on demand serves the container as it was). A store opened afresh, so
+    // nothing fetched before the tampering is at hand.
     drop(r2);
     drop(s2);
-    let victims: Vec<String> = bucket_containers(&url).into_iter().take(2).collect();
+    let names: Vec<String> = bucket_containers(&url).into_iter().take(3).collect();
+    let (victims, extended) = (&names[..2], &names[2]);
     for (i, victim) in victims.iter().enumerate() {
         let path = s3().object_path(&url, victim);
         let mut bytes = std::fs::read(&path).unwrap();
@@ -185,6 +203,10 @@ fn every_restore_cache_reads_ahead_from_the_bucket_byte_exact() {
         bytes[at] ^= 0x01;
         std::fs::write(&path, &bytes).unwrap();
     }
+    let path = s3().object_path(&url, extended);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.resize(bytes.len() + (8 << 20), 0x5a);
+    std::fs::write(&path, &bytes).unwrap();
     let s2 = Store::open(lazy.path(), OpenMode::ReadWrite, "test").unwrap();
     let _r2 = Remote::attach(&s2, None).unwrap().unwrap();
     for cache in revault_engine::CachePolicy::ALL {

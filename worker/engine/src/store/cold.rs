@@ -15,11 +15,13 @@ pub trait ColdTier: Send + Sync {
     /// Container `id`'s file, whose place in the data directory is `local`; an error
     /// ([`Error::MissingContainer`]) when the tier does not hold it either.
     fn open(&self, id: ContainerId, local: &Path) -> Result<Box<dyn ColdFile>>;
-    /// Hints that container `id` will be opened and read whole soon: a tier may fetch it
-    /// in the background and serve the next [`ColdTier::open`] from what it fetched.
-    fn prefetch(&self, _id: ContainerId) {}
-    /// Withdraws a [`ColdTier::prefetch`] whose container will not be opened after all (the
-    /// restore that asked ended): what it fetched, or is fetching, is dropped.
+    /// Hints that container `id`, whose file the metadata says is `file_bytes` long, will be
+    /// opened and read whole soon: a tier may fetch it in the background and serve the next
+    /// [`ColdTier::open`] from what it fetched. Every hint is withdrawn by one
+    /// [`ColdTier::cancel_prefetch`] or consumed by an opening.
+    fn prefetch(&self, _id: ContainerId, _file_bytes: u64) {}
+    /// Withdraws one [`ColdTier::prefetch`] whose container will not be opened after all (the
+    /// restore that asked ended); what is fetched for no one any more is dropped.
     fn cancel_prefetch(&self, _id: ContainerId) {}
 }
 
@@ -50,20 +52,16 @@ impl Store {
         })
     }
 
-    /// Hints that container `id` will be opened and read whole soon, if the cold tier holds
-    /// it (it is not in the data directory) and it decodes to at most `max_vbytes`. Returns
-    /// the bytes of its file when the tier took the hint; a local container is hinted once
-    /// open ([`ContainerFile::prefetch`]).
+    /// Hints to the cold tier that container `id`, not in the data directory (the caller
+    /// checked), will be opened and read whole soon, if it decodes to at most `max_vbytes`.
+    /// Returns the bytes of its file when the tier took the hint.
     pub(crate) fn prefetch_cold(&self, id: ContainerId, max_vbytes: u64) -> Option<u64> {
-        if self.is_local(id) {
-            return None;
-        }
         let tier = self.cold.read().clone()?;
         let rec = self.meta.container(id).ok()??;
         if rec.vbytes > max_vbytes {
             return None;
         }
-        tier.prefetch(id);
+        tier.prefetch(id, rec.file_bytes);
         Some(rec.file_bytes)
     }
 

@@ -94,8 +94,6 @@ impl<'s> Loader<'s> {
         self.next_scan = from + READ_AHEAD_RESCAN;
         let before = std::mem::take(&mut self.ahead);
         let mut bytes = 0u64;
-        // What was asked for and is no longer to come is withdrawn (see the end).
-        let mut kept = Vec::new();
         for l in locs.iter().skip(from).take(READ_AHEAD_SCAN) {
             if self.ahead.len() >= READ_AHEAD || bytes >= READ_AHEAD_BYTES {
                 break;
@@ -112,7 +110,6 @@ impl<'s> Loader<'s> {
             // Asked for already (and still to come): kept, not asked again.
             if let Some(&(_, n)) = before.iter().find(|(c, _)| *c == container) {
                 self.ahead.push((container, n));
-                kept.push(container);
                 bytes += n;
                 continue;
             }
@@ -135,12 +132,12 @@ impl<'s> Loader<'s> {
             self.ahead.push((container, n));
             bytes += n;
         }
-        self.store.cancel_cold_prefetch(
-            before
-                .into_iter()
-                .map(|(c, _)| c)
-                .filter(|c| !kept.contains(c)),
-        );
+        // What was asked for and is no longer to come is withdrawn.
+        let gone = before
+            .into_iter()
+            .map(|(c, _)| c)
+            .filter(|c| !self.ahead.iter().any(|(a, _)| a == c));
+        self.store.cancel_cold_prefetch(gone.collect::<Vec<_>>());
     }
 
     /// Asks for data-space bytes `[vaddr, vaddr+len)` of a container ahead of reading them
