@@ -536,6 +536,33 @@ impl Remote {
     }
 }
 
+/// Runs `task` on every item, [`PARALLEL`] at a time: the outputs in the order they finish,
+/// or the first error (the other tasks are aborted with the set). `what` names the tasks.
+async fn parallel<T, R, Fut>(items: Vec<T>, what: &str, task: impl Fn(T) -> Fut) -> Result<Vec<R>>
+where
+    R: Send + 'static,
+    Fut: std::future::Future<Output = Result<R>> + Send + 'static,
+{
+    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut set = tokio::task::JoinSet::new();
+    for item in items {
+        let (sem, run) = (sem.clone(), task(item));
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await.expect("semaphore open");
+            run.await
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        out.push(r.map_err(|e| RemoteError::Bucket {
+            what: what.to_string(),
+            detail: e.to_string(),
+        })??);
+    }
+    Ok(out)
+}
+
+/// Seals and uploads containers `ids` from `data_dir`: (id, sealed header, plaintext bytes).
 async fn upload_batch(
     b: Bucket,
     key: DataKey,
@@ -543,13 +570,10 @@ async fn upload_batch(
     data_dir: std::path::PathBuf,
     ids: Vec<ContainerId>,
 ) -> Result<Vec<(ContainerId, Vec<u8>, u64)>> {
-    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut set = tokio::task::JoinSet::new();
-    for id in ids {
-        let (b, key, sem) = (b.clone(), key.clone(), sem.clone());
+    parallel(ids, "an upload task", |id| {
+        let (b, key) = (b.clone(), key.clone());
         let path = id.path(&data_dir);
-        set.spawn(async move {
-            let _permit = sem.acquire_owned().await.expect("semaphore open");
+        async move {
             let name = layout::container(id);
             let plain = match tokio::fs::read(&path).await {
                 Ok(p) => p,
@@ -578,62 +602,37 @@ async fn upload_batch(
             let header = sealed[..seal::HEADER_LEN].to_vec();
             let n = plain.len() as u64;
             b.put(&name, Bytes::from(sealed), lock).await?;
-            Ok::<_, RemoteError>((id, header, n))
-        });
-    }
-    let mut out = Vec::new();
-    while let Some(r) = set.join_next().await {
-        out.push(r.map_err(|e| RemoteError::Bucket {
-            what: "an upload task".into(),
-            detail: e.to_string(),
-        })??);
-    }
-    Ok(out)
+            Ok((id, header, n))
+        }
+    })
+    .await
 }
 
-/// Seals and uploads metadata files (object name, bytes), [`PARALLEL`] at a time.
+/// Seals and uploads metadata files (object name, bytes).
 async fn upload_meta(
     b: Bucket,
     key: DataKey,
     lock: Option<ObjectLock>,
     files: Vec<(String, Vec<u8>)>,
 ) -> Result<()> {
-    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut set = tokio::task::JoinSet::new();
-    for (object, bytes) in files {
-        let (b, key, sem) = (b.clone(), key.clone(), sem.clone());
-        set.spawn(async move {
-            let _permit = sem.acquire_owned().await.expect("semaphore open");
+    parallel(files, "a metadata upload task", |(object, bytes)| {
+        let (b, key) = (b.clone(), key.clone());
+        async move {
             let body = seal::seal(&key, &object, &bytes, DEFAULT_FRAME_LOG2);
             b.put(&object, body.into(), lock).await
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.map_err(|e| RemoteError::Bucket {
-            what: "a metadata upload task".into(),
-            detail: e.to_string(),
-        })??;
-    }
-    Ok(())
+        }
+    })
+    .await
+    .map(drop)
 }
 
 async fn delete_all(b: Bucket, names: Vec<String>) -> Result<()> {
-    let sem = Arc::new(tokio::sync::Semaphore::new(PARALLEL));
-    let mut set = tokio::task::JoinSet::new();
-    for n in names {
-        let (b, sem) = (b.clone(), sem.clone());
-        set.spawn(async move {
-            let _permit = sem.acquire_owned().await.expect("semaphore open");
-            b.delete(&n).await
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        r.map_err(|e| RemoteError::Bucket {
-            what: "a delete task".into(),
-            detail: e.to_string(),
-        })??;
-    }
-    Ok(())
+    parallel(names, "a delete task", |n| {
+        let b = b.clone();
+        async move { b.delete(&n).await }
+    })
+    .await
+    .map(drop)
 }
 
 pub(crate) fn rfc3339_now() -> String {
