@@ -54,114 +54,71 @@ fn unix(rfc3339: &str) -> i64 {
         .as_second()
 }
 
-/// A policy as restic's flags and as a Revault retention.
-struct Policy {
-    flags: &'static [&'static str],
-    keep: Option<u32>,
-    within_secs: Option<u64>,
-    calendar: [Option<u32>; 5],
-}
+/// The policies, as restic's `forget` flags.
+const POLICIES: &[&[&str]] = &[
+    &["--keep-hourly", "9"],
+    &["--keep-daily", "7"],
+    &["--keep-daily", "90"],
+    &["--keep-hourly", "60"],
+    &["--keep-weekly", "6"],
+    &["--keep-monthly", "4"],
+    &["--keep-yearly", "3"],
+    &[
+        "--keep-last",
+        "2",
+        "--keep-daily",
+        "5",
+        "--keep-weekly",
+        "3",
+        "--keep-monthly",
+        "3",
+        "--keep-yearly",
+        "2",
+    ],
+    &["--keep-within", "10d", "--keep-monthly", "2"],
+    &[
+        "--keep-within",
+        "100h",
+        "--keep-hourly",
+        "3",
+        "--keep-weekly",
+        "2",
+    ],
+];
 
-impl Policy {
-    fn retention(&self) -> Retention {
-        let [hourly, daily, weekly, monthly, yearly] = self.calendar;
-        Retention {
-            keep: self.keep,
-            keep_within_secs: self.within_secs,
-            calendar: Calendar {
-                hourly,
-                daily,
-                weekly,
-                monthly,
-                yearly,
-                timezone: Some(ZONE.into()),
-            },
-            live: 1,
-            auto: false,
+/// The Revault retention of restic's `forget` flags, in [`ZONE`], read as
+/// `revault retention set` reads its own (`--keep`, and `humantime` durations).
+fn retention(flags: &[&str]) -> Retention {
+    let mut r = Retention {
+        calendar: Calendar {
+            timezone: Some(ZONE.into()),
+            ..Default::default()
+        },
+        live: 1,
+        auto: false,
+        ..Default::default()
+    };
+    for pair in flags.chunks(2) {
+        let [flag, value] = pair else {
+            panic!("{flags:?}: a flag without a value")
+        };
+        let n = || Some(value.parse::<u32>().unwrap());
+        let c = &mut r.calendar;
+        match *flag {
+            "--keep-last" => r.keep = n(),
+            "--keep-within" => {
+                r.keep_within_secs = Some(humantime::parse_duration(value).unwrap().as_secs())
+            }
+            "--keep-hourly" => c.hourly = n(),
+            "--keep-daily" => c.daily = n(),
+            "--keep-weekly" => c.weekly = n(),
+            "--keep-monthly" => c.monthly = n(),
+            "--keep-yearly" => c.yearly = n(),
+            other => panic!("{other}: not a flag this test maps"),
         }
     }
+    r
 }
-
-const POLICIES: &[Policy] = &[
-    Policy {
-        flags: &["--keep-hourly", "9"],
-        keep: None,
-        within_secs: None,
-        calendar: [Some(9), None, None, None, None],
-    },
-    Policy {
-        flags: &["--keep-daily", "7"],
-        keep: None,
-        within_secs: None,
-        calendar: [None, Some(7), None, None, None],
-    },
-    Policy {
-        flags: &["--keep-daily", "90"],
-        keep: None,
-        within_secs: None,
-        calendar: [None, Some(90), None, None, None],
-    },
-    Policy {
-        flags: &["--keep-hourly", "60"],
-        keep: None,
-        within_secs: None,
-        calendar: [Some(60), None, None, None, None],
-    },
-    Policy {
-        flags: &["--keep-weekly", "6"],
-        keep: None,
-        within_secs: None,
-        calendar: [None, None, Some(6), None, None],
-    },
-    Policy {
-        flags: &["--keep-monthly", "4"],
-        keep: None,
-        within_secs: None,
-        calendar: [None, None, None, Some(4), None],
-    },
-    Policy {
-        flags: &["--keep-yearly", "3"],
-        keep: None,
-        within_secs: None,
-        calendar: [None, None, None, None, Some(3)],
-    },
-    Policy {
-        flags: &[
-            "--keep-last",
-            "2",
-            "--keep-daily",
-            "5",
-            "--keep-weekly",
-            "3",
-            "--keep-monthly",
-            "3",
-            "--keep-yearly",
-            "2",
-        ],
-        keep: Some(2),
-        within_secs: None,
-        calendar: [None, Some(5), Some(3), Some(3), Some(2)],
-    },
-    Policy {
-        flags: &["--keep-within", "10d", "--keep-monthly", "2"],
-        keep: None,
-        within_secs: Some(10 * 86_400),
-        calendar: [None, None, None, Some(2), None],
-    },
-    Policy {
-        flags: &[
-            "--keep-within",
-            "100h",
-            "--keep-hourly",
-            "3",
-            "--keep-weekly",
-            "2",
-        ],
-        keep: None,
-        within_secs: Some(100 * 3_600),
-        calendar: [Some(3), None, Some(2), None, None],
-    },
-];
 
 #[test]
 fn retention_keeps_and_removes_what_restic_forget_does() {
@@ -263,9 +220,9 @@ fn retention_keeps_and_removes_what_restic_forget_does() {
     let versions = store.versions(&store.series(series).unwrap()).unwrap();
     let number_at = |t: i64| times.iter().position(|x| *x == t).unwrap() as u32 + 1;
 
-    for p in POLICIES {
+    for flags in POLICIES {
         let mut args = vec!["forget", "--dry-run", "--json"];
-        args.extend_from_slice(p.flags);
+        args.extend_from_slice(flags);
         let groups: serde_json::Value =
             serde_json::from_slice(&restic(&repo, &args, None)).unwrap();
         let mut removed: Vec<u32> = groups
@@ -276,20 +233,19 @@ fn retention_keeps_and_removes_what_restic_forget_does() {
             .map(|s| number_at(unix(s["time"].as_str().unwrap())))
             .collect();
         removed.sort_unstable();
-        let planned = plan_expiry(&versions, &p.retention()).unwrap();
-        assert_eq!(planned, removed, "{:?}", p.flags);
+        let planned = plan_expiry(&versions, &retention(flags)).unwrap();
+        assert_eq!(planned, removed, "{flags:?}");
         assert!(
             !removed.is_empty() && removed.len() < times.len() - 1,
-            "{:?}: a policy that keeps some and removes some ({} removed)",
-            p.flags,
+            "{flags:?}: a policy that keeps some and removes some ({} removed)",
             removed.len()
         );
     }
 
     // And expiry by retention removes exactly those versions from the series.
-    let p = &POLICIES[7];
-    let want = plan_expiry(&versions, &p.retention()).unwrap();
-    set_retention(&store, series, p.retention()).unwrap();
+    let mixed = retention(POLICIES[7]);
+    let want = plan_expiry(&versions, &mixed).unwrap();
+    set_retention(&store, series, mixed).unwrap();
     let rep = expire(&store, series, &ExpireSel::Retention).unwrap();
     assert_eq!(rep.expired, want);
     let left: Vec<u32> = versions_of(&store, series);

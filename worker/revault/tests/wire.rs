@@ -358,21 +358,11 @@ fn series_and_maintenance_bodies_keep_their_keys() {
             &[("versionList", "array"), ("pendingExpiry", "array")],
         ),
     );
+    // The same shape as a stored retention, with no keep rule (a series nobody set one for).
     assert_shape(
         "series retention",
         &s["retention"],
-        &[
-            ("keep", "null"),
-            ("keepWithinSeconds", "null"),
-            ("keepHourly", "null"),
-            ("keepDaily", "null"),
-            ("keepWeekly", "null"),
-            ("keepMonthly", "null"),
-            ("keepYearly", "null"),
-            ("timezone", "null"),
-            ("live", "int"),
-            ("auto", "bool"),
-        ],
+        &with(RETENTION, &[("keep", "null")]),
     );
     assert_items("series versionList", &s["versionList"], VERSION);
     let vs = ok(srv.get("/v1/series/default/db/versions", None), 200);

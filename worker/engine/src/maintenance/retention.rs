@@ -103,13 +103,13 @@ fn zone(c: &Calendar) -> Result<jiff::tz::TimeZone> {
     }
 }
 
-/// Which period of the calendar a time falls in, as a number that differs between periods
-/// (YYYYMMDDHH, YYYYMMDD, ISO year and week, YYYYMM, YYYY); `level` indexes
-/// [`Calendar::counts`].
-fn period(t: i64, level: usize, tz: &jiff::tz::TimeZone) -> i64 {
-    // A time jiff cannot represent (beyond ±9999 years) gets a period of its own.
+/// The periods of the calendar a time falls in, in the order of [`Calendar::counts`], each
+/// a number that differs between periods: YYYYMMDDHH, YYYYMMDD, ISO year and week, YYYYMM,
+/// YYYY.
+fn periods(t: i64, tz: &jiff::tz::TimeZone) -> [i64; 5] {
+    // A time jiff cannot represent (beyond ±9999 years) is a period of its own.
     let Ok(ts) = jiff::Timestamp::from_second(t) else {
-        return t;
+        return [t; 5];
     };
     let d = tz.to_datetime(ts);
     let (y, m, day, h) = (
@@ -118,16 +118,14 @@ fn period(t: i64, level: usize, tz: &jiff::tz::TimeZone) -> i64 {
         i64::from(d.day()),
         i64::from(d.hour()),
     );
-    match level {
-        0 => ((y * 100 + m) * 100 + day) * 100 + h,
-        1 => (y * 100 + m) * 100 + day,
-        2 => {
-            let w = d.date().iso_week_date();
-            i64::from(w.year()) * 100 + i64::from(w.week())
-        }
-        3 => y * 100 + m,
-        _ => y,
-    }
+    let w = d.date().iso_week_date();
+    [
+        ((y * 100 + m) * 100 + day) * 100 + h,
+        (y * 100 + m) * 100 + day,
+        i64::from(w.year()) * 100 + i64::from(w.week()),
+        y * 100 + m,
+        y,
+    ]
 }
 
 /// Versions (number, time) in ascending order of number → the numbers to expire, in
@@ -155,11 +153,16 @@ fn plan(versions: &[(u32, i64)], r: &Retention, tz: &jiff::tz::TimeZone, now: i6
             // Strictly newer than newest − D; no newest (all in the future): all kept.
             keep |= newest_time.is_none_or(|newest| t > newest.saturating_sub(d as i64));
         }
+        let p = if left == [0; 5] {
+            [0; 5]
+        } else {
+            periods(t, tz)
+        };
         for (level, left) in left.iter_mut().enumerate() {
             if *left == 0 {
                 continue;
             }
-            let p = period(t, level, tz);
+            let p = p[level];
             if last_kept[level] != Some(p) {
                 last_kept[level] = Some(p);
                 *left -= 1;
