@@ -9,7 +9,9 @@ throughput step:
    `revault serve` + `revault push`, where the worker acknowledges from local disk and uploads in
    the background (what Kubernetes users run);
 2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
-   read from the bucket (ranged GETs of sealed frames, prefetched a window ahead);
+   read from the bucket (the container caches read whole containers ahead, one GET each),
+   with the GETs it cost (versitygw's request log) and its system time beside a restore with
+   transparent huge pages allowed (`MIMALLOC_ALLOW_THP=1`), interleaved;
 3. `revault recover` of the whole store (metadata and every container);
 4. bytes in the bucket against bytes on local disk.
 """
@@ -35,8 +37,9 @@ def start_s3(hack, work):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
+    # Its standard output is a line per request: the restores count their GETs there.
     p = subprocess.Popen([vgw, "--access", ACCESS, "--secret", SECRET, "--port", f"127.0.0.1:{port}", "posix", str(root)],
-                         stdout=subprocess.DEVNULL, stderr=open(work / "s3.log", "w"))
+                         stdout=open(work / "s3.requests.log", "w"), stderr=open(work / "s3.log", "w"))
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -44,6 +47,25 @@ def start_s3(hack, work):
         except OSError:
             time.sleep(0.05)
     return p, f"http://127.0.0.1:{port}", root
+
+
+def data_gets(work):
+    """GETs of container objects versitygw has logged so far."""
+    with open(work / "s3.requests.log", errors="replace") as f:
+        return sum(1 for line in f if "| GET |" in line and "/data/" in line)
+
+
+def restore_measured(bin_path, args, env):
+    """Wall seconds, system CPU seconds and the JSON report of one `revault restore`."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([bin_path, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"bench: revault {' '.join(map(str, args))} failed:\n{err.decode(errors='replace')}")
+    return wall, ru.ru_stime, json.loads(out)
 
 
 def served_push(bin_path, store, series, tar, key):
@@ -151,17 +173,25 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
     local_data = tree_bytes(on_store / "data")
     local_meta = tree_bytes(on_store / "meta")
     # A store rebuilt with --lazy has no container on local disk: its restores read the bucket.
-    restores = []
+    restores, sys_s, gets = [], {"off": [], "on": []}, []
+    env_thp = {**os.environ, "MIMALLOC_ALLOW_THP": "1"}
+    env_default = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
     for i in range(runs + 1):
-        lazy = work / f"remote-lazy{i}"
-        shutil.rmtree(lazy, ignore_errors=True)
-        rv("recover", "--remote", url, "--key-file", key, "--store", lazy, "--lazy", "--json")
-        assert tree_bytes(lazy / "data") == 0, "a lazy recovery downloaded containers"
-        t0 = time.perf_counter()
-        r = rv("restore", "--store", lazy, "--series", series, "--version", "latest", "-o", "/dev/null", "--json")
-        if i > 0:  # the first one warms the S3 server's page cache
-            restores.append((time.perf_counter() - t0, r))
-        shutil.rmtree(lazy, ignore_errors=True)
+        for thp in ("off", "on"):
+            lazy = work / f"remote-lazy{i}"
+            shutil.rmtree(lazy, ignore_errors=True)
+            rv("recover", "--remote", url, "--key-file", key, "--store", lazy, "--lazy", "--json")
+            assert tree_bytes(lazy / "data") == 0, "a lazy recovery downloaded containers"
+            before = data_gets(work)
+            wall, sys, r = restore_measured(bin_path, ["restore", "--store", lazy, "--series", series, "--version",
+                                                       "latest", "-o", "/dev/null", "--json"],
+                                            env_thp if thp == "on" else env_default)
+            if i > 0:  # the first ones warm the S3 server's page cache
+                sys_s[thp].append(sys)
+                if thp == "off":
+                    restores.append((wall, r))
+                    gets.append((data_gets(work) - before) / r["container_reads"])
+            shutil.rmtree(lazy, ignore_errors=True)
     full = work / "remote-full"
     shutil.rmtree(full, ignore_errors=True)
     t0 = time.perf_counter()
@@ -186,6 +216,9 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
         "restore_from_bucket_engine_mb_s": med(r["logical_bytes"] / 1e6 / r["seconds"] for _, r in restores),
         "restore_from_bucket_runs_s": [t for t, _ in restores],
         "restore_container_reads": restores[-1][1]["container_reads"],
+        "restore_gets_per_container_read": med(gets),
+        "restore_system_s": {thp: med(v) for thp, v in sys_s.items()},
+        "restore_system_runs_s": sys_s,
         "recover_s": recover_s,
         "recover_containers": rep["containers"],
         "recover_container_bytes": rep["containerBytesDownloaded"],
@@ -197,7 +230,9 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
     }
     log(f"remote: backup off {res['backup_off_mb_s']:.0f} MB/s, on {res['backup_on_mb_s']:.0f} MB/s "
         f"(on/off time {1 / res['backup_on_vs_off']:.2f}); served push off {res['served_push_off_mb_s']:.0f}, "
-        f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s; "
+        f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s "
+        f"({res['restore_gets_per_container_read']:.1f} GETs per container read; system s {res['restore_system_s']['off']:.2f}, "
+        f"with huge pages {res['restore_system_s']['on']:.2f}); "
         f"recover {recover_s:.1f} s; bucket {bucket_bytes / 2**20:.0f} MiB vs local {(local_data + local_meta) / 2**20:.0f} MiB")
     for p in work.glob("remote-*"):
         shutil.rmtree(p, ignore_errors=True)

@@ -18,11 +18,11 @@
 //! asks for them on its arenas, and on a kernel that honours the request
 //! (`enabled` and `defrag` set to `madvise`, Debian's default) every first
 //! touch of 2 MiB zeroes all of it, after compacting memory to find it when
-//! none is free. A restore from a bucket spent 0.12–0.62 s of system time on
+//! none is free. A restore from a bucket spent up to 0.62 s of system time on
 //! that for 0.3 s of user time, varying with how fragmented memory was;
-//! without huge pages 0.13–0.23 s (profile in the message of the commit that
-//! made this change). The buffers here are streamed through once, so the
-//! TLB gains little from huge pages.
+//! without huge pages 0.12–0.15 s (docs/remote.md, "Figures": the `remote`
+//! step of `make bench` measures both). The buffers here are streamed
+//! through once, so the TLB gains little from huge pages.
 //!
 //! `revault-bench` (worker/bench) includes this file as its own module, so
 //! the benchmarks measure the engine under the same allocator and settings.
