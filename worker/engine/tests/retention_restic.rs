@@ -47,6 +47,23 @@ fn restic(repo: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Vec<u8>
     out.stdout
 }
 
+/// A restic snapshot taken at `civil`, a local time in [`ZONE`].
+fn snapshot_at(repo: &std::path::Path, civil: &str) {
+    restic(
+        repo,
+        &[
+            "backup",
+            "-q",
+            "--stdin",
+            "--stdin-filename",
+            "volume",
+            "--time",
+            civil,
+        ],
+        Some("the same bytes"),
+    );
+}
+
 fn unix(rfc3339: &str) -> i64 {
     rfc3339
         .parse::<jiff::Timestamp>()
@@ -154,19 +171,7 @@ fn retention_keeps_and_removes_what_restic_forget_does() {
             .checked_add(jiff::Span::new().minutes(gap_min as i64))
             .unwrap();
         let civil = at.strftime("%Y-%m-%d %H:%M:%S").to_string();
-        restic(
-            &repo,
-            &[
-                "backup",
-                "-q",
-                "--stdin",
-                "--stdin-filename",
-                "volume",
-                "--time",
-                &civil,
-            ],
-            Some("the same bytes"),
-        );
+        snapshot_at(&repo, &civil);
     }
     // Around the end of daylight saving time (2024-11-03 02:00 EDT is 01:00 EST): before,
     // twice in the repeated hour (as restic's --time reads an ambiguous local time), after.
@@ -176,19 +181,7 @@ fn retention_keeps_and_removes_what_restic_forget_does() {
         "2024-11-03 01:40:00",
         "2024-11-03 03:05:00",
     ] {
-        restic(
-            &repo,
-            &[
-                "backup",
-                "-q",
-                "--stdin",
-                "--stdin-filename",
-                "volume",
-                "--time",
-                civil,
-            ],
-            Some("the same bytes"),
-        );
+        snapshot_at(&repo, civil);
     }
     // The instants restic recorded are the versions' times.
     let listed: serde_json::Value =
