@@ -28,8 +28,11 @@ import (
 // honours the deletion policy.
 type BackupSeriesReconciler struct {
 	client.Client
-	Scheme     *runtime.Scheme
-	Recorder   record.EventRecorder
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	// Reader confirms, uncached, that a referenced RetentionPolicy is gone before its rules are
+	// cleared on the worker; nil: the cached client.
+	Reader     client.Reader
 	Config     *config.Config
 	Tokens     *tokens.Manager
 	Workers    *Workers
@@ -70,6 +73,9 @@ type seriesRun struct {
 	startedNow string
 	// active counts the backup Jobs still running.
 	active int
+	// keepsAll: no RetentionPolicy governs the series (no reference, or the one named is gone),
+	// so the worker must keep every version.
+	keepsAll bool
 }
 
 // Reconcile brings one BackupSeries forward, in these steps.

@@ -15,36 +15,53 @@ import (
 
 // checkRetentionPolicy sets RetentionPolicyFound for a series that names a RetentionPolicy (the
 // RetentionPolicy controller pushes the rules to the worker); a series without one has no such
-// condition.
+// condition. Either way it records whether the series keeps every version.
 func (r *BackupSeriesReconciler) checkRetentionPolicy(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	bs := s.bs
 	ref := bs.Spec.RetentionPolicyRef
 	if ref == nil {
 		apimeta.RemoveStatusCondition(&bs.Status.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
+		s.keepsAll = true
 		return proceed()
 	}
-	rp := &backupv1alpha1.RetentionPolicy{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: ref.Name}, rp)
+	found, err := r.policyExists(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: ref.Name})
 	switch {
-	case apierrors.IsNotFound(err):
-		s.cs.setFalse(backupv1alpha1.ConditionRetentionPolicyFound, "NotFound",
-			fmt.Sprintf("RetentionPolicy %s not found in namespace %s: every version is kept", ref.Name, bs.Namespace))
 	case err != nil:
 		return failed(err)
+	case !found:
+		s.keepsAll = true
+		s.cs.setFalse(backupv1alpha1.ConditionRetentionPolicyFound, "NotFound",
+			fmt.Sprintf("RetentionPolicy %s not found in namespace %s: every version is kept", ref.Name, bs.Namespace))
 	default:
 		s.cs.setTrue(backupv1alpha1.ConditionRetentionPolicyFound, "Found", "RetentionPolicy "+ref.Name)
 	}
 	return proceed()
 }
 
-// clearRetention removes retention rules a removed RetentionPolicy left on the worker: a series
-// without a RetentionPolicy keeps everything. s is the series as the worker reported it.
+// policyExists reads the policy from the cache, and confirms a miss uncached: a policy created a
+// moment ago may not be in the cache yet, and clearing the rules it just pushed would leave the
+// worker keeping everything while the policy reports itself applied.
+func (r *BackupSeriesReconciler) policyExists(ctx context.Context, key types.NamespacedName) (bool, error) {
+	err := r.Get(ctx, key, &backupv1alpha1.RetentionPolicy{})
+	if apierrors.IsNotFound(err) && r.Reader != nil {
+		err = r.Reader.Get(ctx, key, &backupv1alpha1.RetentionPolicy{})
+	}
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// clearRetention removes retention rules a RetentionPolicy left on the worker when the series no
+// longer has one (its reference was removed, or the policy deleted): the series then keeps every
+// version, as its RetentionPolicyFound condition says, and the worker must not go on expiring by
+// the old rules. s is the series as the worker reported it.
 func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instrumented, bs *backupv1alpha1.BackupSeries,
 	s *workerclient.SeriesDetail, cs conditionSetter) error {
 	sr := s.Retention
 	hasRules := sr.Keep != nil || sr.KeepWithinSeconds != nil || sr.KeepHourly != nil || sr.KeepDaily != nil ||
 		sr.KeepWeekly != nil || sr.KeepMonthly != nil || sr.KeepYearly != nil
-	if bs.Spec.RetentionPolicyRef != nil || !hasRules {
+	if !hasRules {
 		return nil
 	}
 	// What a new series gets: every version kept, live window 1, automatic slides.
@@ -53,6 +70,10 @@ func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instru
 		cs.setFalse(backupv1alpha1.ConditionSynced, "WorkerError", "clearing retention: "+err.Error())
 		return err
 	}
-	r.Recorder.Event(bs, "Normal", "RetentionCleared", "no retentionPolicyRef: the worker now keeps every version")
+	why := "no retentionPolicyRef"
+	if ref := bs.Spec.RetentionPolicyRef; ref != nil {
+		why = "RetentionPolicy " + ref.Name + " not found"
+	}
+	r.Recorder.Event(bs, "Normal", "RetentionCleared", why+": the worker now keeps every version")
 	return nil
 }

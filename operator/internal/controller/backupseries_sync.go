@@ -19,16 +19,16 @@ import (
 // answer does not end the reconcile (Synced says what failed): the series is looked at again
 // sooner instead.
 func (r *BackupSeriesReconciler) syncVersions(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
-	if err := r.sync(ctx, s.bs, s.cs); err != nil {
+	if err := r.sync(ctx, s.bs, s.keepsAll, s.cs); err != nil {
 		s.o.workerFailed = true
 		s.requeue = min(s.requeue, 30*time.Second)
 	}
 	return proceed()
 }
 
-// sync reads the series' versions from its worker into status. A series the worker does not
-// know yet (no backup so far) has no versions.
-func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.BackupSeries, cs conditionSetter) error {
+// sync reads the series' versions from its worker into status, and clears the worker's retention
+// rules when keepsAll. A series the worker does not know yet (no backup so far) has no versions.
+func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.BackupSeries, keepsAll bool, cs conditionSetter) error {
 	st := &bs.Status
 	api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node)
 	if err != nil {
@@ -44,8 +44,10 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 	}
 	setVersions(st, s)
 	r.setDurability(st, s, cs)
-	if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
-		return err
+	if keepsAll {
+		if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
+			return err
+		}
 	}
 	msg := fmt.Sprintf("%d versions on the %s worker on node %s", st.VersionCount, st.Worker.Media, st.Worker.Node)
 	cs.setTrue(backupv1alpha1.ConditionSynced, "WorkerAnswered", msg)

@@ -9,6 +9,7 @@ import (
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/pkg/workerclient"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -71,9 +72,10 @@ func seriesEntry(prev map[string]backupv1alpha1.SeriesRetentionStatus, bs *backu
 	return e
 }
 
-// applyToSeries pushes the rules to the series' worker when they changed, then (if run) slides
-// and expires, and records what is still pending, as the worker plans it. It reports whether it
-// slid and expired.
+// applyToSeries pushes the rules to the series' worker when they changed, or when the worker's
+// differ from them (a series controller that saw the policy gone cleared them, or the series was
+// recovered elsewhere), then (if run) slides and expires, and records what is still pending, as
+// the worker plans it. It reports whether it slid and expired.
 func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backupv1alpha1.RetentionPolicy,
 	bs *backupv1alpha1.BackupSeries, e *backupv1alpha1.SeriesRetentionStatus,
 	wr workerclient.Retention, run bool) (bool, error) {
@@ -82,7 +84,12 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 	if err != nil {
 		return false, err
 	}
-	if e.AppliedGeneration != rp.Generation {
+	s, err := api.Series(ctx, bs.Namespace, bs.Name)
+	if err != nil && !workerclient.IsNotFound(err) {
+		return false, err
+	}
+	drifted := s != nil && !sameRules(s.Retention, wr)
+	if e.AppliedGeneration != rp.Generation || drifted {
 		if err := api.PutRetention(ctx, bs.Namespace, bs.Name, wr); err != nil {
 			return false, fmt.Errorf("storing the retention: %w", err)
 		}
@@ -93,17 +100,27 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 		if err := r.slideAndExpire(ctx, api, rp, bs, e); err != nil {
 			return false, err
 		}
+		s, err = api.Series(ctx, bs.Namespace, bs.Name)
+		if err != nil && !workerclient.IsNotFound(err) {
+			return run, err
+		}
 	}
-	s, err := api.Series(ctx, bs.Namespace, bs.Name)
-	switch {
-	case workerclient.IsNotFound(err):
-		e.PendingExpiry = nil
-	case err != nil:
-		return run, err
-	default:
+	e.PendingExpiry = nil
+	if s != nil {
 		e.PendingExpiry = nonEmpty(s.PendingExpiry)
 	}
 	return run, nil
+}
+
+// sameRules: the worker's stored retention is the one the policy wants. An absent keep-within
+// rule and a zero one are the same rule, as are no time zone and an empty one.
+func sameRules(have workerclient.RetentionState, want workerclient.Retention) bool {
+	eq := func(a, b *int64) bool { return ptr.Deref(a, 0) == ptr.Deref(b, 0) && (a == nil) == (b == nil) }
+	return eq(have.Keep, want.Keep) && ptr.Deref(have.KeepWithinSeconds, 0) == ptr.Deref(want.KeepWithinSeconds, 0) &&
+		eq(have.KeepHourly, want.KeepHourly) && eq(have.KeepDaily, want.KeepDaily) &&
+		eq(have.KeepWeekly, want.KeepWeekly) && eq(have.KeepMonthly, want.KeepMonthly) &&
+		eq(have.KeepYearly, want.KeepYearly) && ptr.Deref(have.Timezone, "") == ptr.Deref(want.Timezone, "") &&
+		have.Live == ptr.Deref(want.Live, 1) && have.Auto == ptr.Deref(want.Auto, true)
 }
 
 // slideAndExpire slides the versions that left the live window (their recipes become archival)

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 func getPolicy(ns, name string) *backupv1alpha1.RetentionPolicy {
@@ -132,6 +133,59 @@ var _ = Describe("RetentionPolicy", func() {
 		Eventually(func() []backupv1alpha1.SeriesRetentionStatus { return getPolicy(ns, "short").Status.Series }).Should(BeEmpty())
 	})
 
+	It("stops expiring when the policy is deleted, and restores its rules when they drift", func() {
+		ns := newNamespace("rtd")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "one"}
+		bs = placedSeries(bs)
+		node := bs.Status.Worker.Node
+		rp := &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "one", Namespace: ns},
+			Spec:       backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(1))},
+		}
+		Expect(k8sClient.Create(ctx, rp)).To(Succeed())
+		keep := func(g Gomega) *int64 {
+			s, err := adminClient(node).Series(ctx, ns, "db")
+			g.Expect(err).NotTo(HaveOccurred())
+			return s.Retention.Keep
+		}
+		push(ns, "db", node, randomTree(64))
+		Eventually(keep).WithTimeout(20 * time.Second).Should(HaveValue(BeEquivalentTo(1)))
+
+		By("repairing rules changed on the worker behind the policy's back")
+		live, auto := int64(1), true
+		Expect(adminClient(node).PutRetention(ctx, ns, "db", workerclient.Retention{Live: &live, Auto: &auto})).To(Succeed())
+		Eventually(keep).WithTimeout(20 * time.Second).Should(HaveValue(BeEquivalentTo(1)))
+
+		By("keeping every version once the policy is gone, as the series says")
+		Expect(k8sClient.Delete(ctx, rp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("NotFound"))
+			g.Expect(keep(g)).To(BeNil())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Eventually(func() []string { return eventReasons(getSeries(ns, "db")) }).Should(ContainElement("RetentionCleared"))
+		push(ns, "db", node, randomTree(64))
+		push(ns, "db", node, randomTree(64))
+		s, err := adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.VersionList).To(HaveLen(3), "the worker expired versions by the deleted policy's rules")
+
+		By("applying the rules again when the policy comes back")
+		rp = &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "one", Namespace: ns},
+			Spec:       backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(2))},
+		}
+		Expect(k8sClient.Create(ctx, rp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(keep(g)).To(HaveValue(BeEquivalentTo(2)))
+			s, err := adminClient(node).Series(ctx, ns, "db")
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(s.VersionList).To(HaveLen(2))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
 	It("waits for series that are not placed yet", func() {
 		ns := newNamespace("rtpwait")
 		bs := pvcSeries(ns, "db")
@@ -184,6 +238,7 @@ var _ = Describe("RetentionPolicy", func() {
 		Expect(s.Retention.KeepMonthly).To(HaveValue(BeEquivalentTo(12)))
 		Expect(s.Retention.KeepHourly).To(BeNil())
 		Expect(s.Retention.Timezone).To(HaveValue(Equal("Europe/Berlin")))
+		Expect(sameRules(s.Retention, Rules(rp.Spec))).To(BeTrue(), "what the worker stored reads back as the policy's rules: no push on every sync")
 
 		By("a zone name of the right shape that is no zone")
 		updatePolicy(ns, "gfs", func(s *backupv1alpha1.RetentionPolicySpec) { s.TimeZone = ptr.To("Mars/Olympus_Mons") })

@@ -109,8 +109,8 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 		return err
 	}
 	if err := (&BackupSeriesReconciler{
-		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorderFor("backupseries-controller"),
-		Config: opts.Config, Tokens: tm, Workers: workers, PodOutput: opts.PodOutput,
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
+		Recorder: mgr.GetEventRecorderFor("backupseries-controller"), Tokens: tm, Workers: workers, PodOutput: opts.PodOutput,
 		SyncPeriod: opts.SyncPeriod, Phases: metrics.NewPhaseTracker(), Now: opts.Now,
 	}).SetupWithManager(mgr); err != nil {
 		return err
