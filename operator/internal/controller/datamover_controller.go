@@ -168,7 +168,9 @@ type DataDownloadReconciler struct {
 	client.Client
 	Reader   client.Reader
 	Recorder record.EventRecorder
-	Now      func() time.Time
+	// Workers finds the worker holding a series whose BackupSeries is gone.
+	Workers *Workers
+	Now     func() time.Time
 }
 
 // Reconcile brings one DataDownload forward, in these steps.

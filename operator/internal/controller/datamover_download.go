@@ -28,9 +28,11 @@ type downloadRun struct {
 	dd   *velerov2alpha1.DataDownload
 	orig *velerov2alpha1.DataDownload
 	now  metav1.Time
-	// ns, series and version are those of spec.snapshotID (NAMESPACE/SERIES@VERSION).
+	// ns, series and version are those of spec.snapshotID (NAMESPACE/SERIES@VERSION), and media
+	// the pool holding the series (findSeries).
 	ns, series string
 	version    int64
+	media      backupv1alpha1.Media
 	// name is the name of the RestoreJob and of the restore volume made for the DataDownload.
 	name string
 	// target is the PVC Velero made for the volume (findTarget), rj the RestoreJob (startRestore).
@@ -99,10 +101,15 @@ func (r *DataDownloadReconciler) findTarget(ctx context.Context, d *downloadRun)
 }
 
 // findSeries finds the BackupSeries of the snapshot and waits until it is placed with the
-// namespace's token loaded.
+// namespace's token loaded. When the BackupSeries is gone (its namespace was deleted, the usual
+// reason for a restore) it is made again on the pool whose worker holds the series' data: a
+// series made anywhere else would be new and empty. A series no worker holds fails the restore.
 func (r *DataDownloadReconciler) findSeries(ctx context.Context, d *downloadRun) (ctrl.Result, bool, error) {
 	dd := d.dd
-	bs, msg, err := seriesReady(ctx, r.Client, d.ns, d.series, backupv1alpha1.MediaSSD, plan.DataMoverRef("DataDownload", dd.Namespace, dd.Name))
+	if res, done, err := r.seriesMedia(ctx, d); done {
+		return res, done, err
+	}
+	bs, msg, err := seriesReady(ctx, r.Client, d.ns, d.series, d.media, plan.DataMoverRef("DataDownload", dd.Namespace, dd.Name))
 	if err != nil {
 		return failed(err)
 	}
@@ -110,6 +117,34 @@ func (r *DataDownloadReconciler) findSeries(ctx context.Context, d *downloadRun)
 		return r.waiting(ctx, d, msg)
 	}
 	return proceed()
+}
+
+// seriesMedia finds the media of the snapshot's series: its BackupSeries', or else that of the
+// pool whose worker holds it. It waits while a worker that may hold it does not answer.
+func (r *DataDownloadReconciler) seriesMedia(ctx context.Context, d *downloadRun) (ctrl.Result, bool, error) {
+	bs := &backupv1alpha1.BackupSeries{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: d.ns, Name: d.series}, bs)
+	if err == nil {
+		d.media = bs.Spec.Storage.Media
+		return proceed()
+	}
+	if !apierrors.IsNotFound(err) {
+		return failed(err)
+	}
+	media, unreachable, err := r.Workers.Holder(ctx, d.ns, d.series)
+	switch {
+	case err != nil:
+		return failed(err)
+	case media != "":
+		d.media = media
+		return proceed()
+	case len(unreachable) > 0:
+		return r.waiting(ctx, d, fmt.Sprintf("looking for the worker holding series %s: %s",
+			plan.SeriesID(d.ns, d.series), joinMax(unreachable, 3)))
+	}
+	return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
+		"no Revault worker holds series %s (snapshot %s): its data was deleted or its store lost",
+		plan.SeriesID(d.ns, d.series), d.dd.Spec.SnapshotID))
 }
 
 // startRestore finds the RestoreJob, or (the first time) makes a restore volume like the target

@@ -139,7 +139,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	}
 	return (&DataDownloadReconciler{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("velero-datamover"),
-		Now: opts.Now,
+		Workers: workers, Now: opts.Now,
 	}).SetupWithManager(mgr)
 }
 

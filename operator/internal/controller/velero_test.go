@@ -321,6 +321,54 @@ var _ = Describe("Velero integration", func() {
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 	})
 
+	It("restores a series whose BackupSeries is gone from the pool that holds it, and fails one no worker holds", func() {
+		ns := newNamespace("dmhdd")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Storage.Media = backupv1alpha1.MediaHDD
+		bs.Spec.DeletionPolicy = backupv1alpha1.DeletionRetain
+		bs = placedSeries(bs)
+		Expect(bs.Status.Worker.Media).To(Equal(backupv1alpha1.MediaHDD))
+		node := bs.Status.Worker.Node
+		push(ns, "db", node, randomTree(64))
+
+		By("deleting the BackupSeries (as deleting its namespace does), its data kept on the HDD worker")
+		Expect(k8sClient.Delete(ctx, bs)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{}))
+		}).WithTimeout(20 * time.Second).Should(BeTrue())
+
+		pvcWithSize(ns, "db", "1Gi", map[string]string{"velero.io/dynamic-pv-restore": ns + ".db.abcde"})
+		download := func(name, id string) {
+			Expect(k8sClient.Create(ctx, &velerov2alpha1.DataDownload{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS},
+				Spec: velerov2alpha1.DataDownloadSpec{
+					TargetVolume: velerov2alpha1.TargetVolumeSpec{PVC: "db", Namespace: ns},
+					DataMover:    plan.DataMoverName, SnapshotID: id, SourceNamespace: ns,
+					OperationTimeout: metav1.Duration{Duration: time.Minute},
+				},
+			})).To(Succeed())
+		}
+		download("hdd-back", ns+"/db@1")
+		Eventually(func(g Gomega) {
+			rj := &backupv1alpha1.RestoreJob{}
+			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: plan.DataDownloadObjectName("hdd-back")}, rj)).To(Succeed())
+			g.Expect(rj.Status.JobName).NotTo(BeEmpty(), "the version was found: the series is on the worker that holds it")
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		again := getSeries(ns, "db")
+		Expect(again.Spec.Storage.Media).To(Equal(backupv1alpha1.MediaHDD))
+		Expect(again.Status.Worker.Node).To(Equal(node))
+		Expect(again.Status.VersionCount).To(BeEquivalentTo(1))
+
+		By("failing, without making an empty series, when no worker holds the series")
+		download("ghost-back", ns+"/ghost@1")
+		Eventually(func(g Gomega) {
+			st := getDD("ghost-back").Status
+			g.Expect(st.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
+			g.Expect(st.Message).To(ContainSubstring("no Revault worker holds series " + ns + "/ghost"))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ghost"}, &backupv1alpha1.BackupSeries{}))).To(BeTrue())
+	})
+
 	It("fails DataUploads and DataDownloads it cannot serve, with a clear message", func() {
 		ns := newNamespace("dmfail")
 		pvcWithSize(ns, "db", "1Gi", nil)

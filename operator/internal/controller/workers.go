@@ -164,6 +164,36 @@ func (w *Workers) endpoint(media backupv1alpha1.Media, node string) string {
 	return plan.WorkerEndpoint(plan.WorkerServiceName(string(media), node), w.Config.Namespace, w.Config.Worker.Port)
 }
 
+// Holder finds the pool whose workers hold series ns/name, asking every ready worker of every
+// pool. With none holding it, unreachable names the workers that did not answer (the series may
+// be on one of them).
+func (w *Workers) Holder(ctx context.Context, ns, name string) (media backupv1alpha1.Media, unreachable []string, _ error) {
+	for _, pool := range w.Config.Pools {
+		ws, err := w.List(ctx, pool.Media)
+		if err != nil {
+			return "", nil, err
+		}
+		for _, x := range ws {
+			if !x.Ready {
+				unreachable = append(unreachable, fmt.Sprintf("%s worker on %s: pod %s not ready", x.Media, x.Node, x.Pod))
+				continue
+			}
+			api, err := w.API(ctx, x.Media, x.Node)
+			if err != nil {
+				return "", nil, err
+			}
+			_, err = api.Series(ctx, ns, name)
+			switch {
+			case err == nil:
+				return x.Media, nil, nil
+			case !workerclient.IsNotFound(err):
+				unreachable = append(unreachable, fmt.Sprintf("%s worker on %s: %v", x.Media, x.Node, err))
+			}
+		}
+	}
+	return "", unreachable, nil
+}
+
 // Placement is the status record of a worker.
 func (w *Workers) Placement(x Worker) *backupv1alpha1.WorkerPlacement {
 	return &backupv1alpha1.WorkerPlacement{Media: x.Media, Node: x.Node, Host: x.Host, Pod: x.Pod, Endpoint: x.Endpoint}
