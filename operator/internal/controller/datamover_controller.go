@@ -42,6 +42,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;create;delete;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;update;patch
 // +kubebuilder:rbac:groups=backup.revault.io,resources=backupseries;restorejobs,verbs=create;delete
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get;delete
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotcontents,verbs=get;patch
 
 // dataMoverPoll is how often a running data movement is looked at.
 const dataMoverPoll = 5 * time.Second

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -215,4 +216,39 @@ func (r *DataUploadReconciler) cleanup(ctx context.Context, du *velerov2alpha1.D
 	if err := r.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
 		logf.FromContext(ctx).Info("deleting the snapshot volume", "pvc", name, "error", err.Error())
 	}
+	if err := r.deleteSnapshot(ctx, du); err != nil {
+		logf.FromContext(ctx).Info("deleting the VolumeSnapshot", "error", err.Error())
+	}
+}
+
+// deleteSnapshot deletes the VolumeSnapshot Velero took for the DataUpload, with the snapshot in
+// the storage system: the data mover took the data over, and nothing else ever deletes it (as
+// Velero's own data mover does, a content whose policy is Retain is switched to Delete first).
+// The snapshot controller keeps the snapshot until a volume being made from it is made.
+func (r *DataUploadReconciler) deleteSnapshot(ctx context.Context, du *velerov2alpha1.DataUpload) error {
+	if du.Spec.CSISnapshot == nil || du.Spec.CSISnapshot.VolumeSnapshot == "" {
+		return nil
+	}
+	vs := &snapshotv1.VolumeSnapshot{}
+	key := types.NamespacedName{Namespace: du.Spec.SourceNamespace, Name: du.Spec.CSISnapshot.VolumeSnapshot}
+	if err := r.Reader.Get(ctx, key, vs); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if vs.Status != nil && vs.Status.BoundVolumeSnapshotContentName != nil {
+		vsc := &snapshotv1.VolumeSnapshotContent{}
+		err := r.Reader.Get(ctx, types.NamespacedName{Name: *vs.Status.BoundVolumeSnapshotContentName}, vsc)
+		if err == nil && vsc.Spec.DeletionPolicy != snapshotv1.VolumeSnapshotContentDelete {
+			patch := client.MergeFrom(vsc.DeepCopy())
+			vsc.Spec.DeletionPolicy = snapshotv1.VolumeSnapshotContentDelete
+			err = r.Patch(ctx, vsc, patch)
+		}
+		if client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("VolumeSnapshotContent %s: %w", *vs.Status.BoundVolumeSnapshotContentName, err)
+		}
+	}
+	if err := r.Delete(ctx, vs); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("VolumeSnapshot %s: %w", key, err)
+	}
+	r.Recorder.Eventf(du, "Normal", "SnapshotDeleted", "deleted VolumeSnapshot %s (its data is in Revault)", key)
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
@@ -125,9 +126,11 @@ var _ = BeforeSuite(func() {
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
 	Expect(velerov2alpha1.AddToScheme(scheme)).To(Succeed())
+	Expect(snapshotv1.AddToScheme(scheme)).To(Succeed())
 	testEnv = &envtest.Environment{
-		// Velero's DataUpload/DataDownload CRDs come from the Velero module itself.
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot, "config", "crd", "bases"), veleroCRDs()},
+		// Velero's DataUpload/DataDownload CRDs come from the Velero module itself, and the
+		// VolumeSnapshot CRDs from the external-snapshotter client module.
+		CRDDirectoryPaths:     append([]string{filepath.Join(repoRoot, "config", "crd", "bases"), veleroCRDs()}, snapshotCRDs()...),
 		ErrorIfCRDPathMissing: true,
 	}
 	restCfg, err = testEnv.Start()
@@ -188,6 +191,18 @@ func veleroCRDs() string {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/vmware-tanzu/velero").Output()
 	Expect(err).NotTo(HaveOccurred(), "locating the Velero module")
 	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "v2alpha1", "bases")
+}
+
+// snapshotCRDs are the VolumeSnapshot CRD files of the external-snapshotter client module the
+// operator is built with.
+func snapshotCRDs() []string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/kubernetes-csi/external-snapshotter/client/v8").Output()
+	Expect(err).NotTo(HaveOccurred(), "locating the external-snapshotter client module")
+	var files []string
+	for _, kind := range []string{"volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"} {
+		files = append(files, filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "snapshot.storage.k8s.io_"+kind+".yaml"))
+	}
+	return files
 }
 
 var (

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
@@ -100,6 +101,30 @@ func newDataUpload(name, ns, pvc string, mutate func(*velerov2alpha1.DataUpload)
 	return du
 }
 
+// csiSnapshot makes the VolumeSnapshot Velero takes before a DataUpload, bound to a content with
+// the given deletion policy (envtest runs no snapshot controller: the test plays it).
+func csiSnapshot(ns, name string, policy snapshotv1.DeletionPolicy) *snapshotv1.VolumeSnapshotContent {
+	vsc := &snapshotv1.VolumeSnapshotContent{
+		ObjectMeta: metav1.ObjectMeta{Name: "content-" + ns + "-" + name},
+		Spec: snapshotv1.VolumeSnapshotContentSpec{
+			DeletionPolicy:    policy,
+			Driver:            "hostpath.csi.k8s.io",
+			Source:            snapshotv1.VolumeSnapshotContentSource{SnapshotHandle: ptr.To("handle-" + name)},
+			VolumeSnapshotRef: corev1.ObjectReference{Namespace: ns, Name: name},
+		},
+	}
+	Expect(k8sClient.Create(ctx, vsc)).To(Succeed())
+	vs := &snapshotv1.VolumeSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{
+			VolumeSnapshotContentName: ptr.To(vsc.Name)}},
+	}
+	Expect(k8sClient.Create(ctx, vs)).To(Succeed())
+	vs.Status = &snapshotv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr.To(vsc.Name), ReadyToUse: ptr.To(true)}
+	Expect(k8sClient.Status().Update(ctx, vs)).To(Succeed())
+	return vsc
+}
+
 func getDU(name string) *velerov2alpha1.DataUpload {
 	du := &velerov2alpha1.DataUpload{}
 	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: veleroNS, Name: name}, du)).To(Succeed())
@@ -177,6 +202,7 @@ var _ = Describe("Velero integration", func() {
 	It("moves a DataUpload's snapshot into the PVC's series and a DataDownload back into the target PVC", func() {
 		ns := newNamespace("dm")
 		pvcWithSize(ns, "data", "2Gi", nil)
+		vsc := csiSnapshot(ns, "snap-data", snapshotv1.VolumeSnapshotContentRetain)
 		du := newDataUpload("backup-1-abcde", ns, "data", nil)
 
 		By("creating the PVC's series, the snapshot volume and the backup Job")
@@ -228,6 +254,11 @@ var _ = Describe("Velero integration", func() {
 			g.Expect((*st.DataMoverResult)["version"]).To(Equal("2"))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		Eventually(func() bool { return pvcGone(ns, snapPVC.Name) }).Should(BeTrue(), "the snapshot volume is deleted")
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "snap-data"}, &snapshotv1.VolumeSnapshot{}))
+		}).Should(BeTrue(), "Velero's VolumeSnapshot is deleted once its data is in Revault")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(vsc), vsc)).To(Succeed())
+		Expect(vsc.Spec.DeletionPolicy).To(Equal(snapshotv1.VolumeSnapshotContentDelete), "and the storage system's snapshot with it")
 		Eventually(func() []string { return eventReasons(getDU(du.Name)) }).Should(ContainElements("BackupStarted", "DataUploadCompleted"))
 
 		By("restoring it: a RestoreJob fills a fresh volume, which is then bound to Velero's target PVC")
@@ -388,6 +419,7 @@ var _ = Describe("Velero integration", func() {
 			WithTimeout(2 * time.Second).Should(BeEmpty())
 
 		By("failing with the worker's message when the backup Job fails")
+		csiSnapshot(ns, "snap-db", snapshotv1.VolumeSnapshotContentDelete)
 		du := newDataUpload("fails", ns, "db", nil)
 		var job batchv1.Job
 		Eventually(func() error {
@@ -400,6 +432,9 @@ var _ = Describe("Velero integration", func() {
 			g.Expect(st.Message).To(Equal("backup Job " + ns + "/" + job.Name + " failed: series " + ns + "/db is on a full disk"))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		Eventually(func() bool { return pvcGone(ns, job.Name) }).Should(BeTrue(), "the snapshot volume is deleted on failure too")
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "snap-db"}, &snapshotv1.VolumeSnapshot{}))
+		}).Should(BeTrue(), "and so is Velero's VolumeSnapshot")
 
 		By("canceling when Velero asks")
 		pvcWithSize(ns, "logs", "1Gi", nil)
