@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+	// The image has no zoneinfo: schedules' time zones come from the binary's own copy.
+	_ "time/tzdata"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"

@@ -75,6 +75,7 @@ const (
 
 // BackupSeriesSpec defines a series of full backups of one source.
 // +kubebuilder:validation:XValidation:rule="!has(self.source.external) || !has(self.schedule) || size(self.schedule) == 0",message="schedule applies to pvc sources only: external series are pushed by their producer"
+// +kubebuilder:validation:XValidation:rule="!has(self.timeZone) || (has(self.schedule) && size(self.schedule) > 0)",message="timeZone applies to a schedule: set schedule too"
 type BackupSeriesSpec struct {
 	// Source of the data: exactly one of pvc or external.
 	Source BackupSource `json:"source"`
@@ -86,6 +87,14 @@ type BackupSeriesSpec struct {
 	// +kubebuilder:validation:XValidation:rule="size(self) == 0 || self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[0-9*?/,A-Za-z-]+( +[0-9*?/,A-Za-z-]+){4})$')",message="schedule must be a cron schedule of five fields (e.g. \"0 2 * * *\") or @hourly/@daily/@weekly/@monthly/@yearly"
 	// +optional
 	Schedule string `json:"schedule,omitempty"`
+
+	// TimeZone is the IANA time zone (e.g. "Europe/Berlin") the schedule is read in (the
+	// CronJob's spec.timeZone); unset means UTC. A name the operator does not know is reported in
+	// the ScheduleValid condition and no CronJob runs.
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$`
+	// +optional
+	TimeZone *string `json:"timeZone,omitempty"`
 
 	// Suspend stops scheduled backups (on-demand backups still run).
 	// +optional
@@ -257,6 +266,11 @@ type BackupSeriesStatus struct {
 	// +optional
 	LastBackup *metav1.Time `json:"lastBackup,omitempty"`
 
+	// NextBackup is when the schedule runs the next backup; unset without a schedule, or while
+	// suspended.
+	// +optional
+	NextBackup *metav1.Time `json:"nextBackup,omitempty"`
+
 	// LogicalBytes of all versions together.
 	// +optional
 	LogicalBytes int64 `json:"logicalBytes,omitempty"`
@@ -283,7 +297,7 @@ type BackupSeriesStatus struct {
 	BackupNow []BackupNowResult `json:"backupNow,omitempty"`
 
 	// Conditions: Ready, Placed, ScheduleValid, TokenReady, Synced, BackupSucceeded,
-	// RetentionPolicyFound, and Durable with a remote.
+	// RetentionPolicyFound, Durable with a remote, and BackupOverdue with an active schedule.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -297,6 +311,7 @@ type BackupSeriesStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Versions",type=integer,JSONPath=`.status.versionCount`
 // +kubebuilder:printcolumn:name="Last Backup",type=date,JSONPath=`.status.lastBackup`
+// +kubebuilder:printcolumn:name="Next Backup",type=date,JSONPath=`.status.nextBackup`,priority=1
 // +kubebuilder:printcolumn:name="Dedup",type=string,JSONPath=`.status.dedupRatio`
 // +kubebuilder:printcolumn:name="Media",type=string,JSONPath=`.spec.storage.media`,priority=1
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.worker.node`,priority=1

@@ -51,6 +51,10 @@ const (
 	// remote; False, reason RemoteBehind, once the newest version is older than the remote's
 	// behindAfter and still not uploaded).
 	ConditionDurable = "Durable"
+	// ConditionBackupOverdue: True when a scheduled series has no new backup although two
+	// scheduled runs have passed since its newest version (plan.BackupDeadline); present only
+	// while a valid schedule is active (not suspended).
+	ConditionBackupOverdue = "BackupOverdue"
 	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
 	ConditionRetentionPolicyFound = "RetentionPolicyFound"
 	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.

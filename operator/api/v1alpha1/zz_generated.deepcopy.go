@@ -95,6 +95,11 @@ func (in *BackupSeriesList) DeepCopyObject() runtime.Object {
 func (in *BackupSeriesSpec) DeepCopyInto(out *BackupSeriesSpec) {
 	*out = *in
 	in.Source.DeepCopyInto(&out.Source)
+	if in.TimeZone != nil {
+		in, out := &in.TimeZone, &out.TimeZone
+		*out = new(string)
+		**out = **in
+	}
 	out.Storage = in.Storage
 	out.Dedup = in.Dedup
 	if in.RetentionPolicyRef != nil {
@@ -131,6 +136,10 @@ func (in *BackupSeriesStatus) DeepCopyInto(out *BackupSeriesStatus) {
 	}
 	if in.LastBackup != nil {
 		in, out := &in.LastBackup, &out.LastBackup
+		*out = (*in).DeepCopy()
+	}
+	if in.NextBackup != nil {
+		in, out := &in.NextBackup, &out.NextBackup
 		*out = (*in).DeepCopy()
 	}
 	if in.LastJob != nil {

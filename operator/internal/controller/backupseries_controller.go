@@ -65,8 +65,9 @@ type seriesRun struct {
 	cs   conditionSetter
 	// requeue is the soonest a step wants the series looked at again (at most the sync period).
 	requeue time.Duration
-	// scheduleOK: the schedule parses, or there is none.
+	// scheduleOK: the schedule parses, or there is none; zone is the time zone it is read in.
 	scheduleOK bool
+	zone       *time.Location
 	// tokenReady: the worker accepts the namespace's token, so Jobs may start.
 	tokenReady bool
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).
@@ -94,6 +95,7 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.trackBackupNow,       // the on-demand backups under way
 		r.observeJobs,          // running backup Jobs and the newest finished one
 		r.syncVersions,         // versions and sizes, from the worker
+		r.checkOverdue,         // nextBackup, BackupOverdue
 		r.finish,               // phase, Ready, and the status write
 	)
 }

@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -16,18 +18,66 @@ import (
 )
 
 // checkSchedule sets ScheduleValid. The CRD checks the schedule's shape; the cron parser catches
-// the rest (an impossible minute), and no CronJob is made for a schedule it rejects.
+// the rest (an impossible minute), the time zone database an unknown zone, and no CronJob is made
+// for a schedule either rejects.
 func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	bs := s.bs
 	s.scheduleOK = true
 	if bs.Spec.Schedule == "" {
 		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "OnDemand", "no schedule: backups run on the revault.io/backup-now annotation")
-	} else if _, perr := plan.ParseSchedule(bs.Spec.Schedule); perr != nil {
+		return proceed()
+	}
+	loc, zerr := plan.Zone(bs.Spec.TimeZone)
+	_, perr := plan.ParseSchedule(bs.Spec.Schedule)
+	switch {
+	case perr != nil:
 		s.scheduleOK = false
 		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "InvalidSchedule", perr.Error())
-	} else {
-		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "Scheduled", "backups run on "+bs.Spec.Schedule)
+	case zerr != nil:
+		s.scheduleOK = false
+		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "UnknownTimeZone", zerr.Error())
+	default:
+		s.zone = loc
+		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "Scheduled", fmt.Sprintf("backups run on %s (%s)", bs.Spec.Schedule, loc))
 	}
+	return proceed()
+}
+
+// checkOverdue sets nextBackup and BackupOverdue for a series whose valid schedule is active,
+// and looks again when either changes; other series have neither. A series without any backup
+// counts from its creation.
+func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
+	bs, st := s.bs, &s.bs.Status
+	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || bs.Spec.Source.PVC == nil {
+		st.NextBackup = nil
+		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionBackupOverdue)
+		return proceed()
+	}
+	now := r.Now()
+	next, err := plan.NextRunIn(bs.Spec.Schedule, s.zone, now)
+	if err != nil {
+		return failed(err)
+	}
+	st.NextBackup = &metav1.Time{Time: next.UTC().Truncate(time.Second)}
+	since, what := bs.CreationTimestamp.Time, "since the series was created"
+	if st.LastBackup != nil {
+		since, what = st.LastBackup.Time, "since version "+fmt.Sprint(st.LatestVersion)
+	}
+	deadline, err := plan.BackupDeadline(bs.Spec.Schedule, s.zone, since)
+	if err != nil {
+		return failed(err)
+	}
+	stamp := func(t time.Time) string { return t.In(s.zone).Format(time.RFC3339) }
+	if now.Before(deadline) {
+		s.cs.setFalse(backupv1alpha1.ConditionBackupOverdue, "OnSchedule", fmt.Sprintf(
+			"newest backup %s at %s; overdue from %s if no backup succeeds by then", what, stamp(since), stamp(deadline)))
+		s.requeue = min(s.requeue, deadline.Sub(now)+time.Second)
+	} else {
+		s.cs.setTrue(backupv1alpha1.ConditionBackupOverdue, "NoRecentBackup", fmt.Sprintf(
+			"no backup succeeded %s at %s: two runs of schedule %q (%s) have passed without one",
+			what, stamp(since), bs.Spec.Schedule, s.zone))
+	}
+	s.requeue = min(s.requeue, next.Sub(now)+time.Second)
 	return proceed()
 }
 

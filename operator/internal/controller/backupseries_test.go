@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -272,6 +273,82 @@ var _ = Describe("BackupSeries", func() {
 			g.Expect(c.Reason).To(Equal("InvalidSchedule"))
 			g.Expect(c.Message).To(ContainSubstring(`schedule "61 * * * *" is not a valid cron schedule`))
 			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionReady).Reason).To(Equal("InvalidSchedule"))
+		}).Should(Succeed())
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))).To(BeTrue())
+	})
+
+	It("runs its schedule in its time zone, says when the next backup is due, and when backups are overdue", func() {
+		ns := newNamespace("tz")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Schedule, bs.Spec.TimeZone = "* * * * *", ptr.To("Asia/Kolkata")
+		placedSeries(bs)
+		Eventually(func(g Gomega) {
+			cj := &batchv1.CronJob{}
+			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, cj)).To(Succeed())
+			g.Expect(cj.Spec.TimeZone).To(HaveValue(Equal("Asia/Kolkata")))
+			st := getSeries(ns, "db").Status
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionScheduleValid).Message).To(ContainSubstring("(Asia/Kolkata)"))
+			g.Expect(st.NextBackup).NotTo(BeNil())
+			g.Expect(st.NextBackup.Time).To(BeTemporally(">", clock.Now().Add(-2*time.Second)))
+			g.Expect(st.NextBackup.Time).To(BeTemporally("<=", clock.Now().Add(61*time.Second)))
+			c := condition(st.Conditions, backupv1alpha1.ConditionBackupOverdue)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal("OnSchedule"))
+			g.Expect(c.Message).To(ContainSubstring("since the series was created"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		By("flagging the series once two runs passed without a backup")
+		clock.Advance(5 * time.Minute)
+		restored := false
+		restore := func() {
+			if !restored {
+				clock.Advance(-5 * time.Minute)
+				restored = true
+			}
+		}
+		defer restore()
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionBackupOverdue)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(c.Reason).To(Equal("NoRecentBackup"))
+			g.Expect(c.Message).To(ContainSubstring(`two runs of schedule "* * * * *" (Asia/Kolkata) have passed`))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Eventually(func() []string { return eventReasons(getSeries(ns, "db")) }).Should(ContainElement("NoRecentBackup"))
+
+		By("counting from the newest version once there is one")
+		node := getSeries(ns, "db").Status.Worker.Node
+		waitToken(ns, node)
+		push(ns, "db", node, randomTree(16))
+		restore()
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionBackupOverdue)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Message).To(ContainSubstring("since version 1"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		By("having neither while suspended")
+		Eventually(func() error {
+			cur := getSeries(ns, "db")
+			cur.Spec.Suspend = true
+			return k8sClient.Update(ctx, cur)
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.NextBackup).To(BeNil())
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionBackupOverdue).Status).To(BeEquivalentTo("Absent"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
+	It("refuses a time zone the operator does not know, and runs no CronJob", func() {
+		ns := newNamespace("badtz")
+		bs := pvcSeries(ns, "db")
+		bs.Spec.Schedule, bs.Spec.TimeZone = "0 2 * * *", ptr.To("Mars/Olympus_Mons")
+		placedSeries(bs)
+		Eventually(func(g Gomega) {
+			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionScheduleValid)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal("UnknownTimeZone"))
+			g.Expect(c.Message).To(Equal(`timeZone "Mars/Olympus_Mons" is not a known IANA time zone`))
 		}).Should(Succeed())
 		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))).To(BeTrue())
 	})

@@ -78,6 +78,12 @@ var _ = Describe("CRD validation", func() {
 		Entry("a schedule that is not cron", func(bs *backupv1alpha1.BackupSeries) {
 			bs.Spec.Schedule = "every night"
 		}, `schedule must be a cron schedule of five fields (e.g. "0 2 * * *")`),
+		Entry("a time zone without a schedule", func(bs *backupv1alpha1.BackupSeries) {
+			bs.Spec.TimeZone = ptr.To("Europe/Berlin")
+		}, "timeZone applies to a schedule: set schedule too"),
+		Entry("a time zone that is no zone name", func(bs *backupv1alpha1.BackupSeries) {
+			bs.Spec.Schedule, bs.Spec.TimeZone = "0 2 * * *", ptr.To("UTC+2 (summer)")
+		}, "spec.timeZone in body should match"),
 		Entry("a cron schedule with six fields", func(bs *backupv1alpha1.BackupSeries) {
 			bs.Spec.Schedule = "0 0 2 * * *"
 		}, "schedule must be a cron schedule"),

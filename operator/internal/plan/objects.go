@@ -430,6 +430,7 @@ func BackupCronJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint
 		},
 		Spec: batchv1.CronJobSpec{
 			Schedule:                   bs.Spec.Schedule,
+			TimeZone:                   bs.Spec.TimeZone,
 			Suspend:                    ptr.To(bs.Spec.Suspend),
 			ConcurrencyPolicy:          batchv1.ForbidConcurrent,
 			StartingDeadlineSeconds:    ptr.To(int64(3600)),

@@ -35,3 +35,37 @@ func NextRun(s string, last time.Time) (time.Time, error) {
 	}
 	return next, nil
 }
+
+// Zone is the location a schedule counts in: the IANA zone tz, UTC when unset.
+func Zone(tz *string) (*time.Location, error) {
+	if tz == nil || *tz == "" {
+		return time.UTC, nil
+	}
+	loc, err := time.LoadLocation(*tz)
+	if err != nil {
+		return nil, fmt.Errorf("timeZone %q is not a known IANA time zone", *tz)
+	}
+	return loc, nil
+}
+
+// NextRunIn is the first time the schedule, read in loc, fires strictly after last.
+func NextRunIn(s string, loc *time.Location, last time.Time) (time.Time, error) {
+	return NextRun(s, last.In(loc))
+}
+
+// BackupDeadline is when a scheduled series whose newest backup is from since becomes overdue:
+// once the second scheduled run after since has had half an interval (the gap between those two
+// runs) to finish without a new backup — about two days for a daily schedule. One failed or
+// missed run is not yet overdue; counting in runs rather than hours keeps a weekday schedule
+// from being overdue every weekend.
+func BackupDeadline(s string, loc *time.Location, since time.Time) (time.Time, error) {
+	first, err := NextRunIn(s, loc, since)
+	if err != nil {
+		return time.Time{}, err
+	}
+	second, err := NextRunIn(s, loc, first)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return second.Add(second.Sub(first) / 2), nil
+}
