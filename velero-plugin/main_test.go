@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
@@ -198,21 +200,30 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	m, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(pvc)
 	backup := &velerov1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "b2", Namespace: "velero", UID: "aaaabbbbcccc"}}
 	backup.Status.Phase = velerov1.BackupPhaseInProgress
-	item, extra, op, post, err := bia.Execute(&unstructured.Unstructured{Object: m}, backup)
-	if err != nil || op != "app/data/velero-b2-aaaabbbb" || len(post) != 1 || len(extra) != 1 || post[0].Name != "data" {
-		t.Fatalf("Execute: %q %v %v %v", op, extra, post, err)
+	// Execute returns once the volume was read (the operator's Job finished): it runs while this
+	// test plays the operator.
+	type executed struct {
+		item        runtime.Unstructured
+		extra, post []velero.ResourceIdentifier
+		op          string
+		err         error
 	}
-	backedUpPVC := item.(*unstructured.Unstructured)
-	if backedUpPVC.GetAnnotations()[kube.AnnRequest] != "velero-b2-aaaabbbb" {
-		t.Fatalf("the backed-up PVC names the request: %v", backedUpPVC.GetAnnotations())
-	}
+	returned := make(chan executed, 1)
+	go func() {
+		var r executed
+		r.item, r.extra, r.op, r.post, r.err = bia.Execute(&unstructured.Unstructured{Object: m}, backup)
+		returned <- r
+	}()
 	bs := &backupv1alpha1.BackupSeries{}
-	if err := api.Client.Get(ctx, types.NamespacedName{Namespace: "app", Name: "data"}, bs); err != nil {
-		t.Fatalf("the BackupSeries: %v", err)
-	}
-	if bs.Annotations[backupv1alpha1.BackupNowAnnotation] != "velero-b2-aaaabbbb" {
-		t.Fatalf("backup-now: %v", bs.Annotations)
-	}
+	testutil.Eventually(t, "the backup request", func() error {
+		if err := api.Client.Get(ctx, types.NamespacedName{Namespace: "app", Name: "data"}, bs); err != nil {
+			return err
+		}
+		if bs.Annotations[backupv1alpha1.BackupNowAnnotation] != "velero-b2-aaaabbbb" {
+			return fmt.Errorf("backup-now: %v", bs.Annotations)
+		}
+		return nil
+	})
 	// Play the operator: the Job made version 1.
 	report := w.Push(t, "app", "data", bin)
 	var rep struct {
@@ -227,6 +238,20 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 		Phase: backupv1alpha1.BackupNowSucceeded, Version: rep.Version, LogicalBytes: rep.LogicalBytes}}
 	if err := api.Client.Status().Update(ctx, bs); err != nil {
 		t.Fatal(err)
+	}
+	var r executed
+	select {
+	case r = <-returned:
+	case <-time.After(time.Minute):
+		t.Fatal("Execute did not return once the backup request succeeded")
+	}
+	item, extra, op, post := r.item, r.extra, r.op, r.post
+	if r.err != nil || op != "app/data/velero-b2-aaaabbbb" || len(post) != 1 || len(extra) != 1 || post[0].Name != "data" {
+		t.Fatalf("Execute: %q %v %v %v", op, extra, post, r.err)
+	}
+	backedUpPVC := item.(*unstructured.Unstructured)
+	if backedUpPVC.GetAnnotations()[kube.AnnRequest] != "velero-b2-aaaabbbb" {
+		t.Fatalf("the backed-up PVC names the request: %v", backedUpPVC.GetAnnotations())
 	}
 	p, err := bia.Progress(op, backup)
 	if err != nil || !p.Completed || p.Err != "" || p.NCompleted != rep.LogicalBytes {

@@ -2,6 +2,7 @@ package actions
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,7 +81,7 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 	api := testutil.StartAPI(t)
 	ctx := context.Background()
 	api.Namespace(t, "app")
-	a := &PVCBackup{Log: logrus.New()}
+	a := &PVCBackup{Log: logrus.New(), Poll: 50 * time.Millisecond}
 	backup := &velerov1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "velero", UID: "0123456789abcdef"}}
 	backup.Status.Phase = velerov1.BackupPhaseInProgress
 
@@ -108,38 +109,34 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 	if err := api.Client.Create(ctx, data.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
-	item, extra, op, post, err = a.Execute(toUnstructured(t, data), backup)
-	if err != nil {
-		t.Fatal(err)
+	// Execute returns only once the volume was read: Velero runs the pod's post hooks then.
+	type executed struct {
+		item        runtime.Unstructured
+		extra, post []velero.ResourceIdentifier
+		op          string
+		err         error
 	}
+	returned := make(chan executed, 1)
+	go func() {
+		var r executed
+		r.item, r.extra, r.op, r.post, r.err = a.Execute(toUnstructured(t, data), backup)
+		returned <- r
+	}()
 	request := "velero-nightly-01234567"
-	if op != "app/data/"+request {
-		t.Fatalf("operation ID %q", op)
-	}
-	// The series goes into the backup with the PVC, and is updated when the backup finalizes.
-	for what, ids := range map[string][]velero.ResourceIdentifier{"additional": extra, "post-operation": post} {
-		if len(ids) != 1 || ids[0].Namespace != "app" || ids[0].Name != "data" || ids[0].GroupResource.String() != "backupseries.backup.revault.io" {
-			t.Fatalf("%s items: %+v", what, ids)
-		}
-	}
-	ann := item.(*unstructured.Unstructured).GetAnnotations()
-	if ann[kube.AnnSeries] != "data" || ann[kube.AnnRequest] != request || ann[kube.AnnMedia] != "hdd" ||
-		ann[velerov1.MustIncludeAdditionalItemAnnotation] != "true" {
-		t.Fatalf("the backed-up PVC names its series and request: %v", ann)
-	}
+	op = "app/data/" + request
 	bs := &backupv1alpha1.BackupSeries{}
-	mustGet(t, api.Client, "app", "data", bs)
+	testutil.Eventually(t, "the backup request on a new BackupSeries", func() error {
+		if err := api.Client.Get(ctx, types.NamespacedName{Namespace: "app", Name: "data"}, bs); err != nil {
+			return err
+		}
+		if bs.Annotations[backupv1alpha1.BackupNowAnnotation] != request {
+			return fmt.Errorf("backup-now: %v", bs.Annotations)
+		}
+		return nil
+	})
 	if bs.Spec.Source.PVC.ClaimName != "data" || bs.Spec.Storage.Media != "hdd" || bs.Spec.DeletionPolicy != backupv1alpha1.DeletionRetain {
 		t.Fatalf("series spec: %+v", bs.Spec)
 	}
-	if bs.Annotations[backupv1alpha1.BackupNowAnnotation] != request {
-		t.Fatalf("backup-now: %v", bs.Annotations)
-	}
-	// Execute again (Velero retries): the same request, no second series.
-	if _, _, op2, _, err := a.Execute(toUnstructured(t, data), backup); err != nil || op2 != op {
-		t.Fatalf("idempotent: %v %q", err, op2)
-	}
-
 	// The PV of a selected PVC is marked in the backup (not restored later); other PVs are not.
 	claimed := &corev1.PersistentVolumeClaim{}
 	mustGet(t, api.Client, "app", "data", claimed)
@@ -202,6 +199,12 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 		return os.ErrExist
 	})
 
+	time.Sleep(5 * a.Poll)
+	select {
+	case r := <-returned:
+		t.Fatalf("Execute returned while the volume was still being read (%+v): the post hooks would run too early", r)
+	default:
+	}
 	done := metav1.NewTime(time.Now().Truncate(time.Second))
 	setBackupNow(t, api.Client, "app", "data", backupv1alpha1.BackupNowResult{
 		Request: request, Job: "data-now-1", Phase: backupv1alpha1.BackupNowSucceeded, Version: 7, LogicalBytes: 99999,
@@ -209,6 +212,33 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 	p, err = a.Progress(op, backup)
 	if err != nil || !p.Completed || p.Err != "" || p.NCompleted != 99999 || p.NTotal != 99999 || !strings.Contains(p.Description, "version 7") {
 		t.Fatalf("succeeded: %+v %v", p, err)
+	}
+	var r executed
+	select {
+	case r = <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Execute did not return once the volume was read")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.op != op {
+		t.Fatalf("operation ID %q", r.op)
+	}
+	// The series goes into the backup with the PVC, and is updated when the backup finalizes.
+	for what, ids := range map[string][]velero.ResourceIdentifier{"additional": r.extra, "post-operation": r.post} {
+		if len(ids) != 1 || ids[0].Namespace != "app" || ids[0].Name != "data" || ids[0].GroupResource.String() != "backupseries.backup.revault.io" {
+			t.Fatalf("%s items: %+v", what, ids)
+		}
+	}
+	ann := r.item.(*unstructured.Unstructured).GetAnnotations()
+	if ann[kube.AnnSeries] != "data" || ann[kube.AnnRequest] != request || ann[kube.AnnMedia] != "hdd" ||
+		ann[velerov1.MustIncludeAdditionalItemAnnotation] != "true" {
+		t.Fatalf("the backed-up PVC names its series and request: %v", ann)
+	}
+	// Execute again (Velero retries): the same request, done already, no second series.
+	if _, _, op2, _, err := a.Execute(toUnstructured(t, data), backup); err != nil || op2 != op {
+		t.Fatalf("idempotent: %v %q", err, op2)
 	}
 
 	// Finalizing: the backed-up BackupSeries records the version, the PVC and the worker; the
@@ -274,6 +304,30 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 	}
 	if _, err := a.Progress("garbage", backup); err == nil {
 		t.Fatal("a bad operation ID is an error")
+	}
+}
+
+func TestBackupActionGivesUpAfterTheItemOperationTimeout(t *testing.T) {
+	api := testutil.StartAPI(t)
+	api.Namespace(t, "app")
+	a := &PVCBackup{Log: logrus.New(), Poll: 50 * time.Millisecond}
+	backup := &velerov1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "velero", UID: "0123456789abcdef"}}
+	backup.Status.Phase = velerov1.BackupPhaseInProgress
+	backup.Spec.ItemOperationTimeout = metav1.Duration{Duration: 300 * time.Millisecond}
+	logs := pvc("app", "logs", true)
+	if err := api.Client.Create(context.Background(), logs.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	// No operator runs: the request is never started.
+	_, _, op, _, err := a.Execute(toUnstructured(t, logs), backup)
+	if err == nil || op != "" {
+		t.Fatalf("Execute returned %q, %v", op, err)
+	}
+	for _, want := range []string{"app/logs/velero-nightly-01234567 did not finish within 300ms",
+		"before the pod's post hooks run", "waiting for the operator"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
 	}
 }
 

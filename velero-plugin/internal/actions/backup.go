@@ -33,9 +33,21 @@ import (
 // version the request made (and the PVC and worker) in its backed-up copy, where the restore and
 // delete actions find it. (The PVC cannot be the post-operation item: Velero 1.18 backs a bound
 // PVC's volume up again when finalizing, and its finalizer cannot take volume snapshots.)
+//
+// Execute returns only once the Job has read the volume (or the request ended otherwise): Velero
+// runs a pod's post hooks (an unfreeze, `pg_backup_stop`) as soon as the actions on the pod's
+// item block return, without waiting for asynchronous operations, and the Job reads the live
+// volume. So the data is read between the pre and the post hooks, as with Velero's own file
+// system backup; the operation is then already complete, and Progress reports its outcome.
 type PVCBackup struct {
 	Log logrus.FieldLogger
+	// Poll is how often Execute looks at the request while it waits (0: every 2 s).
+	Poll time.Duration
 }
+
+// defaultItemOperationTimeout is Velero's default for spec.itemOperationTimeout, the longest
+// Execute waits for the volume to be read.
+const defaultItemOperationTimeout = 4 * time.Hour
 
 // Name is the registered name (Velero answers it itself).
 func (a *PVCBackup) Name() string { return "revault.io/pvc-backup" }
@@ -134,6 +146,10 @@ func (a *PVCBackup) Execute(item runtime.Unstructured, backup *velerov1.Backup) 
 		}
 	}
 	log.WithField("series", bs.Namespace+"/"+bs.Name).Info("requested a Revault backup of the volume")
+	operationID := bs.Namespace + "/" + bs.Name + "/" + request
+	if err := a.waitRead(operationID, backup); err != nil {
+		return nil, nil, "", nil, err
+	}
 
 	u := annotated(item, map[string]string{
 		kube.AnnSeries: bs.Name, kube.AnnRequest: request, kube.AnnMedia: string(bs.Spec.Storage.Media),
@@ -142,8 +158,35 @@ func (a *PVCBackup) Execute(item runtime.Unstructured, backup *velerov1.Backup) 
 		velerov1.MustIncludeAdditionalItemAnnotation: "true",
 	})
 	series := seriesResource(bs.Namespace, bs.Name)
-	return u, []velero.ResourceIdentifier{series}, bs.Namespace + "/" + bs.Name + "/" + request,
-		[]velero.ResourceIdentifier{series}, nil
+	return u, []velero.ResourceIdentifier{series}, operationID, []velero.ResourceIdentifier{series}, nil
+}
+
+// waitRead waits until the backup request has ended (its Job read the volume and committed, or it
+// failed: Progress reports which), at most the backup's item operation timeout.
+func (a *PVCBackup) waitRead(operationID string, backup *velerov1.Backup) error {
+	limit := backup.Spec.ItemOperationTimeout.Duration
+	if limit <= 0 {
+		limit = defaultItemOperationTimeout
+	}
+	poll := a.Poll
+	if poll <= 0 {
+		poll = 2 * time.Second
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		p, err := a.Progress(operationID, backup)
+		if err != nil {
+			return err
+		}
+		if p.Completed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the Revault backup %s did not finish within %s (the backup's itemOperationTimeout): "+
+				"the volume must be read before the pod's post hooks run (last state: %s)", operationID, limit, p.Description)
+		}
+		time.Sleep(poll)
+	}
 }
 
 // recordVersion annotates the backed-up copy of a BackupSeries, when the Velero backup
