@@ -55,7 +55,9 @@ func (r *DataDownloadReconciler) load(ctx context.Context, d *downloadRun) (ctrl
 }
 
 // accept ends a canceled DataDownload, and checks and accepts a new one (the next reconcile starts
-// the work). Its snapshot must be one of this data mover's, restored into its own namespace.
+// the work). Its snapshot must be one of this data mover's. Restoring into another namespace than
+// the series' (Velero's namespace mapping) needs the series' namespace: the restore runs there,
+// with that namespace's token, and only the restored volume moves to the target namespace.
 func (r *DataDownloadReconciler) accept(ctx context.Context, d *downloadRun) (ctrl.Result, bool, error) {
 	dd, st := d.dd, &d.dd.Status
 	if dd.Spec.Cancel {
@@ -70,10 +72,17 @@ func (r *DataDownloadReconciler) accept(ctx context.Context, d *downloadRun) (ct
 			return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, perr.Error())
 		case target.Namespace == "" || target.PVC == "":
 			return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, "spec.targetVolume.namespace and .pvc are required")
-		case target.Namespace != d.ns:
-			return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
-				"snapshot %s belongs to namespace %s: restoring it into namespace %s is not supported (series are scoped to their namespace)",
-				dd.Spec.SnapshotID, d.ns, target.Namespace))
+		}
+		if target.Namespace != d.ns {
+			err := r.Reader.Get(ctx, types.NamespacedName{Name: d.ns}, &corev1.Namespace{})
+			if apierrors.IsNotFound(err) {
+				return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
+					"snapshot %s belongs to series %s, whose namespace no longer exists: a restore into namespace %s runs in the series' namespace (with its token); create namespace %s, or restore without namespace mapping",
+					dd.Spec.SnapshotID, plan.SeriesID(d.ns, d.series), target.Namespace, d.ns))
+			}
+			if err != nil {
+				return failed(err)
+			}
 		}
 		st.Phase, st.AcceptedTimestamp, st.StartTimestamp = velerov2alpha1.DataDownloadPhaseAccepted, &d.now, &d.now
 		st.Message = "accepted by the revault data mover"
@@ -90,9 +99,9 @@ func (r *DataDownloadReconciler) accept(ctx context.Context, d *downloadRun) (ct
 func (r *DataDownloadReconciler) findTarget(ctx context.Context, d *downloadRun) (ctrl.Result, bool, error) {
 	target := d.dd.Spec.TargetVolume
 	tpvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: d.ns, Name: target.PVC}, tpvc); err != nil {
+	if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: target.Namespace, Name: target.PVC}, tpvc); err != nil {
 		if apierrors.IsNotFound(err) {
-			return r.waiting(ctx, d, fmt.Sprintf("waiting for Velero to create the target PVC %s/%s", d.ns, target.PVC))
+			return r.waiting(ctx, d, fmt.Sprintf("waiting for Velero to create the target PVC %s/%s", target.Namespace, target.PVC))
 		}
 		return failed(err)
 	}
@@ -160,10 +169,10 @@ func (r *DataDownloadReconciler) startRestore(ctx context.Context, d *downloadRu
 	if !apierrors.IsNotFound(err) {
 		return failed(err)
 	}
-	if err := r.Create(ctx, plan.RestorePVC(dd, d.target)); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := r.Create(ctx, plan.RestorePVC(dd, ns, d.target)); err != nil && !apierrors.IsAlreadyExists(err) {
 		return failed(err)
 	}
-	rj = plan.DataDownloadRestore(dd, d.series, d.version)
+	rj = plan.DataDownloadRestore(dd, ns, d.series, d.version)
 	if err := r.Create(ctx, rj); err != nil && !apierrors.IsAlreadyExists(err) {
 		return failed(err)
 	}
@@ -271,13 +280,13 @@ func (r *DataDownloadReconciler) rebind(ctx context.Context, d *downloadRun) (ct
 		}
 	}
 	return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseCompleted, fmt.Sprintf("restored version %d of series %s into PVC %s/%s",
-		d.version, plan.SeriesID(target.Namespace, d.series), target.Namespace, target.Name))
+		d.version, plan.SeriesID(d.ns, d.series), target.Namespace, target.Name))
 }
 
 // releaseRestoreClaim deletes the restore PVC and waits until it is gone, which frees its volume
 // for the target PVC.
 func (r *DataDownloadReconciler) releaseRestoreClaim(ctx context.Context, d *downloadRun) (ctrl.Result, bool, error) {
-	ns, name := d.target.Namespace, d.name
+	ns, name := d.ns, d.name
 	rpvc := &corev1.PersistentVolumeClaim{}
 	err := r.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, rpvc)
 	switch {
@@ -357,12 +366,14 @@ func (r *DataDownloadReconciler) waiting(ctx context.Context, d *downloadRun, ms
 	return stop(ctrl.Result{RequeueAfter: dataMoverPoll}, r.update(ctx, d))
 }
 
-// cleanup removes a failed or canceled DataDownload's RestoreJob and restore volume.
+// cleanup removes a failed or canceled DataDownload's RestoreJob and restore volume, which are
+// in the namespace of the snapshot's series.
 func (r *DataDownloadReconciler) cleanup(ctx context.Context, dd *velerov2alpha1.DataDownload) {
-	ns, name := dd.Spec.TargetVolume.Namespace, plan.DataDownloadObjectName(dd.Name)
-	if ns == "" {
+	ns, _, _, err := plan.ParseSnapshotID(dd.Spec.SnapshotID)
+	if err != nil {
 		return
 	}
+	name := plan.DataDownloadObjectName(dd.Name)
 	rj := &backupv1alpha1.RestoreJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := r.Delete(ctx, rj); err != nil && !apierrors.IsNotFound(err) {
 		logf.FromContext(ctx).Info("deleting the RestoreJob", "name", name, "error", err.Error())

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -264,92 +265,19 @@ var _ = Describe("Velero integration", func() {
 		By("restoring it: a RestoreJob fills a fresh volume, which is then bound to Velero's target PVC")
 		Expect(k8sClient.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data"}})).To(Succeed())
 		Eventually(func() bool { return pvcGone(ns, "data") }).Should(BeTrue())
-		selector := map[string]string{"velero.io/dynamic-pv-restore": ns + ".data.x1y2z"}
-		pvcWithSize(ns, "data", "2Gi", selector)
-		dd := &velerov2alpha1.DataDownload{
-			ObjectMeta: metav1.ObjectMeta{Name: "restore-1-fghij", Namespace: veleroNS},
-			Spec: velerov2alpha1.DataDownloadSpec{
-				TargetVolume:          velerov2alpha1.TargetVolumeSpec{PVC: "data", Namespace: ns},
-				BackupStorageLocation: "default",
-				DataMover:             plan.DataMoverName,
-				SnapshotID:            getDU(du.Name).Status.SnapshotID,
-				SourceNamespace:       ns,
-				OperationTimeout:      metav1.Duration{Duration: time.Minute},
-				SnapshotSize:          getDU(du.Name).Status.Progress.TotalBytes,
-			},
-		}
-		Expect(k8sClient.Create(ctx, dd)).To(Succeed())
-		name := plan.DataDownloadObjectName(dd.Name)
-		var rj backupv1alpha1.RestoreJob
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &rj)).To(Succeed())
-			g.Expect(rj.Status.JobName).NotTo(BeEmpty())
-		}).WithTimeout(30 * time.Second).Should(Succeed())
-		Expect(rj.Spec.SeriesRef.Name).To(Equal("data"))
-		Expect(rj.Spec.Version).To(Equal("2"))
-		Expect(rj.Spec.TargetPVC.ClaimName).To(Equal(name))
-		restorePVC := &corev1.PersistentVolumeClaim{}
-		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, restorePVC)).To(Succeed())
-		Expect(restorePVC.Spec.Selector).To(BeNil())
-		Expect(getDD(dd.Name).Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseInProgress))
+		downloadInto("restore-1-fghij", ns, 2, node, ns, src)
+	})
 
-		restoreJob := &batchv1.Job{}
-		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: rj.Status.JobName}, restoreJob)).To(Succeed())
-		into := GinkgoT().TempDir()
-		pullOut, ok := runJobPod(restoreJob, ns, node, into)
-		Expect(ok).To(BeTrue(), pullOut)
-		sameTree(src, into)
-		finishJob(restoreJob, true, pullOut)
-
-		// Play the PV controller: the restore volume got a PV when the restore pod mounted it.
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "pv-" + ns},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-				StorageClassName:              "csi-hostpath",
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/x"}},
-				ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: ns, Name: name, UID: restorePVC.UID},
-			},
-		}
-		Expect(k8sClient.Create(ctx, pv)).To(Succeed())
-		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(restorePVC), restorePVC)).To(Succeed())
-		restorePVC.Spec.VolumeName = pv.Name
-		Expect(k8sClient.Update(ctx, restorePVC)).To(Succeed())
-
-		By("handing the volume over: retained, relabelled, claimed by the target PVC")
-		Eventually(func(g Gomega) {
-			g.Expect(pvcGone(ns, restorePVC.Name)).To(BeTrue())
-			cur := &corev1.PersistentVolume{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur)).To(Succeed())
-			g.Expect(cur.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
-			g.Expect(cur.Spec.ClaimRef.Name).To(Equal("data"))
-			g.Expect(cur.Labels).To(HaveKeyWithValue("velero.io/dynamic-pv-restore", selector["velero.io/dynamic-pv-restore"]))
-			target := &corev1.PersistentVolumeClaim{}
-			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "data"}, target)).To(Succeed())
-			g.Expect(target.Spec.VolumeName).To(Equal(pv.Name))
-		}).WithTimeout(30 * time.Second).Should(Succeed())
-		Expect(getDD(dd.Name).Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseInProgress), "not done before the volume binds")
-
-		// Play the PV controller again: the volume binds to the target.
-		Eventually(func() error {
-			cur := &corev1.PersistentVolume{}
-			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur); err != nil {
-				return err
-			}
-			cur.Status.Phase = corev1.VolumeBound
-			return k8sClient.Status().Update(ctx, cur)
-		}).Should(Succeed())
-		Eventually(func(g Gomega) {
-			st := getDD(dd.Name).Status
-			g.Expect(st.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseCompleted), st.Message)
-			g.Expect(st.Progress.BytesDone).To(BeNumerically(">=", 256*1024))
-			cur := &corev1.PersistentVolume{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur)).To(Succeed())
-			g.Expect(cur.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "the reclaim policy is back")
-			g.Expect(cur.Annotations).NotTo(HaveKey(plan.AnnotationReclaimPolicy))
-		}).WithTimeout(30 * time.Second).Should(Succeed())
+	It("restores into another namespace (Velero's namespace mapping): the restore runs in the series' namespace", func() {
+		from, into := newNamespace("dmfrom"), newNamespace("dminto")
+		bs := placedSeries(pvcSeries(from, "data"))
+		node := bs.Status.Worker.Node
+		src := randomTree(256)
+		push(from, "data", node, src)
+		downloadInto("mapped-1-klmno", from, 1, node, into, src)
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: into, Name: "data"}, &backupv1alpha1.BackupSeries{}))).
+			To(BeTrue(), "no series, token or restore object is made in the target namespace")
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: into, Name: plan.NamespaceTokenSecret}, &corev1.Secret{}))).To(BeTrue())
 	})
 
 	It("restores a series whose BackupSeries is gone from the pool that holds it, and fails one no worker holds", func() {
@@ -450,22 +378,113 @@ var _ = Describe("Velero integration", func() {
 		Eventually(func() velerov2alpha1.DataUploadPhase { return getDU(c.Name).Status.Phase }).
 			Should(Equal(velerov2alpha1.DataUploadPhaseCanceled))
 
-		By("refusing a DataDownload into another namespace and a snapshot ID it did not make")
-		for name, id := range map[string]string{"cross-ns": ns + "/db@1", "foreign-id": "kopia-snapshot-1234"} {
+		By("refusing a mapped restore whose series' namespace is gone, and a snapshot ID it did not make")
+		for name, id := range map[string]string{"cross-ns": "gone-" + ns + "/db@1", "foreign-id": "kopia-snapshot-1234"} {
 			dd := &velerov2alpha1.DataDownload{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS},
 				Spec: velerov2alpha1.DataDownloadSpec{
-					TargetVolume: velerov2alpha1.TargetVolumeSpec{PVC: "db", Namespace: "elsewhere"},
-					DataMover:    plan.DataMoverName, SnapshotID: id, SourceNamespace: ns,
+					TargetVolume: velerov2alpha1.TargetVolumeSpec{PVC: "db", Namespace: ns},
+					DataMover:    plan.DataMoverName, SnapshotID: id, SourceNamespace: "gone-" + ns,
 				},
 			}
 			Expect(k8sClient.Create(ctx, dd)).To(Succeed())
 		}
 		Eventually(func(g Gomega) {
 			g.Expect(getDD("cross-ns").Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
-			g.Expect(getDD("cross-ns").Status.Message).To(ContainSubstring("restoring it into namespace elsewhere is not supported"))
+			g.Expect(getDD("cross-ns").Status.Message).To(ContainSubstring("belongs to series gone-" + ns + "/db, whose namespace no longer exists"))
 			g.Expect(getDD("foreign-id").Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
 			g.Expect(getDD("foreign-id").Status.Message).To(ContainSubstring("is not NAMESPACE/SERIES@VERSION"))
 		}).Should(Succeed())
 	})
 })
+
+// downloadInto plays a Velero restore of version of series seriesNS/data through the data mover into
+// a new PVC "data" of targetNS: the DataDownload's RestoreJob (in the series' namespace) restores
+// src byte-exact with a real `revault pull`, and its volume is handed over to the target PVC.
+func downloadInto(ddName, seriesNS string, version int64, node, targetNS, src string) {
+	selector := map[string]string{"velero.io/dynamic-pv-restore": targetNS + ".data.x1y2z"}
+	pvcWithSize(targetNS, "data", "2Gi", selector)
+	dd := &velerov2alpha1.DataDownload{
+		ObjectMeta: metav1.ObjectMeta{Name: ddName, Namespace: veleroNS},
+		Spec: velerov2alpha1.DataDownloadSpec{
+			TargetVolume:          velerov2alpha1.TargetVolumeSpec{PVC: "data", Namespace: targetNS},
+			BackupStorageLocation: "default",
+			DataMover:             plan.DataMoverName,
+			SnapshotID:            plan.SnapshotID(seriesNS, "data", version),
+			SourceNamespace:       seriesNS,
+			OperationTimeout:      metav1.Duration{Duration: time.Minute},
+		},
+	}
+	Expect(k8sClient.Create(ctx, dd)).To(Succeed())
+	name := plan.DataDownloadObjectName(dd.Name)
+	var rj backupv1alpha1.RestoreJob
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: seriesNS, Name: name}, &rj)).To(Succeed())
+		g.Expect(rj.Status.JobName).NotTo(BeEmpty())
+	}).WithTimeout(30 * time.Second).Should(Succeed())
+	Expect(rj.Spec.SeriesRef.Name).To(Equal("data"))
+	Expect(rj.Spec.Version).To(Equal(fmt.Sprint(version)))
+	Expect(rj.Spec.TargetPVC.ClaimName).To(Equal(name))
+	restorePVC := &corev1.PersistentVolumeClaim{}
+	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: seriesNS, Name: name}, restorePVC)).To(Succeed())
+	Expect(restorePVC.Spec.Selector).To(BeNil())
+	Expect(getDD(dd.Name).Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseInProgress))
+
+	restoreJob := &batchv1.Job{}
+	Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: seriesNS, Name: rj.Status.JobName}, restoreJob)).To(Succeed())
+	into := GinkgoT().TempDir()
+	pullOut, ok := runJobPod(restoreJob, seriesNS, node, into)
+	Expect(ok).To(BeTrue(), pullOut)
+	sameTree(src, into)
+	finishJob(restoreJob, true, pullOut)
+
+	// Play the PV controller: the restore volume got a PV when the restore pod mounted it.
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pv-" + targetNS},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			StorageClassName:              "csi-hostpath",
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/x"}},
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: seriesNS, Name: name, UID: restorePVC.UID},
+		},
+	}
+	Expect(k8sClient.Create(ctx, pv)).To(Succeed())
+	Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(restorePVC), restorePVC)).To(Succeed())
+	restorePVC.Spec.VolumeName = pv.Name
+	Expect(k8sClient.Update(ctx, restorePVC)).To(Succeed())
+
+	By("handing the volume over: retained, relabelled, claimed by the target PVC")
+	Eventually(func(g Gomega) {
+		g.Expect(pvcGone(seriesNS, restorePVC.Name)).To(BeTrue())
+		cur := &corev1.PersistentVolume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur)).To(Succeed())
+		g.Expect(cur.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimRetain))
+		g.Expect(cur.Spec.ClaimRef.Name).To(Equal("data"))
+		g.Expect(cur.Labels).To(HaveKeyWithValue("velero.io/dynamic-pv-restore", selector["velero.io/dynamic-pv-restore"]))
+		target := &corev1.PersistentVolumeClaim{}
+		g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: targetNS, Name: "data"}, target)).To(Succeed())
+		g.Expect(target.Spec.VolumeName).To(Equal(pv.Name))
+	}).WithTimeout(30 * time.Second).Should(Succeed())
+	Expect(getDD(dd.Name).Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseInProgress), "not done before the volume binds")
+
+	// Play the PV controller again: the volume binds to the target.
+	Eventually(func() error {
+		cur := &corev1.PersistentVolume{}
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur); err != nil {
+			return err
+		}
+		cur.Status.Phase = corev1.VolumeBound
+		return k8sClient.Status().Update(ctx, cur)
+	}).Should(Succeed())
+	Eventually(func(g Gomega) {
+		st := getDD(dd.Name).Status
+		g.Expect(st.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseCompleted), st.Message)
+		g.Expect(st.Progress.BytesDone).To(BeNumerically(">=", 256*1024))
+		cur := &corev1.PersistentVolume{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pv), cur)).To(Succeed())
+		g.Expect(cur.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "the reclaim policy is back")
+		g.Expect(cur.Annotations).NotTo(HaveKey(plan.AnnotationReclaimPolicy))
+	}).WithTimeout(30 * time.Second).Should(Succeed())
+}

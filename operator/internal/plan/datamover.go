@@ -174,11 +174,12 @@ func DataUploadJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint
 
 // RestorePVC is the volume a DataDownload restores into before it is bound to the target PVC
 // (whose selector, set by Velero, only matches a volume the data mover labels): like the target,
-// without its selector.
-func RestorePVC(dd *velerov2alpha1.DataDownload, target *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+// without its selector, in the namespace ns of the series restored (which differs from the
+// target's under namespace mapping).
+func RestorePVC(dd *velerov2alpha1.DataDownload, ns string, target *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: DataDownloadObjectName(dd.Name), Namespace: target.Namespace,
+			Name: DataDownloadObjectName(dd.Name), Namespace: ns,
 			Labels:      dataMoverLabels(ComponentDataMover, dd.Name),
 			Annotations: map[string]string{AnnotationDataMover: DataMoverRef("DataDownload", dd.Namespace, dd.Name)},
 		},
@@ -191,11 +192,12 @@ func RestorePVC(dd *velerov2alpha1.DataDownload, target *corev1.PersistentVolume
 	}
 }
 
-// DataDownloadRestore is the RestoreJob that fills a DataDownload's restore PVC.
-func DataDownloadRestore(dd *velerov2alpha1.DataDownload, series string, version int64) *backupv1alpha1.RestoreJob {
+// DataDownloadRestore is the RestoreJob that fills a DataDownload's restore PVC, in the namespace
+// ns of the series.
+func DataDownloadRestore(dd *velerov2alpha1.DataDownload, ns, series string, version int64) *backupv1alpha1.RestoreJob {
 	return &backupv1alpha1.RestoreJob{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: DataDownloadObjectName(dd.Name), Namespace: dd.Spec.TargetVolume.Namespace,
+			Name: DataDownloadObjectName(dd.Name), Namespace: ns,
 			Labels:      map[string]string{LabelManagedBy: ManagedBy, LabelDataMover: LabelValue(dd.Name)},
 			Annotations: map[string]string{AnnotationDataMover: DataMoverRef("DataDownload", dd.Namespace, dd.Name)},
 		},

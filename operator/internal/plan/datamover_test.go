@@ -103,12 +103,13 @@ func TestDataMoverObjects(t *testing.T) {
 			Selector:  &metav1.LabelSelector{MatchLabels: map[string]string{"velero.io/dynamic-pv-restore": "x"}},
 			Resources: src.Spec.Resources,
 		}}
-	rp := RestorePVC(dd, target)
-	if rp.Spec.Selector != nil || *rp.Spec.StorageClassName != "csi-rbd" || rp.Namespace != "shop" {
+	// Under namespace mapping (shop-old's series into shop) the restore runs in the series' namespace.
+	rp := RestorePVC(dd, "shop-old", target)
+	if rp.Spec.Selector != nil || *rp.Spec.StorageClassName != "csi-rbd" || rp.Namespace != "shop-old" {
 		t.Fatalf("restore PVC: %+v", rp.Spec)
 	}
-	rj := DataDownloadRestore(dd, "data", 7)
-	if rj.Spec.Version != "7" || rj.Spec.SeriesRef.Name != "data" || rj.Spec.TargetPVC.ClaimName != rp.Name {
+	rj := DataDownloadRestore(dd, "shop-old", "data", 7)
+	if rj.Spec.Version != "7" || rj.Spec.SeriesRef.Name != "data" || rj.Spec.TargetPVC.ClaimName != rp.Name || rj.Namespace != "shop-old" {
 		t.Fatalf("restore job: %+v", rj.Spec)
 	}
 }
