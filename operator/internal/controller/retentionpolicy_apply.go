@@ -89,6 +89,15 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 		return false, err
 	}
 	drifted := s != nil && !sameRules(s.Retention, wr)
+	if e.AppliedGeneration != rp.Generation || drifted || run {
+		// The series list came from the cache: a series that dropped this policy a moment ago
+		// (its rules cleared, or another policy's pushed) must not get these back, nor be expired
+		// by them.
+		still, err := r.stillUses(ctx, rp, bs)
+		if err != nil || !still {
+			return false, err
+		}
+	}
 	if e.AppliedGeneration != rp.Generation || drifted {
 		if err := api.PutRetention(ctx, bs.Namespace, bs.Name, wr); err != nil {
 			return false, fmt.Errorf("storing the retention: %w", err)
@@ -110,6 +119,21 @@ func (r *RetentionPolicyReconciler) applyToSeries(ctx context.Context, rp *backu
 		e.PendingExpiry = nonEmpty(s.PendingExpiry)
 	}
 	return run, nil
+}
+
+// stillUses reads the series uncached and reports whether it is the same series and still
+// references the policy.
+func (r *RetentionPolicyReconciler) stillUses(ctx context.Context, rp *backupv1alpha1.RetentionPolicy, bs *backupv1alpha1.BackupSeries) (bool, error) {
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	cur := &backupv1alpha1.BackupSeries{}
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(bs), cur); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	ref := cur.Spec.RetentionPolicyRef
+	return cur.UID == bs.UID && cur.DeletionTimestamp.IsZero() && ref != nil && ref.Name == rp.Name, nil
 }
 
 // sameRules: the worker's stored retention is the one the policy wants. An absent keep-within
