@@ -28,7 +28,8 @@ func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) 
 		return proceed()
 	}
 	loc, zerr := plan.Zone(bs.Spec.TimeZone)
-	_, perr := plan.ParseSchedule(bs.Spec.Schedule)
+	// A schedule that never fires ("0 0 30 2 *") parses, but has no next run.
+	_, perr := plan.NextRun(bs.Spec.Schedule, r.Now())
 	switch {
 	case perr != nil:
 		s.scheduleOK = false
@@ -55,8 +56,8 @@ func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (
 	}
 	now := r.Now()
 	next, err := plan.NextRunIn(bs.Spec.Schedule, s.zone, now)
-	if err != nil {
-		return failed(err)
+	if err != nil { // checkSchedule found a next run a moment ago: not worth ending the reconcile
+		return proceed()
 	}
 	st.NextBackup = &metav1.Time{Time: next.UTC().Truncate(time.Second)}
 	since, what := bs.CreationTimestamp.Time, "since the series was created"
@@ -65,7 +66,7 @@ func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (
 	}
 	deadline, err := plan.BackupDeadline(bs.Spec.Schedule, s.zone, since)
 	if err != nil {
-		return failed(err)
+		return proceed()
 	}
 	stamp := func(t time.Time) string { return t.In(s.zone).Format(time.RFC3339) }
 	if now.Before(deadline) {

@@ -339,18 +339,29 @@ var _ = Describe("BackupSeries", func() {
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 	})
 
-	It("refuses a time zone the operator does not know, and runs no CronJob", func() {
+	It("refuses a time zone the CronJob cannot use and a schedule that never fires, and runs no CronJob", func() {
 		ns := newNamespace("badtz")
-		bs := pvcSeries(ns, "db")
-		bs.Spec.Schedule, bs.Spec.TimeZone = "0 2 * * *", ptr.To("Mars/Olympus_Mons")
-		placedSeries(bs)
-		Eventually(func(g Gomega) {
-			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionScheduleValid)
-			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal("UnknownTimeZone"))
-			g.Expect(c.Message).To(Equal(`timeZone "Mars/Olympus_Mons" is not a known IANA time zone`))
-		}).Should(Succeed())
-		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))).To(BeTrue())
+		for _, c := range []struct{ name, schedule, zone, reason, msg string }{
+			{"mars", "0 2 * * *", "Mars/Olympus_Mons", "UnknownTimeZone", `timeZone "Mars/Olympus_Mons" is not a known IANA time zone`},
+			{"local", "0 2 * * *", "Local", "UnknownTimeZone", `timeZone "Local" is not a known IANA time zone`},
+			{"never", "0 0 30 2 *", "", "InvalidSchedule", `schedule "0 0 30 2 *" never fires`},
+		} {
+			bs := pvcSeries(ns, c.name)
+			bs.Spec.Schedule = c.schedule
+			if c.zone != "" {
+				bs.Spec.TimeZone = ptr.To(c.zone)
+			}
+			placedSeries(bs)
+			Eventually(func(g Gomega) {
+				st := getSeries(ns, c.name).Status
+				cond := condition(st.Conditions, backupv1alpha1.ConditionScheduleValid)
+				g.Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+				g.Expect(cond.Reason).To(Equal(c.reason))
+				g.Expect(cond.Message).To(Equal(c.msg))
+				g.Expect(condition(st.Conditions, backupv1alpha1.ConditionReady).Reason).To(Equal(c.reason), "the status is still written")
+			}).Should(Succeed())
+			Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: c.name + "-backup"}, &batchv1.CronJob{}))).To(BeTrue())
+		}
 	})
 
 	It("says when its RetentionPolicy does not exist", func() {

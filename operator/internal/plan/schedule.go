@@ -41,8 +41,9 @@ func Zone(tz *string) (*time.Location, error) {
 	if tz == nil || *tz == "" {
 		return time.UTC, nil
 	}
+	// "Local" is the operator's own zone, which the CronJob controller refuses.
 	loc, err := time.LoadLocation(*tz)
-	if err != nil {
+	if err != nil || strings.EqualFold(*tz, "Local") {
 		return nil, fmt.Errorf("timeZone %q is not a known IANA time zone", *tz)
 	}
 	return loc, nil

@@ -23,6 +23,9 @@ func TestZone(t *testing.T) {
 	if loc, err := Zone(ptr.To("Europe/Berlin")); err != nil || loc.String() != "Europe/Berlin" {
 		t.Fatalf("Europe/Berlin: %v %v", loc, err)
 	}
+	if _, err := Zone(ptr.To("Local")); err == nil {
+		t.Fatal("Local is the operator's zone, which a CronJob refuses")
+	}
 	_, err := Zone(ptr.To("Mars/Olympus_Mons"))
 	if err == nil || err.Error() != `timeZone "Mars/Olympus_Mons" is not a known IANA time zone` {
 		t.Fatalf("unknown zone: %v", err)
