@@ -315,6 +315,7 @@ func TestBackupActionGivesUpAfterTheItemOperationTimeout(t *testing.T) {
 	backup.Status.Phase = velerov1.BackupPhaseInProgress
 	backup.Spec.ItemOperationTimeout = metav1.Duration{Duration: 300 * time.Millisecond}
 	logs := pvc("app", "logs", true)
+	// The start bound is the item operation timeout when that is shorter.
 	if err := api.Client.Create(context.Background(), logs.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
@@ -323,11 +324,20 @@ func TestBackupActionGivesUpAfterTheItemOperationTimeout(t *testing.T) {
 	if err == nil || op != "" {
 		t.Fatalf("Execute returned %q, %v", op, err)
 	}
-	for _, want := range []string{"app/logs/velero-nightly-01234567 did not finish within 300ms",
+	for _, want := range []string{"app/logs/velero-nightly-01234567 was not started within 300ms",
 		"before the pod's post hooks run", "waiting for the operator"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
+	}
+	// A request that started but does not end is bounded by the item operation timeout.
+	start := metav1.Now()
+	setBackupNow(t, api.Client, "app", "logs", backupv1alpha1.BackupNowResult{
+		Request: "velero-nightly-01234567", Job: "logs-now-1", Phase: backupv1alpha1.BackupNowRunning, StartTime: &start})
+	_, _, _, _, err = a.Execute(toUnstructured(t, logs), backup)
+	if err == nil || !strings.Contains(err.Error(), "did not finish within 300ms (the backup's itemOperationTimeout)") ||
+		!strings.Contains(err.Error(), "Job logs-now-1 is backing up the volume") {
+		t.Fatalf("a started request past the timeout: %v", err)
 	}
 }
 

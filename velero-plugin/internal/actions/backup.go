@@ -41,13 +41,18 @@ import (
 // system backup; the operation is then already complete, and Progress reports its outcome.
 type PVCBackup struct {
 	Log logrus.FieldLogger
-	// Poll is how often Execute looks at the request while it waits (0: every 2 s).
-	Poll time.Duration
+	// Poll is how often Execute looks at the request while it waits (0: every 2 s), and
+	// StartTimeout how long it waits for the operator to start the request (0: 10 minutes).
+	Poll, StartTimeout time.Duration
 }
 
 // defaultItemOperationTimeout is Velero's default for spec.itemOperationTimeout, the longest
 // Execute waits for the volume to be read.
 const defaultItemOperationTimeout = 4 * time.Hour
+
+// defaultStartTimeout bounds the wait for the operator to start a request: placing a series and
+// loading its namespace's token take seconds to about a minute.
+const defaultStartTimeout = 10 * time.Minute
 
 // Name is the registered name (Velero answers it itself).
 func (a *PVCBackup) Name() string { return "revault.io/pvc-backup" }
@@ -162,28 +167,41 @@ func (a *PVCBackup) Execute(item runtime.Unstructured, backup *velerov1.Backup) 
 }
 
 // waitRead waits until the backup request has ended (its Job read the volume and committed, or it
-// failed: Progress reports which), at most the backup's item operation timeout.
+// failed: Progress reports which), at most the backup's item operation timeout. A request the
+// operator has not started within startTimeout (the series cannot be placed, its token is not
+// loaded) fails sooner: every Velero backup waits behind this one, and the pod's pre hook (a
+// freeze) holds meanwhile. A failed status read is retried until the deadline.
 func (a *PVCBackup) waitRead(operationID string, backup *velerov1.Backup) error {
 	limit := backup.Spec.ItemOperationTimeout.Duration
 	if limit <= 0 {
 		limit = defaultItemOperationTimeout
 	}
-	poll := a.Poll
+	poll, startLimit := a.Poll, a.StartTimeout
 	if poll <= 0 {
 		poll = 2 * time.Second
 	}
-	deadline := time.Now().Add(limit)
+	if startLimit <= 0 {
+		startLimit = defaultStartTimeout
+	}
+	begun := time.Now()
+	deadline, startBy := begun.Add(limit), begun.Add(min(startLimit, limit))
 	for {
 		p, err := a.Progress(operationID, backup)
-		if err != nil {
-			return err
-		}
-		if p.Completed {
+		switch {
+		case err == nil && p.Completed:
 			return nil
-		}
-		if time.Now().After(deadline) {
+		case err == nil && p.Started.IsZero() && time.Now().After(startBy):
+			return fmt.Errorf("the Revault backup %s was not started within %s (%s): the volume must be read before the pod's post hooks run",
+				operationID, min(startLimit, limit), p.Description)
+		case time.Now().After(deadline):
+			last := p.Description
+			if err != nil {
+				last = err.Error()
+			}
 			return fmt.Errorf("the Revault backup %s did not finish within %s (the backup's itemOperationTimeout): "+
-				"the volume must be read before the pod's post hooks run (last state: %s)", operationID, limit, p.Description)
+				"the volume must be read before the pod's post hooks run (last state: %s)", operationID, limit, last)
+		case err != nil:
+			a.Log.WithError(err).WithField("operation", operationID).Warn("reading the backup request's state; retrying")
 		}
 		time.Sleep(poll)
 	}
