@@ -3,8 +3,10 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -74,6 +76,9 @@ func (r *DataDownloadReconciler) accept(ctx context.Context, d *downloadRun) (ct
 			return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, "spec.targetVolume.namespace and .pvc are required")
 		}
 		if target.Namespace != d.ns {
+			if why := r.mappedByRestore(ctx, dd, d.ns, target.Namespace); why != "" {
+				return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, why)
+			}
 			err := r.Reader.Get(ctx, types.NamespacedName{Name: d.ns}, &corev1.Namespace{})
 			if apierrors.IsNotFound(err) {
 				return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
@@ -92,6 +97,27 @@ func (r *DataDownloadReconciler) accept(ctx context.Context, d *downloadRun) (ct
 		return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, perr.Error())
 	}
 	return proceed()
+}
+
+// mappedByRestore says why a DataDownload may not restore namespace from's series into namespace
+// to ("" when it may): only the Velero Restore that owns it, in its own namespace, can ask for
+// that, with a namespace mapping from -> to. Anyone else who can write a DataDownload would
+// otherwise read any namespace's data into their own.
+func (r *DataDownloadReconciler) mappedByRestore(ctx context.Context, dd *velerov2alpha1.DataDownload, from, to string) string {
+	refused := fmt.Sprintf("restoring series of namespace %s into namespace %s needs a Velero Restore owning this DataDownload that maps %s to %s", from, to, from, to)
+	for _, o := range dd.OwnerReferences {
+		if o.Kind != "Restore" || o.APIVersion != velerov1.SchemeGroupVersion.String() {
+			continue
+		}
+		rs := &velerov1.Restore{}
+		if err := r.Reader.Get(ctx, types.NamespacedName{Namespace: dd.Namespace, Name: o.Name}, rs); err != nil || rs.UID != o.UID {
+			return refused + fmt.Sprintf(" (Restore %s/%s not found)", dd.Namespace, o.Name)
+		}
+		if rs.Spec.NamespaceMapping[from] == to {
+			return ""
+		}
+	}
+	return refused
 }
 
 // findTarget waits for the target PVC, which Velero creates with a selector that only the volume
@@ -140,19 +166,28 @@ func (r *DataDownloadReconciler) seriesMedia(ctx context.Context, d *downloadRun
 	if !apierrors.IsNotFound(err) {
 		return failed(err)
 	}
-	media, unreachable, err := r.Workers.Holder(ctx, d.ns, d.series)
+	holders, unreachable, err := r.Workers.Holders(ctx, d.ns, d.series, d.version)
 	switch {
 	case err != nil:
 		return failed(err)
-	case media != "":
-		d.media = media
+	case len(holders) > 1:
+		var where []string
+		for _, h := range holders {
+			where = append(where, fmt.Sprintf("%s worker on %s", h.Media, h.Node))
+		}
+		return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
+			"version %d of series %s is held by %d workers (%s): which one Velero backed up is unknown; recreate the BackupSeries with the right storage.media",
+			d.version, plan.SeriesID(d.ns, d.series), len(holders), strings.Join(where, ", ")))
+	case len(holders) == 1:
+		d.media = holders[0].Media
 		return proceed()
 	case len(unreachable) > 0:
 		return r.waiting(ctx, d, fmt.Sprintf("looking for the worker holding series %s: %s",
 			plan.SeriesID(d.ns, d.series), joinMax(unreachable, 3)))
 	}
 	return r.end(ctx, d, velerov2alpha1.DataDownloadPhaseFailed, fmt.Sprintf(
-		"no Revault worker holds series %s (snapshot %s): its data was deleted or its store lost",
+		"no Revault worker holds version %d of series %s (snapshot %s): its data was deleted or its store lost",
+		d.version,
 		plan.SeriesID(d.ns, d.series), d.dd.Spec.SnapshotID))
 }
 

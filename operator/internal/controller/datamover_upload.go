@@ -6,6 +6,7 @@ import (
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -226,13 +227,20 @@ func (r *DataUploadReconciler) cleanup(ctx context.Context, du *velerov2alpha1.D
 // Velero's own data mover does, a content whose policy is Retain is switched to Delete first).
 // The snapshot controller keeps the snapshot until a volume being made from it is made.
 func (r *DataUploadReconciler) deleteSnapshot(ctx context.Context, du *velerov2alpha1.DataUpload) error {
-	if du.Spec.CSISnapshot == nil || du.Spec.CSISnapshot.VolumeSnapshot == "" {
+	// Only a snapshot this data mover took over (an accepted DataUpload), and only the one Velero
+	// took for the same backup: a DataUpload anyone wrote cannot name any snapshot to destroy.
+	backup := du.Labels[velerov1.BackupNameLabel]
+	if du.Spec.CSISnapshot == nil || du.Spec.CSISnapshot.VolumeSnapshot == "" || du.Status.AcceptedTimestamp == nil || backup == "" {
 		return nil
 	}
 	vs := &snapshotv1.VolumeSnapshot{}
 	key := types.NamespacedName{Namespace: du.Spec.SourceNamespace, Name: du.Spec.CSISnapshot.VolumeSnapshot}
 	if err := r.Reader.Get(ctx, key, vs); err != nil {
 		return client.IgnoreNotFound(err)
+	}
+	if vs.Labels[velerov1.BackupNameLabel] != backup {
+		return fmt.Errorf("VolumeSnapshot %s is not from Velero backup %s (label %s=%q): left alone",
+			key, backup, velerov1.BackupNameLabel, vs.Labels[velerov1.BackupNameLabel])
 	}
 	if vs.Status != nil && vs.Status.BoundVolumeSnapshotContentName != nil {
 		vsc := &snapshotv1.VolumeSnapshotContent{}

@@ -15,6 +15,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 
 	corev1 "k8s.io/api/core/v1"
@@ -125,12 +126,13 @@ var _ = BeforeSuite(func() {
 
 	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
 	Expect(backupv1alpha1.AddToScheme(scheme)).To(Succeed())
+	Expect(velerov1.AddToScheme(scheme)).To(Succeed())
 	Expect(velerov2alpha1.AddToScheme(scheme)).To(Succeed())
 	Expect(snapshotv1.AddToScheme(scheme)).To(Succeed())
 	testEnv = &envtest.Environment{
 		// Velero's DataUpload/DataDownload CRDs come from the Velero module itself, and the
 		// VolumeSnapshot CRDs from the external-snapshotter client module.
-		CRDDirectoryPaths:     append([]string{filepath.Join(repoRoot, "config", "crd", "bases"), veleroCRDs()}, snapshotCRDs()...),
+		CRDDirectoryPaths:     append([]string{filepath.Join(repoRoot, "config", "crd", "bases"), veleroCRDs(), veleroRestoreCRD()}, snapshotCRDs()...),
 		ErrorIfCRDPathMissing: true,
 	}
 	restCfg, err = testEnv.Start()
@@ -191,6 +193,11 @@ func veleroCRDs() string {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/vmware-tanzu/velero").Output()
 	Expect(err).NotTo(HaveOccurred(), "locating the Velero module")
 	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "v2alpha1", "bases")
+}
+
+// veleroRestoreCRD is the file of Velero's Restore CRD (a mapped DataDownload's owner).
+func veleroRestoreCRD() string {
+	return filepath.Join(filepath.Dir(filepath.Dir(veleroCRDs())), "v1", "bases", "velero.io_restores.yaml")
 }
 
 // snapshotCRDs are the VolumeSnapshot CRD files of the external-snapshotter client module the

@@ -8,6 +8,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	velerov1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v1"
 	velerov2alpha1 "github.com/vmware-tanzu/velero/pkg/apis/velero/v2alpha1"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -84,7 +85,7 @@ func pvcGone(ns, name string) bool {
 
 func newDataUpload(name, ns, pvc string, mutate func(*velerov2alpha1.DataUpload)) *velerov2alpha1.DataUpload {
 	du := &velerov2alpha1.DataUpload{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS, Labels: map[string]string{velerov1.BackupNameLabel: "backup-1"}},
 		Spec: velerov2alpha1.DataUploadSpec{
 			SnapshotType:          velerov2alpha1.SnapshotTypeCSI,
 			CSISnapshot:           &velerov2alpha1.CSISnapshotSpec{VolumeSnapshot: "snap-" + pvc, StorageClass: "csi-hostpath"},
@@ -104,7 +105,7 @@ func newDataUpload(name, ns, pvc string, mutate func(*velerov2alpha1.DataUpload)
 
 // csiSnapshot makes the VolumeSnapshot Velero takes before a DataUpload, bound to a content with
 // the given deletion policy (envtest runs no snapshot controller: the test plays it).
-func csiSnapshot(ns, name string, policy snapshotv1.DeletionPolicy) *snapshotv1.VolumeSnapshotContent {
+func csiSnapshot(ns, name, backupName string, policy snapshotv1.DeletionPolicy) *snapshotv1.VolumeSnapshotContent {
 	vsc := &snapshotv1.VolumeSnapshotContent{
 		ObjectMeta: metav1.ObjectMeta{Name: "content-" + ns + "-" + name},
 		Spec: snapshotv1.VolumeSnapshotContentSpec{
@@ -116,7 +117,7 @@ func csiSnapshot(ns, name string, policy snapshotv1.DeletionPolicy) *snapshotv1.
 	}
 	Expect(k8sClient.Create(ctx, vsc)).To(Succeed())
 	vs := &snapshotv1.VolumeSnapshot{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{velerov1.BackupNameLabel: backupName}},
 		Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{
 			VolumeSnapshotContentName: ptr.To(vsc.Name)}},
 	}
@@ -203,7 +204,7 @@ var _ = Describe("Velero integration", func() {
 	It("moves a DataUpload's snapshot into the PVC's series and a DataDownload back into the target PVC", func() {
 		ns := newNamespace("dm")
 		pvcWithSize(ns, "data", "2Gi", nil)
-		vsc := csiSnapshot(ns, "snap-data", snapshotv1.VolumeSnapshotContentRetain)
+		vsc := csiSnapshot(ns, "snap-data", "backup-1", snapshotv1.VolumeSnapshotContentRetain)
 		du := newDataUpload("backup-1-abcde", ns, "data", nil)
 
 		By("creating the PVC's series, the snapshot volume and the backup Job")
@@ -323,7 +324,7 @@ var _ = Describe("Velero integration", func() {
 		Eventually(func(g Gomega) {
 			st := getDD("ghost-back").Status
 			g.Expect(st.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
-			g.Expect(st.Message).To(ContainSubstring("no Revault worker holds series " + ns + "/ghost"))
+			g.Expect(st.Message).To(ContainSubstring("no Revault worker holds version 1 of series " + ns + "/ghost"))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ghost"}, &backupv1alpha1.BackupSeries{}))).To(BeTrue())
 	})
@@ -341,13 +342,36 @@ var _ = Describe("Velero integration", func() {
 			g.Expect(st.CompletionTimestamp).NotTo(BeNil())
 		}).Should(Succeed())
 
+		By("deleting no snapshot for a DataUpload it refused, nor one of another backup")
+		keep := csiSnapshot(ns, "snap-keep", "backup-other", snapshotv1.VolumeSnapshotContentRetain)
+		refused := newDataUpload("refused-snap", ns, "db", func(du *velerov2alpha1.DataUpload) {
+			du.Spec.SnapshotType = "Restic"
+			du.Spec.CSISnapshot.VolumeSnapshot = "snap-keep"
+		})
+		Eventually(func() velerov2alpha1.DataUploadPhase { return getDU(refused.Name).Status.Phase }).
+			Should(Equal(velerov2alpha1.DataUploadPhaseFailed))
+		pvcWithSize(ns, "other", "1Gi", nil)
+		otherBackup := newDataUpload("other-backup", ns, "other", func(du *velerov2alpha1.DataUpload) {
+			du.Spec.CSISnapshot.VolumeSnapshot = "snap-keep"
+		})
+		var otherJob batchv1.Job
+		Eventually(func() error {
+			return k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: plan.DataUploadObjectName(otherBackup.Name)}, &otherJob)
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		finishJob(&otherJob, false, "error: test\n")
+		Eventually(func() velerov2alpha1.DataUploadPhase { return getDU(otherBackup.Name).Status.Phase }).
+			WithTimeout(20 * time.Second).Should(Equal(velerov2alpha1.DataUploadPhaseFailed))
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "snap-keep"}, &snapshotv1.VolumeSnapshot{})).To(Succeed())
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(keep), keep)).To(Succeed())
+		Expect(keep.Spec.DeletionPolicy).To(Equal(snapshotv1.VolumeSnapshotContentRetain))
+
 		By("leaving other data movers' DataUploads alone")
 		other := newDataUpload("velero-own", ns, "db", func(du *velerov2alpha1.DataUpload) { du.Spec.DataMover = "velero" })
 		Consistently(func() velerov2alpha1.DataUploadPhase { return getDU(other.Name).Status.Phase }).
 			WithTimeout(2 * time.Second).Should(BeEmpty())
 
 		By("failing with the worker's message when the backup Job fails")
-		csiSnapshot(ns, "snap-db", snapshotv1.VolumeSnapshotContentDelete)
+		csiSnapshot(ns, "snap-db", "backup-1", snapshotv1.VolumeSnapshotContentDelete)
 		du := newDataUpload("fails", ns, "db", nil)
 		var job batchv1.Job
 		Eventually(func() error {
@@ -379,9 +403,11 @@ var _ = Describe("Velero integration", func() {
 			Should(Equal(velerov2alpha1.DataUploadPhaseCanceled))
 
 		By("refusing a mapped restore whose series' namespace is gone, and a snapshot ID it did not make")
-		for name, id := range map[string]string{"cross-ns": "gone-" + ns + "/db@1", "foreign-id": "kopia-snapshot-1234"} {
+		owner := mappingRestore("restore-gone-"+ns, "gone-"+ns, ns)
+		for name, id := range map[string]string{"cross-ns": "gone-" + ns + "/db@1", "foreign-id": "kopia-snapshot-1234",
+			"unmapped": "default/db@1"} {
 			dd := &velerov2alpha1.DataDownload{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS},
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS, OwnerReferences: owner},
 				Spec: velerov2alpha1.DataDownloadSpec{
 					TargetVolume: velerov2alpha1.TargetVolumeSpec{PVC: "db", Namespace: ns},
 					DataMover:    plan.DataMoverName, SnapshotID: id, SourceNamespace: "gone-" + ns,
@@ -392,6 +418,9 @@ var _ = Describe("Velero integration", func() {
 		Eventually(func(g Gomega) {
 			g.Expect(getDD("cross-ns").Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
 			g.Expect(getDD("cross-ns").Status.Message).To(ContainSubstring("belongs to series gone-" + ns + "/db, whose namespace no longer exists"))
+			g.Expect(getDD("unmapped").Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
+			g.Expect(getDD("unmapped").Status.Message).To(ContainSubstring(
+				"restoring series of namespace default into namespace " + ns + " needs a Velero Restore owning this DataDownload that maps default to " + ns))
 			g.Expect(getDD("foreign-id").Status.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
 			g.Expect(getDD("foreign-id").Status.Message).To(ContainSubstring("is not NAMESPACE/SERIES@VERSION"))
 		}).Should(Succeed())
@@ -414,6 +443,9 @@ func downloadInto(ddName, seriesNS string, version int64, node, targetNS, src st
 			SourceNamespace:       seriesNS,
 			OperationTimeout:      metav1.Duration{Duration: time.Minute},
 		},
+	}
+	if seriesNS != targetNS {
+		dd.OwnerReferences = mappingRestore("restore-"+ddName, seriesNS, targetNS)
 	}
 	Expect(k8sClient.Create(ctx, dd)).To(Succeed())
 	name := plan.DataDownloadObjectName(dd.Name)
@@ -487,4 +519,17 @@ func downloadInto(ddName, seriesNS string, version int64, node, targetNS, src st
 		g.Expect(cur.Spec.PersistentVolumeReclaimPolicy).To(Equal(corev1.PersistentVolumeReclaimDelete), "the reclaim policy is back")
 		g.Expect(cur.Annotations).NotTo(HaveKey(plan.AnnotationReclaimPolicy))
 	}).WithTimeout(30 * time.Second).Should(Succeed())
+}
+
+// mappingRestore makes a Velero Restore mapping namespace from to namespace to, and returns the
+// owner reference Velero puts on the DataDownloads it makes.
+func mappingRestore(name, from, to string) []metav1.OwnerReference {
+	ensureVeleroNS()
+	rs := &velerov1.Restore{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: veleroNS},
+		Spec:       velerov1.RestoreSpec{BackupName: "backup-1", NamespaceMapping: map[string]string{from: to}},
+	}
+	Expect(k8sClient.Create(ctx, rs)).To(Succeed())
+	return []metav1.OwnerReference{{APIVersion: velerov1.SchemeGroupVersion.String(), Kind: "Restore",
+		Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)}}
 }

@@ -164,14 +164,15 @@ func (w *Workers) endpoint(media backupv1alpha1.Media, node string) string {
 	return plan.WorkerEndpoint(plan.WorkerServiceName(string(media), node), w.Config.Namespace, w.Config.Worker.Port)
 }
 
-// Holder finds the pool whose workers hold series ns/name, asking every ready worker of every
-// pool. With none holding it, unreachable names the workers that did not answer (the series may
-// be on one of them).
-func (w *Workers) Holder(ctx context.Context, ns, name string) (media backupv1alpha1.Media, unreachable []string, _ error) {
+// Holders finds the workers, of every pool, that hold version of series ns/name, asking every
+// ready worker (a worker may keep an empty record of a series, e.g. after a retention push, so a
+// record alone is not enough). unreachable names the workers that did not answer (the version
+// may be on one of them).
+func (w *Workers) Holders(ctx context.Context, ns, name string, version int64) (holders []Worker, unreachable []string, _ error) {
 	for _, pool := range w.Config.Pools {
 		ws, err := w.List(ctx, pool.Media)
 		if err != nil {
-			return "", nil, err
+			return nil, nil, err
 		}
 		for _, x := range ws {
 			if !x.Ready {
@@ -180,18 +181,23 @@ func (w *Workers) Holder(ctx context.Context, ns, name string) (media backupv1al
 			}
 			api, err := w.API(ctx, x.Media, x.Node)
 			if err != nil {
-				return "", nil, err
+				return nil, nil, err
 			}
-			_, err = api.Series(ctx, ns, name)
+			s, err := api.Series(ctx, ns, name)
 			switch {
 			case err == nil:
-				return x.Media, nil, nil
+				for _, v := range s.VersionList {
+					if v.Number == version {
+						holders = append(holders, x)
+						break
+					}
+				}
 			case !workerclient.IsNotFound(err):
 				unreachable = append(unreachable, fmt.Sprintf("%s worker on %s: %v", x.Media, x.Node, err))
 			}
 		}
 	}
-	return "", unreachable, nil
+	return holders, unreachable, nil
 }
 
 // Placement is the status record of a worker.
