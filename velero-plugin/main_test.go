@@ -202,18 +202,7 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	backup.Status.Phase = velerov1.BackupPhaseInProgress
 	// Execute returns once the volume was read (the operator's Job finished): it runs while this
 	// test plays the operator.
-	type executed struct {
-		item        runtime.Unstructured
-		extra, post []velero.ResourceIdentifier
-		op          string
-		err         error
-	}
-	returned := make(chan executed, 1)
-	go func() {
-		var r executed
-		r.item, r.extra, r.op, r.post, r.err = bia.Execute(&unstructured.Unstructured{Object: m}, backup)
-		returned <- r
-	}()
+	returned := testutil.ExecuteAsync(bia, &unstructured.Unstructured{Object: m}, backup)
 	bs := &backupv1alpha1.BackupSeries{}
 	testutil.Eventually(t, "the backup request", func() error {
 		if err := api.Client.Get(ctx, types.NamespacedName{Namespace: "app", Name: "data"}, bs); err != nil {
@@ -239,15 +228,15 @@ func TestThroughVelerosPluginManager(t *testing.T) {
 	if err := api.Client.Status().Update(ctx, bs); err != nil {
 		t.Fatal(err)
 	}
-	var r executed
+	var r testutil.Executed
 	select {
 	case r = <-returned:
 	case <-time.After(time.Minute):
 		t.Fatal("Execute did not return once the backup request succeeded")
 	}
-	item, extra, op, post := r.item, r.extra, r.op, r.post
-	if r.err != nil || op != "app/data/velero-b2-aaaabbbb" || len(post) != 1 || len(extra) != 1 || post[0].Name != "data" {
-		t.Fatalf("Execute: %q %v %v %v", op, extra, post, r.err)
+	item, extra, op, post := r.Item, r.Extra, r.Op, r.Post
+	if r.Err != nil || op != "app/data/velero-b2-aaaabbbb" || len(post) != 1 || len(extra) != 1 || post[0].Name != "data" {
+		t.Fatalf("Execute: %q %v %v %v", op, extra, post, r.Err)
 	}
 	backedUpPVC := item.(*unstructured.Unstructured)
 	if backedUpPVC.GetAnnotations()[kube.AnnRequest] != "velero-b2-aaaabbbb" {

@@ -110,18 +110,7 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Execute returns only once the volume was read: Velero runs the pod's post hooks then.
-	type executed struct {
-		item        runtime.Unstructured
-		extra, post []velero.ResourceIdentifier
-		op          string
-		err         error
-	}
-	returned := make(chan executed, 1)
-	go func() {
-		var r executed
-		r.item, r.extra, r.op, r.post, r.err = a.Execute(toUnstructured(t, data), backup)
-		returned <- r
-	}()
+	returned := testutil.ExecuteAsync(a, toUnstructured(t, data), backup)
 	request := "velero-nightly-01234567"
 	op = "app/data/" + request
 	bs := &backupv1alpha1.BackupSeries{}
@@ -213,25 +202,25 @@ func TestBackupActionRequestsABackupAndRecordsTheVersion(t *testing.T) {
 	if err != nil || !p.Completed || p.Err != "" || p.NCompleted != 99999 || p.NTotal != 99999 || !strings.Contains(p.Description, "version 7") {
 		t.Fatalf("succeeded: %+v %v", p, err)
 	}
-	var r executed
+	var r testutil.Executed
 	select {
 	case r = <-returned:
 	case <-time.After(30 * time.Second):
 		t.Fatal("Execute did not return once the volume was read")
 	}
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if r.op != op {
-		t.Fatalf("operation ID %q", r.op)
+	if r.Op != op {
+		t.Fatalf("operation ID %q", r.Op)
 	}
 	// The series goes into the backup with the PVC, and is updated when the backup finalizes.
-	for what, ids := range map[string][]velero.ResourceIdentifier{"additional": r.extra, "post-operation": r.post} {
+	for what, ids := range map[string][]velero.ResourceIdentifier{"additional": r.Extra, "post-operation": r.Post} {
 		if len(ids) != 1 || ids[0].Namespace != "app" || ids[0].Name != "data" || ids[0].GroupResource.String() != "backupseries.backup.revault.io" {
 			t.Fatalf("%s items: %+v", what, ids)
 		}
 	}
-	ann := r.item.(*unstructured.Unstructured).GetAnnotations()
+	ann := r.Item.(*unstructured.Unstructured).GetAnnotations()
 	if ann[kube.AnnSeries] != "data" || ann[kube.AnnRequest] != request || ann[kube.AnnMedia] != "hdd" ||
 		ann[velerov1.MustIncludeAdditionalItemAnnotation] != "true" {
 		t.Fatalf("the backed-up PVC names its series and request: %v", ann)
