@@ -68,5 +68,16 @@ func BackupDeadline(s string, loc *time.Location, since time.Time) (time.Time, e
 	if err != nil {
 		return time.Time{}, err
 	}
+	// When clocks go back, a daily 02:00 fires at 02:00 twice, an hour apart: one run, not two.
+	if wallClock(second, loc) == wallClock(first, loc) {
+		if second, err = NextRunIn(s, loc, second); err != nil {
+			return time.Time{}, err
+		}
+	}
 	return second.Add(second.Sub(first) / 2), nil
+}
+
+// wallClock is t's date and minute on the clocks of loc.
+func wallClock(t time.Time, loc *time.Location) string {
+	return t.In(loc).Format("2006-01-02 15:04")
 }

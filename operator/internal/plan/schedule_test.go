@@ -70,6 +70,19 @@ func TestBackupDeadline(t *testing.T) {
 			t.Errorf("%s: deadline %s, want %s", c.name, got, want)
 		}
 	}
+	// 2026-10-25 in Berlin: 02:00 CEST and 02:00 CET are one run on the clock, not two.
+	berlin, err := Zone(ptr.To("Europe/Berlin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := BackupDeadline("0 2 * * *", berlin, at(t, berlin, "2026-10-24 02:05"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs 10-25 02:00 (CEST or CET) and 10-26 02:00 CET; half a day (12.5 h across the change) after the second.
+	if want := at(t, berlin, "2026-10-26 14:00"); got.Sub(want).Abs() > time.Hour {
+		t.Errorf("across the change: deadline %s, want about %s", got, want)
+	}
 	if _, err := BackupDeadline("0 0 30 2 *", time.UTC, at(t, time.UTC, "2026-01-01 00:00")); err == nil {
 		t.Error("a schedule that never fires has no deadline")
 	}
