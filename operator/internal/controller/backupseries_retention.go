@@ -41,15 +41,17 @@ func (r *BackupSeriesReconciler) checkRetentionPolicy(ctx context.Context, s *se
 // policyExists reads the policy from the cache, and confirms a miss uncached: a policy created a
 // moment ago may not be in the cache yet, and clearing the rules it just pushed would leave the
 // worker keeping everything while the policy reports itself applied.
+// A policy being deleted (held only by someone else's finalizer) no longer governs anything.
 func (r *BackupSeriesReconciler) policyExists(ctx context.Context, key types.NamespacedName) (bool, error) {
-	err := r.Get(ctx, key, &backupv1alpha1.RetentionPolicy{})
+	rp := &backupv1alpha1.RetentionPolicy{}
+	err := r.Get(ctx, key, rp)
 	if apierrors.IsNotFound(err) && r.Reader != nil {
-		err = r.Reader.Get(ctx, key, &backupv1alpha1.RetentionPolicy{})
+		err = r.Reader.Get(ctx, key, rp)
 	}
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
-	return err == nil, err
+	return err == nil && rp.DeletionTimestamp.IsZero(), err
 }
 
 // clearRetention removes retention rules a RetentionPolicy left on the worker when the series no

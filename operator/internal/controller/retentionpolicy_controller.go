@@ -121,6 +121,11 @@ func (r *RetentionPolicyReconciler) load(ctx context.Context, p *policyRun) (ctr
 	if err := reader.Get(ctx, p.key, rp); err != nil {
 		return stop(ctrl.Result{}, client.IgnoreNotFound(err))
 	}
+	if !rp.DeletionTimestamp.IsZero() {
+		// Deleted, held only by someone else's finalizer: its series keep everything now
+		// (their controller clears the rules), so nothing is pushed or expired any more.
+		return stop(ctrl.Result{}, nil)
+	}
 	p.rp, p.base = rp, rp.DeepCopy()
 	p.cs = conditionSetter{rec: r.Recorder, obj: rp, conds: &rp.Status.Conditions, generation: rp.Generation}
 	p.now = r.Now()

@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -157,8 +158,26 @@ var _ = Describe("RetentionPolicy", func() {
 		Expect(adminClient(node).PutRetention(ctx, ns, "db", workerclient.Retention{Live: &live, Auto: &auto})).To(Succeed())
 		Eventually(keep).WithTimeout(20 * time.Second).Should(HaveValue(BeEquivalentTo(1)))
 
-		By("keeping every version once the policy is gone, as the series says")
+		By("keeping every version once the policy is gone, as the series says (even while another finalizer holds it)")
+		Eventually(func() error {
+			cur := getPolicy(ns, "one")
+			cur.Finalizers = append(cur.Finalizers, "example.com/hold")
+			return k8sClient.Update(ctx, cur)
+		}).Should(Succeed())
 		Expect(k8sClient.Delete(ctx, rp)).To(Succeed())
+		defer func() {
+			Eventually(func() error {
+				cur := &backupv1alpha1.RetentionPolicy{}
+				if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "one"}, cur); err != nil {
+					return client.IgnoreNotFound(err)
+				}
+				if cur.DeletionTimestamp.IsZero() {
+					return nil // the policy that came back
+				}
+				cur.Finalizers = nil
+				return k8sClient.Update(ctx, cur)
+			}).Should(Succeed())
+		}()
 		Eventually(func(g Gomega) {
 			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionRetentionPolicyFound)
 			g.Expect(c).NotTo(BeNil())
@@ -171,6 +190,15 @@ var _ = Describe("RetentionPolicy", func() {
 		s, err := adminClient(node).Series(ctx, ns, "db")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(s.VersionList).To(HaveLen(3), "the worker expired versions by the deleted policy's rules")
+
+		Eventually(func() error {
+			cur := getPolicy(ns, "one")
+			cur.Finalizers = nil
+			return k8sClient.Update(ctx, cur)
+		}).Should(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "one"}, &backupv1alpha1.RetentionPolicy{}))
+		}).Should(BeTrue())
 
 		By("applying the rules again when the policy comes back")
 		rp = &backupv1alpha1.RetentionPolicy{
