@@ -319,6 +319,16 @@ var _ = Describe("Velero integration", func() {
 		Expect(again.Status.Worker.Node).To(Equal(node))
 		Expect(again.Status.VersionCount).To(BeEquivalentTo(1))
 
+		By("failing, naming both, when two workers hold the version")
+		push(ns, "twice", "node-ssd-1", randomTree(16))
+		push(ns, "twice", "node-hdd-1", randomTree(16))
+		download("twice-back", ns+"/twice@1")
+		Eventually(func(g Gomega) {
+			st := getDD("twice-back").Status
+			g.Expect(st.Phase).To(Equal(velerov2alpha1.DataDownloadPhaseFailed))
+			g.Expect(st.Message).To(ContainSubstring("version 1 of series " + ns + "/twice is held by 2 workers (ssd worker on node-ssd-1, hdd worker on node-hdd-1)"))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
 		By("failing, without making an empty series, when no worker holds the series")
 		download("ghost-back", ns+"/ghost@1")
 		Eventually(func(g Gomega) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -185,14 +186,9 @@ func (w *Workers) Holders(ctx context.Context, ns, name string, version int64) (
 			}
 			s, err := api.Series(ctx, ns, name)
 			switch {
-			case err == nil:
-				for _, v := range s.VersionList {
-					if v.Number == version {
-						holders = append(holders, x)
-						break
-					}
-				}
-			case !workerclient.IsNotFound(err):
+			case err == nil && slices.ContainsFunc(s.VersionList, func(v workerclient.Version) bool { return v.Number == version }):
+				holders = append(holders, x)
+			case err != nil && !workerclient.IsNotFound(err):
 				unreachable = append(unreachable, fmt.Sprintf("%s worker on %s: %v", x.Media, x.Node, err))
 			}
 		}
