@@ -65,9 +65,11 @@ type seriesRun struct {
 	cs   conditionSetter
 	// requeue is the soonest a step wants the series looked at again (at most the sync period).
 	requeue time.Duration
-	// scheduleOK: the schedule parses, or there is none; zone is the time zone it is read in.
+	// scheduleOK: the schedule parses, or there is none; zone is the time zone it is read in and
+	// next its next run (with a valid schedule).
 	scheduleOK bool
 	zone       *time.Location
+	next       time.Time
 	// tokenReady: the worker accepts the namespace's token, so Jobs may start.
 	tokenReady bool
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).

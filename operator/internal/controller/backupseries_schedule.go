@@ -27,20 +27,21 @@ func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) 
 		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "OnDemand", "no schedule: backups run on the revault.io/backup-now annotation")
 		return proceed()
 	}
-	loc, zerr := plan.Zone(bs.Spec.TimeZone)
-	// A schedule that never fires ("0 0 30 2 *") parses, but has no next run.
-	_, perr := plan.NextRun(bs.Spec.Schedule, r.Now())
-	switch {
-	case perr != nil:
+	loc, err := plan.Zone(bs.Spec.TimeZone)
+	if err != nil {
 		s.scheduleOK = false
-		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "InvalidSchedule", perr.Error())
-	case zerr != nil:
-		s.scheduleOK = false
-		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "UnknownTimeZone", zerr.Error())
-	default:
-		s.zone = loc
-		s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "Scheduled", fmt.Sprintf("backups run on %s (%s)", bs.Spec.Schedule, loc))
+		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "UnknownTimeZone", err.Error())
+		return proceed()
 	}
+	// A schedule that never fires ("0 0 30 2 *") parses, but has no next run.
+	next, err := plan.NextRunIn(bs.Spec.Schedule, loc, r.Now())
+	if err != nil {
+		s.scheduleOK = false
+		s.cs.setFalse(backupv1alpha1.ConditionScheduleValid, "InvalidSchedule", err.Error())
+		return proceed()
+	}
+	s.zone, s.next = loc, next
+	s.cs.setTrue(backupv1alpha1.ConditionScheduleValid, "Scheduled", fmt.Sprintf("backups run on %s (%s)", bs.Spec.Schedule, loc))
 	return proceed()
 }
 
@@ -54,11 +55,7 @@ func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (
 		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionBackupOverdue)
 		return proceed()
 	}
-	now := r.Now()
-	next, err := plan.NextRunIn(bs.Spec.Schedule, s.zone, now)
-	if err != nil { // checkSchedule found a next run a moment ago: not worth ending the reconcile
-		return proceed()
-	}
+	now, next := r.Now(), s.next
 	st.NextBackup = &metav1.Time{Time: next.UTC().Truncate(time.Second)}
 	since, what := bs.CreationTimestamp.Time, "since the series was created"
 	if st.LastBackup != nil {
