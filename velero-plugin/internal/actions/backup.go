@@ -183,8 +183,9 @@ func (a *PVCBackup) waitRead(operationID string, backup *velerov1.Backup) error 
 	if startLimit <= 0 {
 		startLimit = defaultStartTimeout
 	}
+	startLimit = min(startLimit, limit)
 	begun := time.Now()
-	deadline, startBy := begun.Add(limit), begun.Add(min(startLimit, limit))
+	deadline, startBy := begun.Add(limit), begun.Add(startLimit)
 	for {
 		p, err := a.Progress(operationID, backup)
 		switch {
@@ -192,7 +193,7 @@ func (a *PVCBackup) waitRead(operationID string, backup *velerov1.Backup) error 
 			return nil
 		case err == nil && p.Started.IsZero() && time.Now().After(startBy):
 			return fmt.Errorf("the Revault backup %s was not started within %s (%s): the volume must be read before the pod's post hooks run",
-				operationID, min(startLimit, limit), p.Description)
+				operationID, startLimit, p.Description)
 		case time.Now().After(deadline):
 			last := p.Description
 			if err != nil {
