@@ -169,11 +169,7 @@ var _ = Describe("BackupSeries", func() {
 		Eventually(func() []string { return eventReasons(bs) }).Should(ContainElements("WorkerSelected", "ScheduleCreated", "BackupStarted", "JobFailed", "PhaseFailed"))
 
 		By("removing the CronJob when the schedule goes")
-		Eventually(func() error {
-			cur := getSeries(ns, "db")
-			cur.Spec.Schedule = ""
-			return k8sClient.Update(ctx, cur)
-		}).Should(Succeed())
+		updateSeries(ns, "db", func(s *backupv1alpha1.BackupSeriesSpec) { s.Schedule = "" })
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, &batchv1.CronJob{}))
 		}).Should(BeTrue())
@@ -327,11 +323,7 @@ var _ = Describe("BackupSeries", func() {
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 
 		By("having neither while suspended")
-		Eventually(func() error {
-			cur := getSeries(ns, "db")
-			cur.Spec.Suspend = true
-			return k8sClient.Update(ctx, cur)
-		}).Should(Succeed())
+		updateSeries(ns, "db", func(s *backupv1alpha1.BackupSeriesSpec) { s.Suspend = true })
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
 			g.Expect(st.NextBackup).To(BeNil())

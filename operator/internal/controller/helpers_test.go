@@ -33,6 +33,16 @@ func getSeries(ns, name string) *backupv1alpha1.BackupSeries {
 	return bs
 }
 
+// updateSeries applies mutate to the newest spec of a BackupSeries (retrying when the operator
+// changed the object in between).
+func updateSeries(ns, name string, mutate func(*backupv1alpha1.BackupSeriesSpec)) {
+	Eventually(func() error {
+		bs := getSeries(ns, name)
+		mutate(&bs.Spec)
+		return k8sClient.Update(ctx, bs)
+	}).Should(Succeed())
+}
+
 // placedSeries creates bs and waits until the operator placed it.
 func placedSeries(bs *backupv1alpha1.BackupSeries) *backupv1alpha1.BackupSeries {
 	Expect(k8sClient.Create(ctx, bs)).To(Succeed())

@@ -10,10 +10,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/tokens"
 	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
@@ -31,15 +33,20 @@ func updatePolicy(ns, name string, mutate func(*backupv1alpha1.RetentionPolicySp
 	}).Should(Succeed())
 }
 
+// seriesUsing creates the series ns/db with retentionPolicyRef policy, waits for its placement,
+// and returns the node of its worker.
+func seriesUsing(ns, policy string) string {
+	bs := pvcSeries(ns, "db")
+	bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: policy}
+	return placedSeries(bs).Status.Worker.Node
+}
+
 var _ = Describe("RetentionPolicy", func() {
 	BeforeEach(requireWorkers)
 
 	It("pushes its rules to the worker of every series using it, expires, and reports what it reclaimed", func() {
 		ns := newNamespace("rtp")
-		bs := pvcSeries(ns, "db")
-		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "short"}
-		bs = placedSeries(bs)
-		node := bs.Status.Worker.Node
+		node := seriesUsing(ns, "short")
 		for i := 0; i < 3; i++ {
 			push(ns, "db", node, randomTree(256))
 		}
@@ -121,11 +128,7 @@ var _ = Describe("RetentionPolicy", func() {
 		Eventually(func() int32 { return getSeries(ns, "db").Status.VersionCount }).Should(BeEquivalentTo(2))
 
 		By("clearing the rules on the worker when the series stops using the policy")
-		Eventually(func() error {
-			cur := getSeries(ns, "db")
-			cur.Spec.RetentionPolicyRef = nil
-			return k8sClient.Update(ctx, cur)
-		}).Should(Succeed())
+		updateSeries(ns, "db", func(s *backupv1alpha1.BackupSeriesSpec) { s.RetentionPolicyRef = nil })
 		Eventually(func(g Gomega) {
 			s, err := adminClient(node).Series(ctx, ns, "db")
 			g.Expect(err).NotTo(HaveOccurred())
@@ -136,10 +139,7 @@ var _ = Describe("RetentionPolicy", func() {
 
 	It("stops expiring when the policy is deleted, and restores its rules when they drift", func() {
 		ns := newNamespace("rtd")
-		bs := pvcSeries(ns, "db")
-		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "one"}
-		bs = placedSeries(bs)
-		node := bs.Status.Worker.Node
+		node := seriesUsing(ns, "one")
 		rp := &backupv1alpha1.RetentionPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "one", Namespace: ns},
 			Spec:       backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(1))},
@@ -214,6 +214,33 @@ var _ = Describe("RetentionPolicy", func() {
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 	})
 
+	It("neither pushes nor expires for a series that dropped the policy after the policy listed it", func() {
+		// The race window played deterministically: the policy's reconcile holds the series as its
+		// (cached) list showed it, still naming the policy; the series has dropped it since.
+		ns := newNamespace("rtstale")
+		node := seriesUsing(ns, "p")
+		for i := 0; i < 3; i++ {
+			push(ns, "db", node, randomTree(32))
+		}
+		stale := getSeries(ns, "db")
+		updateSeries(ns, "db", func(s *backupv1alpha1.BackupSeriesSpec) { s.RetentionPolicyRef = nil })
+		rp := &backupv1alpha1.RetentionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Generation: 1},
+			Spec:       backupv1alpha1.RetentionPolicySpec{KeepVersions: ptr.To(int32(1))},
+		}
+		r := &RetentionPolicyReconciler{Client: k8sClient, Reader: k8sClient, Recorder: record.NewFakeRecorder(10),
+			Workers: &Workers{Client: k8sClient, Config: opConfig, Overrides: workerURL,
+				Tokens: &tokens.Manager{Client: k8sClient, Reader: k8sClient, Namespace: operatorNS}}}
+		var e backupv1alpha1.SeriesRetentionStatus
+		ran, err := r.applyToSeries(ctx, rp, stale, &e, Rules(rp.Spec), true)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ran).To(BeFalse())
+		s, err := adminClient(node).Series(ctx, ns, "db")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Retention.Keep).To(BeNil(), "the dropped policy's rules were pushed")
+		Expect(s.VersionList).To(HaveLen(3), "versions were expired by a policy the series no longer uses")
+	})
+
 	It("waits for series that are not placed yet", func() {
 		ns := newNamespace("rtpwait")
 		bs := pvcSeries(ns, "db")
@@ -246,10 +273,7 @@ var _ = Describe("RetentionPolicy", func() {
 
 	It("pushes calendar rules in a time zone, and reports a zone the worker does not know", func() {
 		ns := newNamespace("rtpgfs")
-		bs := pvcSeries(ns, "db")
-		bs.Spec.RetentionPolicyRef = &backupv1alpha1.LocalObjectReference{Name: "gfs"}
-		bs = placedSeries(bs)
-		node := bs.Status.Worker.Node
+		node := seriesUsing(ns, "gfs")
 		rp := &backupv1alpha1.RetentionPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "gfs", Namespace: ns},
 			Spec: backupv1alpha1.RetentionPolicySpec{KeepDaily: ptr.To(int32(7)), KeepWeekly: ptr.To(int32(4)),
