@@ -23,6 +23,7 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, ObjectLockMode,
+    ObjectLockRetention, ObjectLockRetentionMode,
 };
 use aws_sdk_s3::Client;
 use bytes::Bytes;
@@ -451,6 +452,25 @@ impl Bucket {
         }
     }
 
+    /// Keeps the current version of object `name` locked until `until` (Unix seconds): S3
+    /// only lets a retention grow, so this never shortens one.
+    pub async fn extend_retention(&self, name: &str, lock: ObjectLock, until: i64) -> Result<()> {
+        let key = self.key(name);
+        let retention = ObjectLockRetention::builder()
+            .mode(retention_mode(lock))
+            .retain_until_date(aws_smithy_types::DateTime::from_secs(until))
+            .build();
+        self.client
+            .put_object_retention()
+            .bucket(&self.url.bucket)
+            .key(&key)
+            .retention(retention)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err(&format!("extending the retention of {key}"), e))
+    }
+
     /// Deletes one version of object `name` for good (Object Lock refuses it while the
     /// version is retained: [`RemoteError::Denied`]).
     pub async fn delete_version(&self, name: &str, version_id: &str) -> Result<()> {
@@ -496,6 +516,14 @@ fn lock_mode(l: ObjectLock) -> ObjectLockMode {
         ObjectLockMode::Compliance
     } else {
         ObjectLockMode::Governance
+    }
+}
+
+fn retention_mode(l: ObjectLock) -> ObjectLockRetentionMode {
+    if l.compliance {
+        ObjectLockRetentionMode::Compliance
+    } else {
+        ObjectLockRetentionMode::Governance
     }
 }
 

@@ -21,6 +21,7 @@ mod head;
 mod init;
 mod keys;
 mod layout;
+mod locks;
 mod recover;
 mod seal;
 mod state;

@@ -83,6 +83,16 @@ pub struct State {
 const UPLOADED: u8 = b'u';
 const STUB: u8 = b't';
 const HEAD: &[u8] = b"h";
+/// The ledger of Object Lock retention: object name → when its retention ends at the
+/// earliest (Unix seconds).
+const LOCKED: u8 = b'l';
+
+fn locked_key(name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(LOCKED);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
 
 fn key(kind: u8, id: ContainerId) -> [u8; 9] {
     let mut k = [0u8; 9];
@@ -150,6 +160,41 @@ impl State {
             b.delete(key(STUB, *id));
         }
         self.put(b, true)
+    }
+
+    /// The ledger: every object with a recorded retention, and when it ends at the earliest.
+    pub fn locked(&self) -> Result<Vec<(String, i64)>> {
+        let mut out = Vec::new();
+        for kv in self.db.prefix_iterator([LOCKED]) {
+            let (k, v) = kv.map_err(db_err)?;
+            if k.first() != Some(&LOCKED) {
+                break;
+            }
+            let (Ok(name), Ok(until)) = (std::str::from_utf8(&k[1..]), <[u8; 8]>::try_from(&*v))
+            else {
+                continue; // not ours to read: the next extension rewrites it
+            };
+            out.push((name.to_string(), i64::from_be_bytes(until)));
+        }
+        Ok(out)
+    }
+
+    /// Records that the retention of `names` ends at `until` at the earliest. Not synced: a
+    /// lost record only means extending those objects again.
+    pub fn set_locked(&self, names: &[String], until: i64) -> Result<()> {
+        let mut b = WriteBatch::default();
+        for n in names {
+            b.put(locked_key(n), until.to_be_bytes());
+        }
+        self.put(b, false)
+    }
+
+    pub fn forget_locked(&self, names: &[String]) -> Result<()> {
+        let mut b = WriteBatch::default();
+        for n in names {
+            b.delete(locked_key(n));
+        }
+        self.put(b, false)
     }
 
     pub fn stub(&self, id: ContainerId) -> Result<Option<Vec<u8>>> {

@@ -31,6 +31,7 @@ use crate::error::{IoCtx, RemoteError, Result};
 use crate::fence;
 use crate::head::{Head, MetaFile, SeriesAt};
 use crate::layout;
+use crate::locks;
 use crate::seal::{self, DataKey, DEFAULT_FRAME_LOG2};
 use crate::Remote;
 
@@ -41,9 +42,9 @@ const PARALLEL: usize = 8;
 #[derive(Default)]
 pub(crate) struct Progress {
     /// The store's metadata sequence number the newest head covers.
-    synced_seq: Option<u64>,
+    pub(crate) synced_seq: Option<u64>,
     /// The containers the newest head's metadata names.
-    head_containers: HashSet<ContainerId>,
+    pub(crate) head_containers: HashSet<ContainerId>,
     /// Deletions that had to wait (for readers, or a failed request).
     deletions_pending: bool,
     /// The bucket was listed for leftovers of crashed syncs since this process started.
@@ -51,7 +52,9 @@ pub(crate) struct Progress {
     /// Metadata files older heads named and the newest does not.
     stale_meta: Vec<String>,
     /// When versions past their Object Lock retention were last purged.
-    last_purge: Option<Instant>,
+    pub(crate) last_purge: Option<Instant>,
+    /// When the retention of what the newest head needs was last extended.
+    pub(crate) last_extension: Option<Instant>,
 }
 
 /// What a sync did.
@@ -66,12 +69,17 @@ pub struct SyncReport {
     pub meta_files_uploaded: u64,
     pub meta_bytes_uploaded: u64,
     pub objects_deleted: u64,
+    /// Objects still needed whose Object Lock retention was extended.
+    pub locks_extended: u64,
     pub seconds: f64,
 }
 
 /// Uploads running in the background: their outcome, and the task to abort them.
 struct Upload {
     done: std::sync::mpsc::Receiver<Result<()>>,
+    /// With Object Lock: when the retention of what it uploads ends at the earliest, and
+    /// the objects it uploads.
+    locked: Option<(i64, Vec<String>)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -117,75 +125,10 @@ impl Remote {
             p.deletions_pending = !done;
         }
         if let Some(lock) = self.object_lock() {
-            // At most hourly (as often as the retention is short, for tests).
-            let every = std::time::Duration::from_secs(lock.seconds.clamp(1, 3600));
-            if p.last_purge.is_none_or(|t| t.elapsed() >= every) {
-                rep.objects_deleted += self.purge_expired_versions(lock)?;
-                p.last_purge = Some(Instant::now());
-            }
+            self.keep_locks(lock, &mut p, &mut rep)?;
         }
         rep.seconds = t0.elapsed().as_secs_f64();
         Ok(rep)
-    }
-
-    /// With Object Lock, a delete only hides an object behind a delete marker; its bytes stay
-    /// until its retention ends. This deletes, for good, the versions whose retention ended
-    /// and that no longer hold anything current: replaced versions, and deleted objects
-    /// (their versions, then their delete marker, in that order, so a marker is never
-    /// removed while it still hides a version). Returns the versions deleted.
-    fn purge_expired_versions(&self, lock: ObjectLock) -> Result<u64> {
-        self.fence_check(self.generation())?;
-        let versions = self.run(|b| async move { b.list_versions("").await })?;
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        // A margin past the retention (a minute, less for a shorter retention): clocks differ.
-        let margin = lock.seconds.min(60) as i64;
-        let expired =
-            |v: &crate::bucket::ObjectVersion| v.modified + lock.seconds as i64 + margin < now;
-        let mut by_name: HashMap<&str, Vec<&crate::bucket::ObjectVersion>> = HashMap::new();
-        for v in &versions {
-            by_name.entry(v.name.as_str()).or_default().push(v);
-        }
-        let mut versions_doomed: Vec<(String, String)> = Vec::new();
-        let mut markers_doomed: Vec<(String, String)> = Vec::new();
-        for vs in by_name.values() {
-            let deleted = vs.iter().any(|v| v.latest && v.delete_marker);
-            let old: Vec<_> = vs
-                .iter()
-                .filter(|v| !v.latest && !v.delete_marker)
-                .collect();
-            let gone: Vec<_> = old.iter().filter(|v| expired(v)).collect();
-            versions_doomed.extend(gone.iter().map(|v| (v.name.clone(), v.version_id.clone())));
-            if deleted && gone.len() == old.len() {
-                markers_doomed.extend(
-                    vs.iter()
-                        .filter(|v| v.delete_marker)
-                        .map(|v| (v.name.clone(), v.version_id.clone())),
-                );
-            }
-        }
-        let n = (versions_doomed.len() + markers_doomed.len()) as u64;
-        self.run(move |b| async move {
-            let mut kept = HashSet::new();
-            for (name, id) in versions_doomed {
-                match b.delete_version(&name, &id).await {
-                    Ok(()) => {}
-                    // Still retained (a clock ahead of ours): next time. Its marker stays,
-                    // or the version would be current again.
-                    Err(RemoteError::Denied { .. }) => {
-                        kept.insert(name);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            for (name, id) in markers_doomed
-                .into_iter()
-                .filter(|(n, _)| !kept.contains(n))
-            {
-                b.delete_version(&name, &id).await?;
-            }
-            Ok(())
-        })?;
-        Ok(n)
     }
 
     /// Whether the store changed since the newest head (a sync would publish one).
@@ -193,10 +136,14 @@ impl Remote {
         self.inner.sync_lock.lock().synced_seq != Some(store.meta_sequence())
     }
 
-    /// Whether a sync has anything to do: publish a head, or delete what waited.
+    /// Whether a sync has anything to do: publish a head, delete what waited, or keep Object
+    /// Lock's retention.
     pub fn needs_sync(&self, store: &Store) -> bool {
         let p = self.inner.sync_lock.lock();
-        p.synced_seq != Some(store.meta_sequence()) || p.deletions_pending || !p.listed
+        p.synced_seq != Some(store.meta_sequence())
+            || p.deletions_pending
+            || !p.listed
+            || self.object_lock().is_some_and(|l| locks::upkeep_due(l, &p))
     }
 
     fn checkpoint_dir(&self) -> std::path::PathBuf {
@@ -287,6 +234,9 @@ impl Remote {
                 detail: "the upload stopped".into(),
             })
         })?;
+        if let Some((until, names)) = &meta_up.locked {
+            self.inner.state.set_locked(names, *until)?;
+        }
         self.failpoint("sync.meta")?;
         let head = Head {
             format: 1,
@@ -312,6 +262,7 @@ impl Remote {
             f();
         }
         let lock = self.object_lock();
+        let locked_until = lock.map(|l| locks::now_secs() + l.seconds as i64);
         let n = name.clone();
         // Written once: a second writer of this store (a copy of it, or its metadata put
         // back) cannot replace a head it did not write.
@@ -321,6 +272,11 @@ impl Remote {
         // A recovery may have claimed the remote between the check above and the head: then
         // the new owner may not have seen this head, and it is not durable.
         self.fence_check(gen)?;
+        if let Some(until) = locked_until {
+            self.inner
+                .state
+                .set_locked(std::slice::from_ref(&name), until)?;
+        }
         self.inner.state.set_head(&head)?;
         *self.inner.head.lock() = Some(head);
         rep.published = true;
@@ -357,7 +313,7 @@ impl Remote {
         }
     }
 
-    fn object_lock(&self) -> Option<ObjectLock> {
+    pub(crate) fn object_lock(&self) -> Option<ObjectLock> {
         self.inner.conf.lock().object_lock
     }
 
@@ -381,8 +337,18 @@ impl Remote {
             let lock = self.object_lock();
             let data_dir = data_dir.to_path_buf();
             let batch = batch.to_vec();
+            let locked_until = lock.map(|l| locks::now_secs() + l.seconds as i64);
             let done = self
                 .run(move |b| async move { upload_batch(b, key, lock, data_dir, batch).await })?;
+            if let Some(until) = locked_until {
+                // Not those found already in the bucket (n = 0): their retention is older.
+                let names: Vec<String> = done
+                    .iter()
+                    .filter(|(_, _, n)| *n > 0)
+                    .map(|(id, _, _)| layout::container(*id))
+                    .collect();
+                self.inner.state.set_locked(&names, until)?;
+            }
             for (_, _, bytes) in &done {
                 rep.containers_uploaded += 1;
                 rep.container_bytes_uploaded += bytes;
@@ -424,12 +390,16 @@ impl Remote {
         rep.meta_files_uploaded += todo.len() as u64;
         rep.meta_bytes_uploaded += todo.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         let (key, lock) = (self.inner.key.clone(), self.object_lock());
+        let locked = lock.map(|l| {
+            let until = locks::now_secs() + l.seconds as i64;
+            (until, todo.iter().map(|(name, _)| name.clone()).collect())
+        });
         let (tx, done) = std::sync::mpsc::sync_channel(1);
         let b = self.inner.bucket.clone();
         let task = self.rt().spawn(async move {
             let _ = tx.send(upload_meta(b, key, lock, todo).await);
         });
-        Ok((out, Upload { done, task }))
+        Ok((out, Upload { done, task, locked }))
     }
 
     /// Step 4. Returns false when something had to wait (a reader, a refused delete).
@@ -538,7 +508,11 @@ impl Remote {
 
 /// Runs `task` on every item, [`PARALLEL`] at a time: the outputs in the order they finish,
 /// or the first error (the other tasks are aborted with the set). `what` names the tasks.
-async fn parallel<T, R, Fut>(items: Vec<T>, what: &str, task: impl Fn(T) -> Fut) -> Result<Vec<R>>
+pub(crate) async fn parallel<T, R, Fut>(
+    items: Vec<T>,
+    what: &str,
+    task: impl Fn(T) -> Fut,
+) -> Result<Vec<R>>
 where
     R: Send + 'static,
     Fut: std::future::Future<Output = Result<R>> + Send + 'static,

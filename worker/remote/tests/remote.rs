@@ -649,14 +649,14 @@ fn stopped_sync(step: &str, node_dies: bool) {
     assert_holds(&s3_, &after);
 }
 
-/// With Object Lock, what expiry and gc free is only hidden (a delete marker): its bytes stay,
-/// and nobody holding the credentials can delete them before their retention ends. Then the
-/// next sync purges them.
-#[test]
-fn object_lock_keeps_freed_objects_until_their_retention_ends() {
-    let url = fresh_url("lock");
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("store");
+/// A store in `dir` whose remote writes every object with Object Lock (compliance mode) for
+/// `seconds`.
+fn locked_store(
+    dir: &std::path::Path,
+    url: &revault_remote::RemoteUrl,
+    seconds: u64,
+) -> (Store, Remote) {
+    let root = dir.join("store");
     Store::init(
         &root,
         &revault_engine::InitOptions {
@@ -666,19 +666,104 @@ fn object_lock_keeps_freed_objects_until_their_retention_ends() {
     )
     .unwrap();
     let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let retention = 4;
     let (remote, _) = Remote::init(
         &store,
         &revault_remote::InitRemote {
             url: url.clone(),
-            key_file: dir.path().join("key"),
+            key_file: dir.join("key"),
             object_lock: Some(revault_remote::ObjectLock {
                 compliance: true,
-                seconds: retention,
+                seconds,
             }),
         },
     )
     .unwrap();
+    (store, remote)
+}
+
+/// Each object is locked from its upload; what the newest head still needs keeps being locked
+/// long after that (the uploader extends it), so nobody holding the credentials can destroy a
+/// backup that can still be restored, however old its data. What is not needed any more is
+/// not extended: it is purged once its own retention ends.
+#[test]
+fn object_lock_keeps_what_is_still_needed_locked() {
+    let url = fresh_url("lock-extend");
+    let dir = tempfile::tempdir().unwrap();
+    let retention = 4;
+    let (store, remote) = locked_store(dir.path(), &url, retention);
+    let d1 = random(1_500_000, 11);
+    let d2 = random(1_500_000, 12);
+    backup_bytes(&store, "ns/a", &d1, DedupUnit::Chunk);
+    remote.sync(&store).unwrap();
+    let first: BTreeSet<String> = store_containers(&store);
+    backup_bytes(&store, "ns/b", &d2, DedupUnit::Chunk);
+    backup_bytes(&store, "ns/b", &random(300_000, 13), DedupUnit::Chunk);
+    let mut extended = 0;
+    // An idle worker's uploader, for three times the retention: a sync when one is due.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(3 * retention) {
+        if remote.needs_sync(&store) {
+            extended += remote.sync(&store).unwrap().locks_extended;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(extended > 0, "the retention of needed objects was extended");
+    // ns/b's first version goes: its containers are hidden, and not extended.
+    revault_engine::expire(&store, "ns/b", &revault_engine::ExpireSel::Version(1)).unwrap();
+    remote.sync(&store).unwrap();
+    let versions = remote.versions_for_test().unwrap();
+    let current: Vec<_> = versions
+        .iter()
+        .filter(|(_, _, latest, marker)| *latest && !marker)
+        .collect();
+    let data: BTreeSet<String> = current
+        .iter()
+        .filter(|(n, ..)| n.starts_with("data/"))
+        .map(|(n, ..)| n.clone())
+        .collect();
+    assert_eq!(
+        data,
+        store_containers(&store),
+        "what is current is what the store needs"
+    );
+    assert!(data.is_superset(&first), "ns/a's containers are current");
+    // Someone with the worker's credentials tries to destroy it, the oldest objects (the
+    // descriptor, version 1's containers) locked from uploads 3 retentions ago.
+    for (name, id, _, _) in &current {
+        let e = remote.delete_version_for_test(name, id).unwrap_err();
+        assert_eq!(e.code(), "remote_denied", "{name} is still needed: {e}");
+    }
+    // What ns/b freed was locked from its upload only: it is purged once that ends.
+    std::thread::sleep(Duration::from_secs(2 * retention + 2));
+    while remote.needs_sync(&store) {
+        remote.sync(&store).unwrap();
+    }
+    let left: Vec<_> = remote
+        .versions_for_test()
+        .unwrap()
+        .into_iter()
+        .filter(|(n, _, latest, _)| n.starts_with("data/") && !latest)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "what ns/b freed was not kept locked: {left:?}"
+    );
+    drop(remote);
+    drop(store);
+    let rebuilt = tempfile::tempdir().unwrap();
+    let (s2, _r2) = recover_into(rebuilt.path(), &url, &dir.path().join("key"), false);
+    assert_holds(&s2, &[("ns/a", vec![(1, d1)])]);
+}
+
+/// With Object Lock, what expiry and gc free is only hidden (a delete marker): its bytes stay,
+/// and nobody holding the credentials can delete them before their retention ends. Then the
+/// next sync purges them.
+#[test]
+fn object_lock_keeps_freed_objects_until_their_retention_ends() {
+    let url = fresh_url("lock");
+    let dir = tempfile::tempdir().unwrap();
+    let retention = 4;
+    let (store, remote) = locked_store(dir.path(), &url, retention);
     let d1 = random(1_500_000, 1);
     let d2 = random(1_500_000, 2);
     backup_bytes(&store, "ns/a", &d1, DedupUnit::Chunk);

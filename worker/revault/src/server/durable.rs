@@ -264,10 +264,13 @@ pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
                 }
                 continue;
             }
-            d.behind_since
-                .lock()
-                .unwrap()
-                .get_or_insert_with(Instant::now);
+            // A sync with nothing new to upload (deletions, Object Lock upkeep) is no lag.
+            if remote.is_behind(&store) {
+                d.behind_since
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+            }
             let _work = app.begin(None);
             let r = {
                 let (store, remote) = (store.clone(), remote.clone());
@@ -280,6 +283,7 @@ pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
                     m.remote_uploaded_bytes
                         .inc_by(rep.container_bytes_uploaded + rep.meta_bytes_uploaded);
                     m.remote_deleted_objects.inc_by(rep.objects_deleted);
+                    m.remote_locks_extended.inc_by(rep.locks_extended);
                     if !remote.is_behind(&store) {
                         *d.behind_since.lock().unwrap() = None;
                     }

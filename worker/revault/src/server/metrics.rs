@@ -106,10 +106,11 @@ pub struct Metrics {
     pub store_degraded: Gauge,
     pub store_reopens: Counter,
     /// The durable tier (see `durable`): syncs by result, bytes uploaded, objects deleted,
-    /// and how far the bucket is behind (set at each scrape).
+    /// Object Lock retentions extended, and how far the bucket is behind (set at each scrape).
     pub remote_syncs: Family<ResultLabel, Counter>,
     pub remote_uploaded_bytes: Counter,
     pub remote_deleted_objects: Counter,
+    pub remote_locks_extended: Counter,
     pub remote_lag_seconds: Gauge<f64, AtomicU64>,
     pub remote_fenced: Gauge,
 }
@@ -274,6 +275,11 @@ impl Metrics {
             remote_deleted_objects: r.add(
                 "remote_deleted_objects",
                 "Objects deleted from the remote (freed containers, old metadata)",
+                Counter::default(),
+            ),
+            remote_locks_extended: r.add(
+                "remote_locks_extended",
+                "Objects still needed whose Object Lock retention was extended",
                 Counter::default(),
             ),
             remote_lag_seconds: r.with_unit(
