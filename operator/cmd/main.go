@@ -17,6 +17,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -44,67 +45,84 @@ func init() {
 	utilruntime.Must(snapshotv1.AddToScheme(scheme))
 }
 
+// flags are the command line's settings.
+type flags struct {
+	metricsAddr, probeAddr, configPath, namespace, overrides string
+	secureMetrics, enableHTTP2, leaderElect, readLogs        bool
+	veleroDataMover                                          bool
+	syncPeriod, seriesWait                                   time.Duration
+	maxConcurrent                                            int
+	calls                                                    controller.CallLimits
+}
+
 func main() {
-	var (
-		metricsAddr, probeAddr, configPath, namespace, overrides string
-		secureMetrics, enableHTTP2, leaderElect, readLogs        bool
-		veleroDataMover                                          bool
-		syncPeriod, seriesWait                                   time.Duration
-	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
+	var f flags
+	flag.StringVar(&f.metricsAddr, "metrics-bind-address", ":8443",
 		"Address of the metrics endpoint (:8443 for HTTPS, :8080 for HTTP with --metrics-secure=false, 0 to disable).")
-	flag.BoolVar(&secureMetrics, "metrics-secure", true,
+	flag.BoolVar(&f.secureMetrics, "metrics-secure", true,
 		"Serve metrics over HTTPS, allowing only callers authorized by the API server (TokenReview/SubjectAccessReview).")
-	flag.BoolVar(&enableHTTP2, "enable-http2", false, "Allow HTTP/2 on the metrics server (off: CVE-2023-44487/39325).")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader, so only one of several replicas reconciles.")
-	flag.StringVar(&configPath, "config", "/etc/revault-operator/config.yaml", "Operator configuration file (worker pools, Jobs).")
-	flag.StringVar(&namespace, "namespace", os.Getenv("POD_NAMESPACE"),
+	flag.BoolVar(&f.enableHTTP2, "enable-http2", false, "Allow HTTP/2 on the metrics server (off: CVE-2023-44487/39325).")
+	flag.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.BoolVar(&f.leaderElect, "leader-elect", false, "Elect a leader, so only one of several replicas reconciles.")
+	flag.StringVar(&f.configPath, "config", "/etc/revault-operator/config.yaml", "Operator configuration file (worker pools, Jobs).")
+	flag.StringVar(&f.namespace, "namespace", os.Getenv("POD_NAMESPACE"),
 		"Namespace of the workers and their token Secret (default: $POD_NAMESPACE).")
-	flag.StringVar(&overrides, "worker-endpoints", os.Getenv("REVAULT_WORKER_ENDPOINTS"),
+	flag.StringVar(&f.overrides, "worker-endpoints", os.Getenv("REVAULT_WORKER_ENDPOINTS"),
 		"NODE=URL,... : reach the worker of NODE at URL instead of its Service (for running outside the cluster).")
-	flag.DurationVar(&syncPeriod, "sync-period", time.Minute, "How often a series' status is read back from its worker.")
-	flag.DurationVar(&seriesWait, "restore-series-wait", 2*time.Minute,
+	flag.DurationVar(&f.syncPeriod, "sync-period", time.Minute, "How often a series' status is read back from its worker.")
+	flag.DurationVar(&f.seriesWait, "restore-series-wait", 2*time.Minute,
 		"How long a RestoreJob waits for its BackupSeries to exist before it fails.")
-	flag.BoolVar(&readLogs, "read-pod-logs", true,
+	flag.BoolVar(&f.readLogs, "read-pod-logs", true,
 		"Read a finished Job pod's log for its report when its termination message has none.")
-	flag.BoolVar(&veleroDataMover, "velero-data-mover", false,
+	flag.BoolVar(&f.veleroDataMover, "velero-data-mover", false,
 		"Serve Velero DataUploads/DataDownloads whose spec.datamover is \"revault\" (needs Velero's CRDs).")
+	flag.IntVar(&f.maxConcurrent, "max-concurrent-reconciles", 4,
+		"Objects of one kind reconciled at once (each may wait on a worker).")
+	flag.DurationVar(&f.calls.Quick, "worker-timeout", controller.DefaultCallLimits.Quick,
+		"Bound of a worker call that reads or stores little (status, retention).")
+	flag.DurationVar(&f.calls.Heavy, "worker-heavy-timeout", controller.DefaultCallLimits.Heavy,
+		"Bound of a worker call whose work grows with the series (slide, expire, delete).")
+	flag.DurationVar(&f.calls.Pause, "worker-pause", controller.DefaultCallLimits.Pause,
+		"How long a worker that did not answer in time is not called again (its calls fail at once).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 
-	if err := run(metricsAddr, probeAddr, configPath, namespace, overrides, secureMetrics, enableHTTP2, leaderElect,
-		readLogs, veleroDataMover, syncPeriod, seriesWait); err != nil {
+	if err := run(f); err != nil {
 		setupLog.Error(err, "operator stopped")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secureMetrics, enableHTTP2, leaderElect,
-	readLogs, veleroDataMover bool, syncPeriod, seriesWait time.Duration) error {
-	cfg, err := config.Load(configPath)
+func run(f flags) error {
+	if f.maxConcurrent < 1 {
+		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrent)
+	}
+	if f.calls.Quick <= 0 || f.calls.Heavy <= 0 || f.calls.Pause < 0 {
+		return fmt.Errorf("--worker-timeout and --worker-heavy-timeout must be positive, --worker-pause not negative")
+	}
+	cfg, err := config.Load(f.configPath)
 	if err != nil {
 		return err
 	}
 	if cfg.Namespace == "" {
-		cfg.Namespace = namespace
+		cfg.Namespace = f.namespace
 	}
 	if cfg.Namespace == "" {
-		return fmt.Errorf("no namespace: set --namespace, $POD_NAMESPACE or namespace in %s", configPath)
+		return fmt.Errorf("no namespace: set --namespace, $POD_NAMESPACE or namespace in %s", f.configPath)
 	}
-	ovr, err := controller.ParseOverrides(overrides)
+	ovr, err := controller.ParseOverrides(f.overrides)
 	if err != nil {
 		return err
 	}
 
 	var tlsOpts []func(*tls.Config)
-	if !enableHTTP2 {
+	if !f.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
-	metricsOpts := metricsserver.Options{BindAddress: metricsAddr, SecureServing: secureMetrics, TLSOpts: tlsOpts}
-	if secureMetrics {
+	metricsOpts := metricsserver.Options{BindAddress: f.metricsAddr, SecureServing: f.secureMetrics, TLSOpts: tlsOpts}
+	if f.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 
@@ -112,18 +130,19 @@ func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secure
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
-		HealthProbeBindAddress:        probeAddr,
-		LeaderElection:                leaderElect,
+		HealthProbeBindAddress:        f.probeAddr,
+		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "revault-operator.backup.revault.io",
 		LeaderElectionNamespace:       cfg.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         controller.CacheOptions(cfg.Namespace),
+		Controller:                    ctrlconfig.Controller{MaxConcurrentReconciles: f.maxConcurrent},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	var reader controller.PodOutputReader
-	if readLogs {
+	if f.readLogs {
 		cs, err := kubernetes.NewForConfig(restCfg)
 		if err != nil {
 			return err
@@ -131,8 +150,8 @@ func run(metricsAddr, probeAddr, configPath, namespace, overrides string, secure
 		reader = controller.NewPodOutputReader(cs)
 	}
 	if err := controller.SetupWithManager(mgr, controller.Options{
-		Config: cfg, WorkerOverrides: ovr, SyncPeriod: syncPeriod, SeriesWait: seriesWait, PodOutput: reader,
-		VeleroDataMover: veleroDataMover,
+		Config: cfg, WorkerOverrides: ovr, SyncPeriod: f.syncPeriod, SeriesWait: f.seriesWait, PodOutput: reader,
+		VeleroDataMover: f.veleroDataMover, CallLimits: f.calls,
 	}); err != nil {
 		return fmt.Errorf("setting up the controllers: %w", err)
 	}

@@ -152,7 +152,8 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 				Expect(c.Image).To(Equal("revault.local/revault-operator:dev"))
 				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
 				Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
-				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443"))
+				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443",
+					"--max-concurrent-reconciles=4", "--worker-timeout=15s", "--worker-heavy-timeout=2m", "--worker-pause=30s"))
 				// It leaves a lost node quickly: it is what rebuilds the stores of lost nodes.
 				for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
 					Expect(pod.Tolerations).To(ContainElement(corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,

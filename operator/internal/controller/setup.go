@@ -51,6 +51,8 @@ type Options struct {
 	// VeleroDataMover runs the Velero data mover (DataUpload/DataDownload with
 	// spec.datamover "revault"); it needs Velero's CRDs in the cluster.
 	VeleroDataMover bool
+	// CallLimits bound the calls to workers (zero: DefaultCallLimits).
+	CallLimits CallLimits
 }
 
 // CacheOptions restrict the manager's caches to what the operator manages: its own namespace
@@ -86,7 +88,11 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 		opts.Now = time.Now
 	}
 	tm := &tokens.Manager{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Config.Namespace}
-	workers := &Workers{Client: mgr.GetClient(), Config: opts.Config, Tokens: tm, Overrides: opts.WorkerOverrides}
+	if opts.CallLimits == (CallLimits{}) {
+		opts.CallLimits = DefaultCallLimits
+	}
+	workers := &Workers{Client: mgr.GetClient(), Config: opts.Config, Tokens: tm, Overrides: opts.WorkerOverrides,
+		Limits: opts.CallLimits, Health: NewWorkerHealth()}
 	if opts.PodOutput == nil {
 		opts.PodOutput = NewPodOutputReader(nil)
 	}

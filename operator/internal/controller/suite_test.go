@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -164,12 +165,16 @@ remote:
 	workerURL[lostNode] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
 	// A node whose worker is gone for good: nothing listens there.
 	workerURL["node-gone"] = fmt.Sprintf("http://127.0.0.1:%d", freePort())
+	// A node whose worker hangs: it accepts connections and never answers.
+	workerURL[hungNode] = startHungWorker()
 
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  CacheOptions(operatorNS),
+		// As many as the operator's default, so the specs run reconciles side by side.
+		Controller: ctrlconfig.Controller{MaxConcurrentReconciles: 4},
 	})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(SetupWithManager(mgr, Options{
@@ -179,6 +184,7 @@ remote:
 		SeriesWait:      3 * time.Second,
 		Now:             clock.Now,
 		VeleroDataMover: true,
+		CallLimits:      testCallLimits,
 	})).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
@@ -424,7 +430,8 @@ func workerClient(node, token string) *workerclient.ClientWithResponses {
 
 // adminClient talks to a worker with the operator's token, through the calls the operator makes.
 func adminClient(node string) *instrumented {
-	return &instrumented{workerClient(node, adminToken())}
+	return &instrumented{c: workerClient(node, adminToken()),
+		at: endpoint{url: workerURL[node], limits: DefaultCallLimits, health: NewWorkerHealth()}}
 }
 
 var nsCounter int

@@ -15,7 +15,6 @@ import (
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/config"
-	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/tokens"
 	"github.com/revault-io/revault/operator/pkg/workerclient"
@@ -47,6 +46,9 @@ type Workers struct {
 	Config    *config.Config
 	Tokens    *tokens.Manager
 	Overrides map[string]string
+	// Limits bounds every call to a worker; Health remembers which workers did not answer.
+	Limits CallLimits
+	Health *WorkerHealth
 }
 
 // ParseOverrides reads "node=url,node2=url2".
@@ -209,8 +211,9 @@ func (w *Workers) url(media backupv1alpha1.Media, node string) string {
 	return w.endpoint(media, node)
 }
 
-// workerHTTP is the HTTP client of the operator's worker calls.
-var workerHTTP = &http.Client{Timeout: 60 * time.Second}
+// workerHTTP is the HTTP client of the operator's worker calls; each call bounds itself
+// (workercalls.go), this only bounds a call that somehow would not.
+var workerHTTP = &http.Client{Timeout: 10 * time.Minute}
 
 // API returns a client for the worker on node (with the operator's admin token).
 func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node string) (*instrumented, error) {
@@ -218,11 +221,12 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 	if err != nil {
 		return nil, fmt.Errorf("reading the operator's worker token: %w", err)
 	}
-	c, err := workerclient.New(w.url(media, node), token, workerHTTP)
+	url := w.url(media, node)
+	c, err := workerclient.New(url, token, workerHTTP)
 	if err != nil {
 		return nil, err
 	}
-	return &instrumented{c}, nil
+	return &instrumented{c: c, at: w.callsTo(url)}, nil
 }
 
 // RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of
@@ -248,11 +252,12 @@ func (w *Workers) TokenAccepted(ctx context.Context, media backupv1alpha1.Media,
 		return false, err
 	}
 	// Only the namespace's token is used here: no admin client (and no read of its token).
-	scoped, err := workerclient.New(w.url(media, node), tok, workerHTTP)
+	url := w.url(media, node)
+	scoped, err := workerclient.New(url, tok, workerHTTP)
 	if err != nil {
 		return false, err
 	}
-	_, err = call("list_series", func() (*[]workerclient.Series, error) {
+	_, err = call(ctx, w.callsTo(url), "list_series", func(ctx context.Context) (*[]workerclient.Series, error) {
 		return workerclient.JSON(scoped.ListSeriesWithResponse(ctx, &workerclient.ListSeriesParams{Namespace: &ns}))
 	})
 	switch {
@@ -272,74 +277,4 @@ func versionsAt(s *workerclient.SeriesDetail) []plan.VersionAt {
 		vs = append(vs, plan.VersionAt{Number: v.Number, Time: v.Time})
 	}
 	return vs
-}
-
-// instrumented is the operator's view of a worker: the calls it makes, each counted in the
-// operator's metrics, through the generated client.
-type instrumented struct {
-	c *workerclient.ClientWithResponses
-}
-
-func call[T any](op string, fn func() (T, error)) (T, error) {
-	v, err := fn()
-	outcome := "ok"
-	if err != nil {
-		outcome = "error"
-	}
-	metrics.WorkerRequests.WithLabelValues(op, outcome).Inc()
-	return v, err
-}
-
-func (i *instrumented) Stats(ctx context.Context) (*workerclient.Stats, error) {
-	return call("stats", func() (*workerclient.Stats, error) {
-		return workerclient.JSON(i.c.GetStatsWithResponse(ctx))
-	})
-}
-
-// Series is one series with its versions and what its retention would expire (a 404 error when
-// the worker has no such series).
-func (i *instrumented) Series(ctx context.Context, ns, name string) (*workerclient.SeriesDetail, error) {
-	return call("series", func() (*workerclient.SeriesDetail, error) {
-		return workerclient.JSON(i.c.GetSeriesWithResponse(ctx, ns, name))
-	})
-}
-
-// DeleteSeries deletes every version of a series.
-func (i *instrumented) DeleteSeries(ctx context.Context, ns, name string) (*workerclient.ExpireReport, error) {
-	return call("delete_series", func() (*workerclient.ExpireReport, error) {
-		return workerclient.JSON(i.c.DeleteSeriesWithResponse(ctx, ns, name))
-	})
-}
-
-// PutRetention stores a series' retention, creating the series if needed.
-func (i *instrumented) PutRetention(ctx context.Context, ns, name string, r workerclient.Retention) error {
-	_, err := call("put_retention", func() (struct{}, error) {
-		return struct{}{}, workerclient.Done(i.c.PutRetentionWithResponse(ctx, ns, name, r))
-	})
-	return err
-}
-
-// Slide reverse-deduplicates the versions that left the live window.
-func (i *instrumented) Slide(ctx context.Context, ns, name string) (*workerclient.SlideReport, error) {
-	return call("slide", func() (*workerclient.SlideReport, error) {
-		return workerclient.JSON(i.c.SlideSeriesWithResponse(ctx, ns, name))
-	})
-}
-
-// ExpireByRetention deletes what the series' retention no longer keeps (its pendingExpiry).
-func (i *instrumented) ExpireByRetention(ctx context.Context, ns, name string) (*workerclient.ExpireReport, error) {
-	return call("expire", func() (*workerclient.ExpireReport, error) {
-		var req workerclient.ExpireRequest
-		if err := req.FromExpireByRetention(workerclient.ExpireByRetention{ApplyRetention: true}); err != nil {
-			return nil, err
-		}
-		return workerclient.JSON(i.c.ExpireVersionsWithResponse(ctx, ns, name, req))
-	})
-}
-
-// BackupProgress reports how far the series' running backup has got.
-func (i *instrumented) BackupProgress(ctx context.Context, ns, name string) (*workerclient.BackupProgress, error) {
-	return call("backup_progress", func() (*workerclient.BackupProgress, error) {
-		return workerclient.JSON(i.c.GetBackupProgressWithResponse(ctx, ns, name))
-	})
 }

@@ -39,7 +39,7 @@ var (
 	// WorkerRequests counts the operator's calls to workers by operation and outcome.
 	WorkerRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "revault_operator_worker_requests_total",
-		Help: "Operator calls to worker APIs by operation and outcome (ok, error).",
+		Help: "Operator calls to worker APIs by operation and outcome (ok, error; skipped: not made, the worker did not answer in time a moment ago).",
 	}, []string{"operation", "outcome"})
 
 	// BytesReclaimed counts bytes freed by the slides and expiries the operator ran.
