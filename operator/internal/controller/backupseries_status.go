@@ -67,7 +67,7 @@ func (r *BackupSeriesReconciler) writeStatus(ctx context.Context, bs *backupv1al
 	if equality.Semantic.DeepEqual(orig, &bs.Status) {
 		return nil
 	}
-	if err := r.Status().Update(ctx, bs); err != nil {
+	if err := patchStatus(ctx, r.Client, bs, func(base *backupv1alpha1.BackupSeries) { base.Status = *orig }); err != nil {
 		return err
 	}
 	// Count a finished backup Job once its record is stored: a conflicting

@@ -1,10 +1,13 @@
 package controller
 
 import (
+	"context"
+
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
@@ -72,4 +75,15 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-3] + "..."
+}
+
+// patchStatus writes obj's status as a merge patch against the object as read (asRead sets a
+// copy of obj back to its status as read): only what changed is sent, so fields this operator
+// does not know survive, and the patch carries the resourceVersion read, so a write based on a
+// stale read fails with a conflict (and the reconcile is retried) instead of undoing a newer
+// one, e.g. a series' placement.
+func patchStatus[T client.Object](ctx context.Context, c client.Client, obj T, asRead func(T)) error {
+	base := obj.DeepCopyObject().(T)
+	asRead(base)
+	return c.Status().Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 }

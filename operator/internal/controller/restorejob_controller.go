@@ -63,7 +63,7 @@ func (r *RestoreJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	if !equality.Semantic.DeepEqual(orig, st) {
-		if err := r.Status().Update(ctx, rj); err != nil {
+		if err := patchStatus(ctx, r.Client, rj, func(base *backupv1alpha1.RestoreJob) { base.Status = *orig }); err != nil {
 			return ctrl.Result{}, err
 		}
 		// Count a finished restore only once its terminal phase is stored: a
