@@ -40,9 +40,15 @@ gen_manifests() {
   local root=$1
   mkdir -p "$root/config/crd/bases" "$root/config/rbac" "$root/charts/revault/templates/crds" "$root/charts/revault/files"
   rm -f "$root"/config/crd/bases/*.yaml
-  (cd "$root/operator" && controller-gen rbac:roleName=manager-role crd paths=./... \
+  # The operator's role from every package but internal/rbac/datamover, whose markers make a
+  # role of their own: the chart grants it only with the Velero data mover on.
+  (cd "$root/operator" && controller-gen rbac:roleName=manager-role crd \
+    paths="{./api/...,./cmd/...,./internal/controller/...,./internal/config/...,./internal/plan/...,./internal/tokens/...,./internal/metrics/...}" \
     output:crd:artifacts:config="$root/config/crd/bases" \
     output:rbac:artifacts:config="$root/config/rbac")
+  mkdir -p "$root/config/rbac/datamover"
+  (cd "$root/operator" && controller-gen rbac:roleName=datamover-role paths=./internal/rbac/datamover/... \
+    output:rbac:artifacts:config="$root/config/rbac/datamover")
   rm -f "$root"/charts/revault/templates/crds/*.yaml
   local f
   for f in "$root"/config/crd/bases/*.yaml; do
@@ -50,6 +56,7 @@ gen_manifests() {
   done
   # The chart's RBAC templates read the generated rules from here, so they cannot drift.
   cp "$root/config/rbac/role.yaml" "$root/charts/revault/files/role.yaml"
+  cp "$root/config/rbac/datamover/role.yaml" "$root/charts/revault/files/datamover-role.yaml"
 }
 
 case "${1:-}" in

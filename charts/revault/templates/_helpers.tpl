@@ -75,7 +75,7 @@ app.kubernetes.io/component: operator
 {{/* The rules controller-gen generated (files/role.yaml): kind is ClusterRole or Role. */}}
 {{- define "revault.generatedRules" -}}
 {{- $kind := .kind -}}
-{{- range $doc := splitList "\n---\n" (.root.Files.Get "files/role.yaml") -}}
+{{- range $doc := splitList "\n---\n" (.root.Files.Get (.file | default "files/role.yaml")) -}}
 {{- $obj := fromYaml $doc -}}
 {{- if and $obj (eq ($obj.kind | default "") $kind) -}}
 {{ toYaml $obj.rules }}

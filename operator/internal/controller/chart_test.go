@@ -176,6 +176,48 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 			}
 		}
 		Expect(genRules["ClusterRole"]).NotTo(ContainElement(HaveField("Verbs", ContainElement("*"))))
+		// Without the data mover, no rule lets the operator touch PersistentVolumes, delete
+		// PVCs or VolumeSnapshots, or create BackupSeries (users' roles, editor and viewer, are
+		// not the operator's).
+		for _, o := range objs {
+			if o.GetKind() != "ClusterRole" || strings.HasSuffix(o.GetName(), "-editor") || strings.HasSuffix(o.GetName(), "-viewer") {
+				continue
+			}
+			for _, r := range convert(o, &rbacv1.ClusterRole{}).Rules {
+				Expect(r.Resources).NotTo(ContainElement("persistentvolumes"), "%s: %v", o.GetName(), r)
+				Expect(r.APIGroups).NotTo(ContainElement(BeElementOf("snapshot.storage.k8s.io", "velero.io")), "%s: %v", o.GetName(), r)
+				if slices.Contains(r.Resources, "persistentvolumeclaims") || slices.Contains(r.Resources, "backupseries") {
+					Expect(r.Verbs).NotTo(ContainElement(BeElementOf("create", "delete")), "%s: %v", o.GetName(), r)
+				}
+			}
+		}
+	})
+
+	It("grants the Velero data mover's rules only with velero.dataMover", func() {
+		ns := newNamespace("datamover")
+		rendered := template(ns, "velero.dataMover=true")
+		generated, err := os.ReadFile(filepath.Join(repoRoot, "config", "rbac", "datamover", "role.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		want := convert(splitDocs(string(generated))[0], &rbacv1.ClusterRole{}).Rules
+		Expect(want).To(ContainElement(HaveField("Resources", ContainElement("persistentvolumes"))))
+		found := map[string]bool{}
+		for _, o := range splitDocs(rendered) {
+			switch {
+			case o.GetKind() == "ClusterRole" && o.GetName() == "rv-revault-datamover":
+				Expect(convert(o, &rbacv1.ClusterRole{}).Rules).To(Equal(want))
+				found["role"] = true
+			case o.GetKind() == "ClusterRoleBinding" && o.GetName() == "rv-revault-datamover":
+				b := convert(o, &rbacv1.ClusterRoleBinding{})
+				Expect(b.RoleRef.Name).To(Equal("rv-revault-datamover"))
+				Expect(b.Subjects).To(ContainElement(HaveField("Namespace", ns)))
+				found["binding"] = true
+			case o.GetKind() == "Deployment":
+				Expect(convert(o, &appsv1.Deployment{}).Spec.Template.Spec.Containers[0].Args).To(ContainElement("--velero-data-mover"))
+				found["flag"] = true
+			}
+		}
+		Expect(found).To(Equal(map[string]bool{"role": true, "binding": true, "flag": true}))
+		dryRun(rendered)
 	})
 
 	It("renders the remote into the operator's config, and refuses a remote without its key Secret", func() {

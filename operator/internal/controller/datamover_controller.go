@@ -38,13 +38,8 @@ import (
 //
 // Both end in Completed, Failed (with the reason in status.message) or Canceled.
 
-// +kubebuilder:rbac:groups=velero.io,resources=datauploads;datadownloads,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;create;delete;patch
-// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;update;patch
-// +kubebuilder:rbac:groups=backup.revault.io,resources=backupseries;restorejobs,verbs=create;delete
-// +kubebuilder:rbac:groups=velero.io,resources=restores,verbs=get
-// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get;delete
-// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotcontents,verbs=get;patch
+// Its RBAC markers are in internal/rbac/datamover, generated into a role of their own that the
+// chart grants only with velero.dataMover.
 
 // dataMoverPoll is how often a running data movement is looked at.
 const dataMoverPoll = 5 * time.Second
