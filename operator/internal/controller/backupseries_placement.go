@@ -73,8 +73,8 @@ func (r *BackupSeriesReconciler) followWorker(ctx context.Context, s *seriesRun)
 }
 
 // place chooses a worker for a series: the worker that already holds it (status is lost when a
-// BackupSeries is recreated, e.g. restored from a cluster backup), else the least used reachable
-// worker of its media.
+// BackupSeries is recreated, e.g. restored from a cluster backup), else the reachable worker of
+// its media with the most free room that is not nearly full (plan.ChooseWorker).
 func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.BackupSeries) (
 	_ *backupv1alpha1.WorkerPlacement, reason, msg string, _ error) {
 	media := bs.Spec.Storage.Media
@@ -102,19 +102,51 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 	}
 	c, ok := plan.ChooseWorker(cands)
 	if !ok {
-		msg := fmt.Sprintf("no ready %s worker: label nodes %s=%s", media, backupv1alpha1.StorageLabel, media)
-		if len(problems) > 0 {
-			msg = fmt.Sprintf("no reachable %s worker (%s)", media, joinMax(problems, 4))
-		}
-		return nil, "NoWorker", msg, nil
+		return nil, noWorkerReason(cands), noWorkerMessage(media, cands, problems), nil
 	}
 	for _, w := range ws {
 		if w.Node == c.Node {
-			return r.Workers.Placement(w), "WorkerSelected", fmt.Sprintf("least used %s worker: node %s (%d stored bytes, %d series)",
-				media, c.Node, c.StoredBytes, c.Placed), nil
+			return r.Workers.Placement(w), "WorkerSelected", fmt.Sprintf("%s worker with the most room: node %s (%s, %d stored bytes, %d series)",
+				media, c.Node, roomOf(c), c.StoredBytes, c.Placed), nil
 		}
 	}
 	return nil, "", "", fmt.Errorf("chosen worker %s vanished", c.Node)
+}
+
+// noWorkerReason is NoSpace when reachable workers exist and every one is nearly full.
+func noWorkerReason(cands []plan.Candidate) string {
+	full := 0
+	for _, c := range cands {
+		if c.Reachable {
+			if c.NearlyFull() == "" {
+				return "NoWorker"
+			}
+			full++
+		}
+	}
+	if full > 0 {
+		return "NoSpace"
+	}
+	return "NoWorker"
+}
+
+func noWorkerMessage(media backupv1alpha1.Media, cands []plan.Candidate, problems []string) string {
+	switch {
+	case noWorkerReason(cands) == "NoSpace":
+		return fmt.Sprintf("every %s worker is nearly full (%s): free room on them, or add a node labelled %s=%s",
+			media, joinMax(problems, 4), backupv1alpha1.StorageLabel, media)
+	case len(problems) > 0:
+		return fmt.Sprintf("no reachable %s worker (%s)", media, joinMax(problems, 4))
+	default:
+		return fmt.Sprintf("no ready %s worker: label nodes %s=%s", media, backupv1alpha1.StorageLabel, media)
+	}
+}
+
+func roomOf(c plan.Candidate) string {
+	if c.Room == nil {
+		return "room not reported"
+	}
+	return plan.HumanBytes(c.Room.DataFree) + " free of " + plan.HumanBytes(c.Room.DataTotal)
 }
 
 // seriesPerNode counts the series placed on each node's worker of media.
@@ -172,6 +204,13 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		c := plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
 		if s != nil {
 			c.StoredBytes = s.ContainerBytes
+			if d := s.Disk; d != nil {
+				c.Room = &plan.Room{DataTotal: d.DataTotalBytes, DataFree: d.DataFreeBytes,
+					MetaTotal: d.MetaTotalBytes, MetaFree: d.MetaFreeBytes}
+			}
+			if why := c.NearlyFull(); why != "" {
+				problems = append(problems, fmt.Sprintf("%s: %s", w.Node, why))
+			}
 		}
 		cands = append(cands, c)
 	}

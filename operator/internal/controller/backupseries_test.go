@@ -175,7 +175,7 @@ var _ = Describe("BackupSeries", func() {
 		}).Should(BeTrue())
 	})
 
-	It("places a series on the least used worker of its media", func() {
+	It("places a series on the worker of its media with the most room, then the least used", func() {
 		ns := newNamespace("place")
 		// Make the two SSD workers differ: write unique data to the emptier one's scratch series
 		// until one clearly holds more.
@@ -197,7 +197,7 @@ var _ = Describe("BackupSeries", func() {
 		Expect(bs.Status.Worker.Node).To(Equal(emptier))
 		Expect(condition(bs.Status.Conditions, backupv1alpha1.ConditionPlaced).Status).To(Equal(metav1.ConditionTrue))
 		Eventually(func() []string { return eventNotes(bs) }).Should(ContainElement(
-			HavePrefix("WorkerSelected: Placed is True: least used ssd worker: node " + emptier)))
+			HavePrefix("WorkerSelected: Placed is True: ssd worker with the most room: node " + emptier)))
 
 		hdd := pvcSeries(ns, "cold")
 		hdd.Spec.Storage.Media = backupv1alpha1.MediaHDD

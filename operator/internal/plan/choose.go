@@ -1,6 +1,9 @@
 package plan
 
-import "sort"
+import (
+	"fmt"
+	"sort"
+)
 
 // Candidate is a ready worker of the wanted media, as seen when a series is placed.
 type Candidate struct {
@@ -10,27 +13,91 @@ type Candidate struct {
 	// the stats call failed, and such a worker is never chosen.
 	StoredBytes int64
 	Reachable   bool
+	// Room is the room on the worker's filesystems; nil when the worker does not say (an
+	// older worker), and then it is placed by StoredBytes alone.
+	Room *Room
 	// Placed is how many BackupSeries already name this worker in their status: it breaks ties
 	// between equally full workers, so series created together spread out before any of them
 	// has data.
 	Placed int
 }
 
-// ChooseWorker picks the least used reachable worker: fewest stored bytes, then fewest placed
-// series, then the node name (so the choice is deterministic). ok is false when none is
-// reachable.
+// Room is the size and free bytes of the filesystems holding a store's containers and its
+// metadata.
+type Room struct {
+	DataTotal, DataFree, MetaTotal, MetaFree int64
+}
+
+// MinFreePercent is the free room below which a worker takes no new series: what is left is
+// for the series it already holds, which grow with every backup.
+const MinFreePercent = 10
+
+// NearlyFull says why a worker takes no new series ("" when it does): less than
+// MinFreePercent of either filesystem free.
+func (c Candidate) NearlyFull() string {
+	if c.Room == nil {
+		return ""
+	}
+	for _, fs := range []struct {
+		what        string
+		free, total int64
+	}{{"containers", c.Room.DataFree, c.Room.DataTotal}, {"metadata", c.Room.MetaFree, c.Room.MetaTotal}} {
+		if fs.total > 0 && fs.free*100 < fs.total*MinFreePercent {
+			return fmt.Sprintf("%d%% free for %s of %s (new series need %d%%)",
+				fs.free*100/fs.total, fs.what, HumanBytes(fs.total), MinFreePercent)
+		}
+	}
+	return ""
+}
+
+// roomStep is the free room that counts as a difference between workers: 1 GiB or 1% of the
+// largest filesystem, whichever is more. Free room moves by itself (other writers, a worker's
+// own compactions), so two workers on disks alike must not be told apart by noise: within a
+// step, the fewer stored bytes decide.
+func roomStep(cands []Candidate) int64 {
+	step := int64(1 << 30)
+	for _, c := range cands {
+		if c.Room != nil {
+			step = max(step, c.Room.DataTotal/100)
+		}
+	}
+	return step
+}
+
+// freeSteps is the room a new series would grow into (the containers' filesystem), in steps;
+// ok is false when the worker does not report it.
+func (c Candidate) freeSteps(step int64) (int64, bool) {
+	if c.Room == nil {
+		return 0, false
+	}
+	return c.Room.DataFree / step, true
+}
+
+// ChooseWorker picks the reachable worker, not nearly full, with the most free room (counted in
+// steps, see roomStep; then the fewest stored bytes, then the fewest placed series, then the node name, so the choice is
+// deterministic). Workers that do not report their room come after those that do. ok is
+// false when none can take the series.
 func ChooseWorker(cands []Candidate) (c Candidate, ok bool) {
 	var usable []Candidate
 	for _, x := range cands {
-		if x.Reachable {
+		if x.Reachable && x.NearlyFull() == "" {
 			usable = append(usable, x)
 		}
 	}
 	if len(usable) == 0 {
 		return Candidate{}, false
 	}
+	step := roomStep(usable)
 	sort.SliceStable(usable, func(i, j int) bool {
 		a, b := usable[i], usable[j]
+		fa, ka := a.freeSteps(step)
+		fb, kb := b.freeSteps(step)
+		if ka != kb {
+			return ka
+		}
+		if fa != fb {
+			return fa > fb
+		}
 		if a.StoredBytes != b.StoredBytes {
 			return a.StoredBytes < b.StoredBytes
 		}

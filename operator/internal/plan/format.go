@@ -17,8 +17,18 @@ func Ratio(a, b int64) string {
 
 // Throughput formats bytes per second in binary units ("412.3 MiB/s").
 func Throughput(bytesPerSec float64) string {
-	units := []string{"B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s"}
-	v, i := bytesPerSec, 0
+	return binary(bytesPerSec, "B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s")
+}
+
+// HumanBytes formats a size in binary units ("93.2 GiB").
+func HumanBytes(n int64) string {
+	return binary(float64(n), "B", "KiB", "MiB", "GiB", "TiB", "PiB")
+}
+
+// binary formats v with one decimal in the largest of units (each 1024 times the one before)
+// that keeps it at least 1.
+func binary(v float64, units ...string) string {
+	i := 0
 	for v >= 1024 && i < len(units)-1 {
 		v /= 1024
 		i++

@@ -35,6 +35,30 @@ func TestChooseWorker(t *testing.T) {
 			{Node: "a", StoredBytes: 10, Reachable: true, Placed: 0},
 			{Node: "b", StoredBytes: 5, Reachable: true, Placed: 9},
 		}, "b", true},
+		{"most free room wins over fewest stored bytes", []Candidate{
+			{Node: "a", Reachable: true, StoredBytes: 1, Room: room(50*gib, 100*gib)},
+			{Node: "b", Reachable: true, StoredBytes: 9, Room: room(80*gib, 100*gib)},
+		}, "b", true},
+		{"free room within a step (1% of the largest disk) is a tie: stored bytes decide", []Candidate{
+			{Node: "a", Reachable: true, StoredBytes: 9, Room: room(50*gib+gib/2, 300*gib)},
+			{Node: "b", Reachable: true, StoredBytes: 1, Room: room(50*gib, 300*gib)},
+		}, "b", true},
+		{"a nearly full worker takes no new series, however empty its store", []Candidate{
+			{Node: "a", Reachable: true, StoredBytes: 0, Room: room(9, 100)},
+			{Node: "b", Reachable: true, StoredBytes: 500, Room: room(30, 100)},
+		}, "b", true},
+		{"nearly full metadata counts too", []Candidate{
+			{Node: "a", Reachable: true, Room: &Room{DataTotal: 100, DataFree: 90, MetaTotal: 100, MetaFree: 5}},
+			{Node: "b", Reachable: true, Room: room(20, 100)},
+		}, "b", true},
+		{"every worker nearly full: none", []Candidate{
+			{Node: "a", Reachable: true, Room: room(9, 100)},
+			{Node: "b", Reachable: true, Room: room(0, 100)},
+		}, "", false},
+		{"a worker that reports its room before one that does not", []Candidate{
+			{Node: "a", Reachable: true, StoredBytes: 0},
+			{Node: "b", Reachable: true, StoredBytes: 100, Room: room(11, 100)},
+		}, "b", true},
 		{"full tie: node name", []Candidate{
 			{Node: "zeta", Reachable: true},
 			{Node: "alpha", Reachable: true},
@@ -288,5 +312,22 @@ func TestFormat(t *testing.T) {
 		if got := CacheMiB(c.bytes); got != c.want {
 			t.Errorf("CacheMiB(%d) = %d, want %d", c.bytes, got, c.want)
 		}
+	}
+}
+
+const gib = int64(1 << 30)
+
+// room is a worker whose containers and metadata share one filesystem with free of total.
+func room(free, total int64) *Room {
+	return &Room{DataTotal: total, DataFree: free, MetaTotal: total, MetaFree: free}
+}
+
+func TestNearlyFullSaysWhy(t *testing.T) {
+	c := Candidate{Room: &Room{DataTotal: 200 << 30, DataFree: 10 << 30, MetaTotal: 1, MetaFree: 1}}
+	if got, want := c.NearlyFull(), "5% free for containers of 200.0 GiB (new series need 10%)"; got != want {
+		t.Fatalf("NearlyFull = %q; want %q", got, want)
+	}
+	if got := (Candidate{}).NearlyFull(); got != "" {
+		t.Fatalf("a worker that does not report its room: %q", got)
 	}
 }

@@ -442,6 +442,19 @@ type Bucket struct {
 // DedupUnit defines model for DedupUnit.
 type DedupUnit string
 
+// DiskSpace defines model for DiskSpace.
+type DiskSpace struct {
+	// DataFreeBytes bytes an unprivileged writer may still use there
+	DataFreeBytes int64 `json:"dataFreeBytes"`
+
+	// DataTotalBytes size of the filesystem holding the containers
+	DataTotalBytes int64 `json:"dataTotalBytes"`
+	MetaFreeBytes  int64 `json:"metaFreeBytes"`
+
+	// MetaTotalBytes size of the filesystem holding the metadata
+	MetaTotalBytes int64 `json:"metaTotalBytes"`
+}
+
 // Encoding defines model for Encoding.
 type Encoding string
 
@@ -840,6 +853,9 @@ type Stats struct {
 
 	// DedupRatio logicalBytes / uniqueBytes (0 when empty)
 	DedupRatio float64 `json:"dedupRatio"`
+
+	// Disk room on the filesystems of the store's containers and metadata (statvfs); null when it cannot be read
+	Disk *DiskSpace `json:"disk"`
 
 	// LogicalBytes logical bytes of every version stored
 	LogicalBytes int64 `json:"logicalBytes"`

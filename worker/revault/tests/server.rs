@@ -1235,3 +1235,52 @@ fn a_worker_with_a_sampled_index_dedups_and_restores_byte_exact() {
         );
     }
 }
+
+/// `GET /v1/stats` says how much room the store has, on each filesystem it uses: what the
+/// operator places new series by. Here the containers are on tmpfs and the metadata on the
+/// test's disk, so the two differ.
+#[test]
+fn stats_report_the_room_of_the_data_and_metadata_filesystems() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let store = dir.path().join("store");
+    let data = shm.path().join("data");
+    let out = revault(&[
+        "init",
+        "--store",
+        store.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let srv = Server::start(&store, &[]);
+    let st = srv.get("/v1/stats", None).json();
+    let disk = &st["disk"];
+    let room = |p: &Path| {
+        let s = rustix::fs::statvfs(p).unwrap();
+        (s.f_blocks * s.f_frsize, s.f_bavail * s.f_frsize)
+    };
+    let (data_total, data_free) = room(&data);
+    let (meta_total, meta_free) = room(&store);
+    assert_ne!(
+        data_total, meta_total,
+        "tmpfs and the disk differ in size: {disk}"
+    );
+    assert_eq!(disk["dataTotalBytes"], data_total, "{disk}");
+    assert_eq!(disk["metaTotalBytes"], meta_total, "{disk}");
+    // Free room moves as others write: within 1 GiB of what this test sees.
+    let near = |v: &serde_json::Value, want: u64| v.as_u64().unwrap().abs_diff(want) < 1 << 30;
+    assert!(
+        near(&disk["dataFreeBytes"], data_free),
+        "{disk} vs {data_free}"
+    );
+    assert!(
+        near(&disk["metaFreeBytes"], meta_free),
+        "{disk} vs {meta_free}"
+    );
+    srv.stop();
+}

@@ -139,10 +139,30 @@ pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
 pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     p.check_all("store totals")?;
     let store = app.store_to_read()?;
-    let t = blocking(move || Ok(store.totals()?)).await?;
+    let (t, disk) = blocking(move || Ok((store.totals()?, disk_space(&store)))).await?;
     let mut stats = wire::Stats::from(t);
     stats.remote = app.durable.stats();
+    stats.disk = disk;
     Ok(Json(stats).into_response())
+}
+
+/// Size and free room of the filesystems of the store's containers and metadata.
+fn disk_space(store: &revault_engine::Store) -> Option<wire::DiskSpace> {
+    let room = |dir: &std::path::Path| {
+        let s = rustix::fs::statvfs(dir).ok()?;
+        Some((
+            s.f_blocks.saturating_mul(s.f_frsize),
+            s.f_bavail.saturating_mul(s.f_frsize),
+        ))
+    };
+    let (data_total_bytes, data_free_bytes) = room(store.data_dir())?;
+    let (meta_total_bytes, meta_free_bytes) = room(store.root())?;
+    Some(wire::DiskSpace {
+        data_total_bytes,
+        data_free_bytes,
+        meta_total_bytes,
+        meta_free_bytes,
+    })
 }
 
 pub async fn gc(

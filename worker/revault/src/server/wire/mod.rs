@@ -32,7 +32,7 @@ pub use objects::{
     PutObjectQuery, SignRequest, SignedQuery, SignedUrl, StoredObject,
 };
 pub use reports::{
-    BackupReport, ExpireReport, GcReport, RemoteStats, RestoreReport, SlideReport, Stats,
+    BackupReport, DiskSpace, ExpireReport, GcReport, RemoteStats, RestoreReport, SlideReport, Stats,
 };
 pub use series::{
     BackupProgress, ExpireRequest, GcRequest, GetVersionQuery, PutVersionQuery, Retention, Series,

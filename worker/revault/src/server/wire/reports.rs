@@ -38,6 +38,20 @@ pub struct Stats {
     pub total_ratio: f64,
     /// The store's remote, if it has one.
     pub remote: Option<RemoteStats>,
+    /// Room on the filesystems holding the store (None when it cannot be read).
+    pub disk: Option<DiskSpace>,
+}
+
+/// Size and free room of the filesystems holding a store's containers and its metadata (the
+/// same one unless the data directory is elsewhere), as `statvfs` reports them; free is what
+/// an unprivileged writer may still use.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSpace {
+    pub data_total_bytes: u64,
+    pub data_free_bytes: u64,
+    pub meta_total_bytes: u64,
+    pub meta_free_bytes: u64,
 }
 
 /// The durable tier, as `GET /v1/stats` reports it.
@@ -84,6 +98,7 @@ impl From<Totals> for Stats {
             dedup_ratio: t.dedup_ratio(),
             total_ratio: t.total_ratio(),
             remote: None,
+            disk: None,
         }
     }
 }
