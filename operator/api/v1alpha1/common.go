@@ -7,6 +7,13 @@ const (
 	// status.lastBackupNow instead of removing the annotation, so GitOps tools see no drift.
 	BackupNowAnnotation = "revault.io/backup-now"
 
+	// PlacementAnnotation records, as MEDIA/NODE, the worker a BackupSeries was placed on. The
+	// operator writes it when it places the series and follows it when status.worker is gone
+	// (a BackupSeries restored without its status, e.g. by Velero): the series goes back to
+	// the store that holds its data, even while that worker is down, instead of starting a
+	// second history elsewhere.
+	PlacementAnnotation = "revault.io/placement"
+
 	// StorageLabel marks the nodes that run workers: revault.io/storage=ssd or =hdd.
 	StorageLabel = "revault.io/storage"
 

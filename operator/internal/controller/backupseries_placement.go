@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -35,6 +37,11 @@ func (r *BackupSeriesReconciler) placeNew(ctx context.Context, s *seriesRun) (ct
 		s.cs.setFalse(backupv1alpha1.ConditionPlaced, reason, msg)
 		r.finishStatus(bs, backupv1alpha1.SeriesPending)
 		return stop(ctrl.Result{RequeueAfter: 15 * time.Second}, r.writeStatus(ctx, bs, s.orig))
+	}
+	// The record that survives a lost status goes first: if the status write then fails, the
+	// next reconcile follows the record to the same worker.
+	if err := r.recordPlacement(ctx, bs, p); err != nil {
+		return failed(err)
 	}
 	st.Worker = p
 	logf.FromContext(ctx).Info("placed series", "node", p.Node, "media", p.Media)
@@ -84,6 +91,17 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 	if _, ok := r.Config.Pool(media); !ok {
 		return nil, "NoWorker", fmt.Sprintf("the operator runs no %s worker pool", media), nil
 	}
+	if node, ok := recordedNode(bs, media); ok {
+		w, found, err := r.Workers.OnNode(ctx, media, node)
+		if err != nil {
+			return nil, "", "", err
+		}
+		if !found {
+			w = Worker{Media: media, Node: node, Host: node, Endpoint: r.Workers.endpoint(media, node)}
+		}
+		return r.Workers.Placement(w), "Recorded", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s)",
+			media, node, backupv1alpha1.PlacementAnnotation), nil
+	}
 	ws, err := r.Workers.List(ctx, media)
 	if err != nil {
 		return nil, "", "", err
@@ -111,6 +129,39 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 		}
 	}
 	return nil, "", "", fmt.Errorf("chosen worker %s vanished", c.Node)
+}
+
+// recordedNode is the node of the series' placement annotation, when it names one of media (a
+// record for another media, e.g. after spec.storage.media changed before the first placement,
+// is not followed).
+func recordedNode(bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media) (string, bool) {
+	m, node, ok := strings.Cut(bs.Annotations[backupv1alpha1.PlacementAnnotation], "/")
+	if !ok || backupv1alpha1.Media(m) != media || node == "" {
+		return "", false
+	}
+	return node, true
+}
+
+// recordPlacement writes the placement annotation (a metadata patch; the spec is untouched).
+func (r *BackupSeriesReconciler) recordPlacement(ctx context.Context, bs *backupv1alpha1.BackupSeries, p *backupv1alpha1.WorkerPlacement) error {
+	want := string(p.Media) + "/" + p.Node
+	if bs.Annotations[backupv1alpha1.PlacementAnnotation] == want {
+		return nil
+	}
+	// A copy: the answer carries the status as stored, not as this reconcile has changed it.
+	// Under the resourceVersion read, so that taking the new one back below hides no one
+	// else's change from the status write's own check.
+	cp := bs.DeepCopy()
+	patch := client.MergeFromWithOptions(bs.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if cp.Annotations == nil {
+		cp.Annotations = map[string]string{}
+	}
+	cp.Annotations[backupv1alpha1.PlacementAnnotation] = want
+	if err := r.Patch(ctx, cp, patch); err != nil {
+		return err
+	}
+	bs.Annotations, bs.ResourceVersion = cp.Annotations, cp.ResourceVersion
+	return nil
 }
 
 // noWorkerReason is NoSpace when reachable workers exist and every one is nearly full.

@@ -227,6 +227,47 @@ var _ = Describe("BackupSeries", func() {
 			WithTimeout(30 * time.Second).ShouldNot(BeNil())
 	})
 
+	It("records its placement and follows the record when its status is lost, even to a worker that is down", func() {
+		ns := newNamespace("record")
+		bs := placedSeries(pvcSeries(ns, "db"))
+		node := bs.Status.Worker.Node
+		Eventually(func() string { return getSeries(ns, "db").Annotations[backupv1alpha1.PlacementAnnotation] }).
+			Should(Equal("ssd/" + node))
+		push(ns, "db", node, randomTree(64))
+		loseStatus := func(record string) {
+			Eventually(func() error {
+				cur := getSeries(ns, "db")
+				cur.Annotations[backupv1alpha1.PlacementAnnotation] = record
+				return k8sClient.Update(ctx, cur)
+			}).Should(Succeed())
+			Eventually(func() error {
+				cur := getSeries(ns, "db")
+				cur.Status = backupv1alpha1.BackupSeriesStatus{}
+				return k8sClient.Status().Update(ctx, cur)
+			}).Should(Succeed())
+		}
+		// Restored without status while the worker holding it is down (here: a node whose worker
+		// is gone): it waits for that worker rather than starting a second history elsewhere.
+		loseStatus("ssd/node-gone")
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.Worker).NotTo(BeNil())
+			g.Expect(st.Worker.Node).To(Equal("node-gone"))
+			c := condition(st.Conditions, backupv1alpha1.ConditionPlaced)
+			g.Expect(c.Reason).To(Equal("WorkerMissing"), c.Message)
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Consistently(func() string { return getSeries(ns, "db").Status.Worker.Node }).
+			WithTimeout(3 * time.Second).Should(Equal("node-gone"))
+		// Its real record: back on its worker, with its version.
+		loseStatus("ssd/" + node)
+		Eventually(func(g Gomega) {
+			st := getSeries(ns, "db").Status
+			g.Expect(st.Worker).NotTo(BeNil())
+			g.Expect(st.Worker.Node).To(Equal(node))
+			g.Expect(st.VersionCount).To(BeEquivalentTo(1))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
 	It("adopts the worker that already holds the series", func() {
 		ns := newNamespace("adopt")
 		// The data arrives before the BackupSeries (e.g. the object was restored from a cluster
