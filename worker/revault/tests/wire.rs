@@ -94,6 +94,14 @@ const STATS: &[(&str, &str)] = &[
     ("totalRatio", "float"),
     // A store without a remote (server_remote.rs has one).
     ("remote", "null"),
+    ("disk", "object"),
+];
+
+const DISK: &[(&str, &str)] = &[
+    ("dataTotalBytes", "int"),
+    ("dataFreeBytes", "int"),
+    ("metaTotalBytes", "int"),
+    ("metaFreeBytes", "int"),
 ];
 
 const GC: &[(&str, &str)] = &[
@@ -392,6 +400,7 @@ fn series_and_maintenance_bodies_keep_their_keys() {
     // Maintenance.
     let st = ok(srv.get("/v1/stats", None), 200);
     assert_shape("stats", &st, STATS);
+    assert_shape("stats' disk", &st["disk"], DISK);
     let sl = ok(
         srv.request("POST", "/v1/series/default/db/slide", &[], b""),
         200,
