@@ -39,57 +39,86 @@ pub(crate) fn upkeep_due(lock: ObjectLock, p: &Progress) -> bool {
 }
 
 impl Remote {
-    /// Extends and purges, each when due.
-    pub(crate) fn keep_locks(
-        &self,
-        lock: ObjectLock,
-        p: &mut Progress,
-        rep: &mut SyncReport,
-    ) -> Result<()> {
+    /// Records in the ledger that the retention of `names` ends at `until` at the earliest.
+    /// Best effort: a record lost only means extending those objects once more.
+    pub(crate) fn note_locked(&self, names: &[String], until: i64) {
+        if let Err(e) = self.inner.state.set_locked(names, until) {
+            tracing::warn!(error = %e, "recording Object Lock retention failed");
+        }
+    }
+
+    /// Extends and purges, each when due. A failure is kept in `p.lock_error` (reported by
+    /// every sync until an upkeep succeeds) and retried when the upkeep is next due, not at
+    /// once: a bucket refusing `PutObjectRetention` is not asked every few seconds.
+    pub(crate) fn keep_locks(&self, lock: ObjectLock, p: &mut Progress, rep: &mut SyncReport) {
         if is_due(lock, p.last_extension) {
-            if let Some(n) = self.extend_locks(lock, p)? {
-                rep.locks_extended += n;
-                p.last_extension = Some(Instant::now());
+            p.last_extension = Some(Instant::now());
+            match self.extend_locks(lock, p) {
+                Ok(Some(n)) => {
+                    rep.locks_extended += n;
+                    p.lock_error = None;
+                }
+                Ok(None) => p.last_extension = None,
+                Err(e) => p.lock_error = Some(format!("extending Object Lock retention: {e}")),
             }
         }
         if is_due(lock, p.last_purge) {
-            rep.objects_deleted += self.purge_expired_versions(lock)?;
             p.last_purge = Some(Instant::now());
+            let purged = self.needed_objects(p).and_then(|needed| {
+                let needed: HashSet<String> = needed.unwrap_or_default().into_iter().collect();
+                self.purge_expired_versions(lock, &needed)
+            });
+            match purged {
+                Ok(n) => rep.objects_deleted += n,
+                Err(e) => p.lock_error = Some(format!("purging expired versions: {e}")),
+            }
         }
-        Ok(())
+        if let Some(e) = &p.lock_error {
+            tracing::warn!(error = %e, "Object Lock upkeep failed; retried when next due");
+        }
+        rep.lock_upkeep_error = p.lock_error.clone();
     }
 
-    /// Every object the newest head needs to be restored from.
-    fn needed_objects(&self, p: &Progress) -> Option<Vec<String>> {
-        // Until this process published, `head_containers` is not what the head names.
-        p.synced_seq?;
-        let head = self.head()?;
+    /// Every object the newest head needs to be restored from (a few more before this
+    /// process published: every container recorded as uploaded).
+    fn needed_objects(&self, p: &Progress) -> Result<Option<Vec<String>>> {
+        let Some(head) = self.head() else {
+            return Ok(None);
+        };
         let mut out = vec![
             layout::DESCRIPTOR.to_string(),
             layout::generation(head.generation),
             layout::head(head.generation, head.seq),
         ];
         out.extend(head.meta_files.iter().map(|f| f.object.clone()));
-        out.extend(p.head_containers.iter().map(|c| layout::container(*c)));
+        if p.synced_seq.is_some() {
+            out.extend(p.head_containers.iter().map(|c| layout::container(*c)));
+        } else {
+            // `head_containers` is known once this process published; until then (its uploads
+            // failing, say), every container recorded as uploaded: those the head names and
+            // perhaps a few freed since.
+            let uploaded = self.inner.state.uploaded()?;
+            out.extend(uploaded.iter().map(|(c, _)| layout::container(*c)));
+        }
         out.sort();
         out.dedup();
-        Some(out)
+        Ok(Some(out))
     }
 
     /// Pushes back the retention of every needed object with less than half of it left;
     /// forgets the ledger entries of objects no longer needed. Returns how many were
     /// extended (None when there is no head of this process to go by yet).
     fn extend_locks(&self, lock: ObjectLock, p: &Progress) -> Result<Option<u64>> {
-        let Some(needed) = self.needed_objects(p) else {
+        let Some(needed) = self.needed_objects(p)? else {
             return Ok(None);
         };
         self.fence_check(self.generation())?;
         let ledger: HashMap<String, i64> = self.inner.state.locked()?.into_iter().collect();
         let now = now_secs();
-        let half = (lock.seconds / 2) as i64;
+        let half = lock.seconds.div_ceil(2) as i64;
         let due: Vec<String> = needed
             .iter()
-            .filter(|n| ledger.get(*n).is_none_or(|until| *until < now + half))
+            .filter(|n| ledger.get(*n).is_none_or(|until| *until <= now + half))
             .cloned()
             .collect();
         let until = now + lock.seconds as i64;
@@ -103,7 +132,7 @@ impl Remote {
                 })
                 .await
             })?;
-            self.inner.state.set_locked(batch, until)?;
+            self.note_locked(batch, until);
         }
         let keep: HashSet<&str> = needed.iter().map(String::as_str).collect();
         let gone: Vec<String> = ledger
@@ -119,7 +148,11 @@ impl Remote {
     /// and that no longer hold anything current: replaced versions, and deleted objects
     /// (their versions, then their delete marker, in that order, so a marker is never
     /// removed while it still hides a version). Returns the versions deleted.
-    pub(crate) fn purge_expired_versions(&self, lock: ObjectLock) -> Result<u64> {
+    pub(crate) fn purge_expired_versions(
+        &self,
+        lock: ObjectLock,
+        needed: &HashSet<String>,
+    ) -> Result<u64> {
         self.fence_check(self.generation())?;
         let versions = self.run(|b| async move { b.list_versions("").await })?;
         let now = now_secs();
@@ -132,7 +165,13 @@ impl Remote {
         }
         let mut versions_doomed: Vec<(String, String)> = Vec::new();
         let mut markers_doomed: Vec<(String, String)> = Vec::new();
-        for vs in by_name.values() {
+        for (name, vs) in &by_name {
+            // Every version of a needed object stays: if its current version is not the one
+            // uploaded here (someone holding the credentials wrote over it), the one uploaded
+            // here is among the older versions, and is the one that must not go.
+            if needed.contains(*name) {
+                continue;
+            }
             let deleted = vs.iter().any(|v| v.latest && v.delete_marker);
             let old: Vec<_> = vs
                 .iter()
@@ -148,12 +187,12 @@ impl Remote {
                 );
             }
         }
-        let n = (versions_doomed.len() + markers_doomed.len()) as u64;
         self.run(move |b| async move {
             let mut kept = HashSet::new();
+            let mut n = 0;
             for (name, id) in versions_doomed {
                 match b.delete_version(&name, &id).await {
-                    Ok(()) => {}
+                    Ok(()) => n += 1,
                     // Still retained (a clock ahead of ours): next time. Its marker stays,
                     // or the version would be current again.
                     Err(RemoteError::Denied { .. }) => {
@@ -167,9 +206,9 @@ impl Remote {
                 .filter(|(n, _)| !kept.contains(n))
             {
                 b.delete_version(&name, &id).await?;
+                n += 1;
             }
-            Ok(())
-        })?;
-        Ok(n)
+            Ok(n)
+        })
     }
 }

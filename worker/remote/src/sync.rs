@@ -55,6 +55,8 @@ pub(crate) struct Progress {
     pub(crate) last_purge: Option<Instant>,
     /// When the retention of what the newest head needs was last extended.
     pub(crate) last_extension: Option<Instant>,
+    /// Why the last Object Lock upkeep failed, until one succeeds.
+    pub(crate) lock_error: Option<String>,
 }
 
 /// What a sync did.
@@ -71,6 +73,8 @@ pub struct SyncReport {
     pub objects_deleted: u64,
     /// Objects still needed whose Object Lock retention was extended.
     pub locks_extended: u64,
+    /// Why the Object Lock upkeep (extension, purge) last failed, until one succeeds.
+    pub lock_upkeep_error: Option<String>,
     pub seconds: f64,
 }
 
@@ -98,12 +102,31 @@ impl Remote {
         let t0 = Instant::now();
         let mut p = self.inner.sync_lock.lock();
         let mut rep = SyncReport::default();
+        let synced = self.publish_and_delete(store, &mut p, &mut rep);
+        // Object Lock upkeep runs whatever became of the upload: a store whose uploads keep
+        // failing must not let the last published head's objects fall out of their lock. Its
+        // own failure is reported beside the sync's outcome, not as it (the change is durable).
+        if let Some(lock) = self.object_lock() {
+            self.keep_locks(lock, &mut p, &mut rep);
+        }
+        synced?;
+        rep.seconds = t0.elapsed().as_secs_f64();
+        Ok(rep)
+    }
+
+    /// Steps 1 to 4 (see the module's documentation).
+    fn publish_and_delete(
+        &self,
+        store: &Store,
+        p: &mut Progress,
+        rep: &mut SyncReport,
+    ) -> Result<()> {
         let seq = store.meta_sequence();
         if p.synced_seq != Some(seq) {
             let view = store.read_view();
             let snap = self.checkpoint(store)?;
             let before = self.head();
-            self.upload_and_publish(store, &snap, &mut rep)?;
+            self.upload_and_publish(store, &snap, rep)?;
             if let (Some(old), Some(new)) = (before, self.head()) {
                 let keep: HashSet<&str> =
                     new.meta_files.iter().map(|f| f.object.as_str()).collect();
@@ -116,19 +139,18 @@ impl Remote {
             }
             p.head_containers = snap.containers;
             p.synced_seq = Some(seq);
+            // What the new head names may have been uploaded long ago (uploads that kept
+            // failing after it, say): its locks are checked now, not at the next due time.
+            p.last_extension = None;
             p.deletions_pending = true;
             drop(view);
             let _ = std::fs::remove_dir_all(self.checkpoint_dir());
         }
         if p.deletions_pending || !p.listed {
-            let done = self.delete_unneeded(store, &mut p, &mut rep)?;
+            let done = self.delete_unneeded(store, p, rep)?;
             p.deletions_pending = !done;
         }
-        if let Some(lock) = self.object_lock() {
-            self.keep_locks(lock, &mut p, &mut rep)?;
-        }
-        rep.seconds = t0.elapsed().as_secs_f64();
-        Ok(rep)
+        Ok(())
     }
 
     /// Whether the store changed since the newest head (a sync would publish one).
@@ -235,7 +257,7 @@ impl Remote {
             })
         })?;
         if let Some((until, names)) = &meta_up.locked {
-            self.inner.state.set_locked(names, *until)?;
+            self.note_locked(names, *until);
         }
         self.failpoint("sync.meta")?;
         let head = Head {
@@ -272,12 +294,10 @@ impl Remote {
         // A recovery may have claimed the remote between the check above and the head: then
         // the new owner may not have seen this head, and it is not durable.
         self.fence_check(gen)?;
-        if let Some(until) = locked_until {
-            self.inner
-                .state
-                .set_locked(std::slice::from_ref(&name), until)?;
-        }
         self.inner.state.set_head(&head)?;
+        if let Some(until) = locked_until {
+            self.note_locked(std::slice::from_ref(&name), until);
+        }
         *self.inner.head.lock() = Some(head);
         rep.published = true;
         rep.head = Some(name);
@@ -347,7 +367,7 @@ impl Remote {
                     .filter(|(_, _, n)| *n > 0)
                     .map(|(id, _, _)| layout::container(*id))
                     .collect();
-                self.inner.state.set_locked(&names, until)?;
+                self.note_locked(&names, until);
             }
             for (_, _, bytes) in &done {
                 rep.containers_uploaded += 1;

@@ -689,7 +689,7 @@ fn locked_store(
 fn object_lock_keeps_what_is_still_needed_locked() {
     let url = fresh_url("lock-extend");
     let dir = tempfile::tempdir().unwrap();
-    let retention = 4;
+    let retention = 8;
     let (store, remote) = locked_store(dir.path(), &url, retention);
     let d1 = random(1_500_000, 11);
     let d2 = random(1_500_000, 12);
@@ -698,15 +698,43 @@ fn object_lock_keeps_what_is_still_needed_locked() {
     let first: BTreeSet<String> = store_containers(&store);
     backup_bytes(&store, "ns/b", &d2, DedupUnit::Chunk);
     backup_bytes(&store, "ns/b", &random(300_000, 13), DedupUnit::Chunk);
+    // An idle worker's uploader, for twice the retention: a sync when one is due. In the
+    // second half a change waits and every upload fails: the upkeep must go on regardless.
     let mut extended = 0;
-    // An idle worker's uploader, for three times the retention: a sync when one is due.
     let t0 = std::time::Instant::now();
-    while t0.elapsed() < Duration::from_secs(3 * retention) {
+    let mut failing = false;
+    while t0.elapsed() < Duration::from_secs(2 * retention) {
+        if !failing && t0.elapsed() >= Duration::from_secs(retention) {
+            failing = true;
+            remote.set_failpoint(Some("sync.uploaded"));
+            backup_bytes(&store, "ns/c", &random(200_000, 14), DedupUnit::Chunk);
+        }
         if remote.needs_sync(&store) {
-            extended += remote.sync(&store).unwrap().locks_extended;
+            match remote.sync(&store) {
+                Ok(rep) => extended += rep.locks_extended,
+                Err(e) => assert!(failing, "{e}"),
+            }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Still failing: the oldest objects (uploaded 2 retentions ago) are locked all the same.
+    let versions = remote.versions_for_test().unwrap();
+    let oldest: Vec<_> = versions
+        .iter()
+        .filter(|(n, _, latest, _)| {
+            *latest && (first.contains(n.as_str()) || n.as_str() == "revault-remote.json")
+        })
+        .collect();
+    assert_eq!(oldest.len(), first.len() + 1, "{versions:?}");
+    for (name, id, _, _) in oldest {
+        let e = match remote.delete_version_for_test(name, id) {
+            Ok(()) => panic!("{name} could be deleted while uploads failed"),
+            Err(e) => e,
+        };
+        assert_eq!(e.code(), "remote_denied", "{name}: {e}");
+    }
+    remote.set_failpoint(None);
+    remote.sync(&store).unwrap();
     assert!(extended > 0, "the retention of needed objects was extended");
     // ns/b's first version goes: its containers are hidden, and not extended.
     revault_engine::expire(&store, "ns/b", &revault_engine::ExpireSel::Version(1)).unwrap();
@@ -727,10 +755,22 @@ fn object_lock_keeps_what_is_still_needed_locked() {
         "what is current is what the store needs"
     );
     assert!(data.is_superset(&first), "ns/a's containers are current");
-    // Someone with the worker's credentials tries to destroy it, the oldest objects (the
-    // descriptor, version 1's containers) locked from uploads 3 retentions ago.
-    for (name, id, _, _) in &current {
-        let e = remote.delete_version_for_test(name, id).unwrap_err();
+    // Someone with the worker's credentials tries to destroy what the head needs, the oldest
+    // objects (the descriptor, version 1's containers) locked from uploads two retentions
+    // ago. (Metadata files the failed syncs uploaded and no head names are not needed: the
+    // next process's first sync deletes them.)
+    let head = remote.head().unwrap();
+    let meta: BTreeSet<&str> = head.meta_files.iter().map(|f| f.object.as_str()).collect();
+    let needed: Vec<_> = current
+        .iter()
+        .filter(|(n, ..)| !n.starts_with("meta/") || meta.contains(n.as_str()))
+        .collect();
+    assert!(needed.len() > first.len() + meta.len(), "{needed:?}");
+    for (name, id, _, _) in needed {
+        let e = match remote.delete_version_for_test(name, id) {
+            Ok(()) => panic!("{name}, still needed, could be deleted"),
+            Err(e) => e,
+        };
         assert_eq!(e.code(), "remote_denied", "{name} is still needed: {e}");
     }
     // What ns/b freed was locked from its upload only: it is purged once that ends.

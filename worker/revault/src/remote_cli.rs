@@ -86,12 +86,19 @@ impl Opened {
             .into());
         }
         if let Some(r) = &self.remote {
-            if let Err(source) = r.sync(&self.store) {
-                return Err(NotDurable {
-                    what: what(),
-                    source,
+            match r.sync(&self.store) {
+                Err(source) => {
+                    return Err(NotDurable {
+                        what: what(),
+                        source,
+                    }
+                    .into())
                 }
-                .into());
+                Ok(rep) => {
+                    if let Some(e) = rep.lock_upkeep_error {
+                        eprintln!("warning: the remote holds the change, but {e}");
+                    }
+                }
             }
         }
         Ok(())

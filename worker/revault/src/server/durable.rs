@@ -287,7 +287,9 @@ pub fn spawn(app: Arc<App>, a: &RemoteArgs) -> tokio::task::JoinHandle<()> {
                     if !remote.is_behind(&store) {
                         *d.behind_since.lock().unwrap() = None;
                     }
-                    *d.last_error.lock().unwrap() = None;
+                    // The upkeep's failure, if any: the change is in the bucket, but what it
+                    // needs may fall out of its lock.
+                    *d.last_error.lock().unwrap() = rep.lock_upkeep_error.clone();
                     backoff = interval;
                 }
                 Ok(Err(e)) => {
