@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -92,15 +94,10 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 		return nil, "NoWorker", fmt.Sprintf("the operator runs no %s worker pool", media), nil
 	}
 	if node, ok := recordedNode(bs, media); ok {
-		w, found, err := r.Workers.OnNode(ctx, media, node)
-		if err != nil {
-			return nil, "", "", err
+		p, reason, msg, err := r.followRecord(ctx, bs, media, node)
+		if p != nil || reason != "" || err != nil {
+			return p, reason, msg, err
 		}
-		if !found {
-			w = Worker{Media: media, Node: node, Host: node, Endpoint: r.Workers.endpoint(media, node)}
-		}
-		return r.Workers.Placement(w), "Recorded", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s)",
-			media, node, backupv1alpha1.PlacementAnnotation), nil
 	}
 	ws, err := r.Workers.List(ctx, media)
 	if err != nil {
@@ -118,6 +115,14 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 		return r.Workers.Placement(*adopted), "Adopted", fmt.Sprintf("the %s worker on node %s already holds series %s",
 			media, adopted.Node, plan.SeriesID(bs.Namespace, bs.Name)), nil
 	}
+	// A worker that is ready but did not say whether it holds the series may be the one that
+	// does: placing the series elsewhere now could start a second history.
+	for _, c := range cands {
+		if !c.Reachable {
+			return nil, "WorkerUnreachable", fmt.Sprintf("cannot tell whether the %s worker on node %s holds series %s (%s): "+
+				"waiting for its answer", media, c.Node, plan.SeriesID(bs.Namespace, bs.Name), joinMax(problems, 4)), nil
+		}
+	}
 	c, ok := plan.ChooseWorker(cands)
 	if !ok {
 		return nil, noWorkerReason(cands), noWorkerMessage(media, cands, problems), nil
@@ -129,6 +134,51 @@ func (r *BackupSeriesReconciler) place(ctx context.Context, bs *backupv1alpha1.B
 		}
 	}
 	return nil, "", "", fmt.Errorf("chosen worker %s vanished", c.Node)
+}
+
+// followRecord places the series on the worker its placement annotation names when that
+// worker holds it. It waits (no placement, a reason) while that worker is missing or does not
+// answer, and ignores the record (nothing returned) when the worker answers without the
+// series: a record copied or written by hand must not choose a worker that holds nothing (one
+// nearly full, say).
+func (r *BackupSeriesReconciler) followRecord(ctx context.Context, bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media,
+	node string) (_ *backupv1alpha1.WorkerPlacement, reason, msg string, _ error) {
+	w, found, err := r.Workers.OnNode(ctx, media, node)
+	if err != nil {
+		return nil, "", "", err
+	}
+	howToDrop := fmt.Sprintf("if that store is gone for good, remove the annotation (kubectl annotate backupseries %s %s-)",
+		bs.Name, backupv1alpha1.PlacementAnnotation)
+	if !found {
+		// No worker, and no storage node of that name either (a cluster the series was
+		// restored into, with other node names): nothing there can hold it; place it as new,
+		// which finds the worker that holds it, if any.
+		var n corev1.Node
+		if err := r.Get(ctx, client.ObjectKey{Name: node}, &n); apierrors.IsNotFound(err) {
+			return nil, "", "", nil
+		} else if err != nil {
+			return nil, "", "", err
+		}
+	}
+	if !found || !w.Ready {
+		return nil, "RecordedWorkerMissing", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s), which is not ready: "+
+			"the series waits for its data there; %s", media, node, backupv1alpha1.PlacementAnnotation, howToDrop), nil
+	}
+	api, err := r.Workers.API(ctx, media, node)
+	if err != nil {
+		return nil, "", "", err
+	}
+	_, err = api.Series(ctx, bs.Namespace, bs.Name)
+	switch {
+	case err == nil:
+		return r.Workers.Placement(w), "Recorded", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s), which holds it",
+			media, node, backupv1alpha1.PlacementAnnotation), nil
+	case workerclient.IsNotFound(err):
+		return nil, "", "", nil
+	default:
+		return nil, "RecordedWorkerMissing", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s), which does not answer (%v): "+
+			"the series waits for its data there; %s", media, node, backupv1alpha1.PlacementAnnotation, err, howToDrop), nil
+	}
 }
 
 // recordedNode is the node of the series' placement annotation, when it names one of media (a

@@ -246,26 +246,38 @@ var _ = Describe("BackupSeries", func() {
 				return k8sClient.Status().Update(ctx, cur)
 			}).Should(Succeed())
 		}
-		// Restored without status while the worker holding it is down (here: a node whose worker
-		// is gone): it waits for that worker rather than starting a second history elsewhere.
-		loseStatus("ssd/node-gone")
+		// Restored without status while the worker holding it is down: it waits for that
+		// worker rather than starting a second history elsewhere.
+		pod := workerPod(node, backupv1alpha1.MediaSSD)
+		setPodReady(pod, false)
+		defer setPodReady(pod, true)
+		loseStatus("ssd/" + node)
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
-			g.Expect(st.Worker).NotTo(BeNil())
-			g.Expect(st.Worker.Node).To(Equal("node-gone"))
 			c := condition(st.Conditions, backupv1alpha1.ConditionPlaced)
-			g.Expect(c.Reason).To(Equal("WorkerMissing"), c.Message)
+			g.Expect(c.Reason).To(Equal("RecordedWorkerMissing"), c.Message)
+			g.Expect(c.Message).To(ContainSubstring("kubectl annotate backupseries db revault.io/placement-"))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
-		Consistently(func() string { return getSeries(ns, "db").Status.Worker.Node }).
-			WithTimeout(3 * time.Second).Should(Equal("node-gone"))
-		// Its real record: back on its worker, with its version.
-		loseStatus("ssd/" + node)
+		Consistently(func() *backupv1alpha1.WorkerPlacement { return getSeries(ns, "db").Status.Worker }).
+			WithTimeout(3 * time.Second).Should(BeNil())
+		// The worker is back: so is the series, with its version.
+		setPodReady(pod, true)
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
 			g.Expect(st.Worker).NotTo(BeNil())
 			g.Expect(st.Worker.Node).To(Equal(node))
+			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionPlaced).Reason).To(Equal("WorkerSelected"))
 			g.Expect(st.VersionCount).To(BeEquivalentTo(1))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		// A record naming a node this cluster does not have (restored elsewhere) is not
+		// followed: the worker that holds the series is found by asking.
+		loseStatus("ssd/node-nowhere")
+		Eventually(func(g Gomega) {
+			cur := getSeries(ns, "db")
+			g.Expect(cur.Status.Worker).NotTo(BeNil())
+			g.Expect(cur.Status.Worker.Node).To(Equal(node))
+			g.Expect(cur.Annotations[backupv1alpha1.PlacementAnnotation]).To(Equal("ssd/" + node))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 	})
 
 	It("adopts the worker that already holds the series", func() {

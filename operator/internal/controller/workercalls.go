@@ -112,8 +112,12 @@ func call[T any](ctx context.Context, at endpoint, op string, fn func(context.Co
 	switch {
 	case err == nil:
 		at.health.record(at.url, nil, 0)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && heavyCalls[op]:
+		// A slide or expiry of a large series may just take long (the worker goes on with
+		// it): a slow heavy call says nothing about the worker's other calls.
+		err = fmt.Errorf("the worker at %s did not finish %s within %s", at.url, op, limit)
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-		// Our bound, not the caller's: the worker hangs, or is too slow to wait for.
+		// Our bound, not the caller's: the worker hangs.
 		err = fmt.Errorf("the worker at %s did not answer %s within %s (not called again for %s)",
 			at.url, op, limit, at.limits.Pause)
 		at.health.record(at.url, err, at.limits.Pause)

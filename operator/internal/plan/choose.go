@@ -42,26 +42,28 @@ func (c Candidate) NearlyFull() string {
 		what        string
 		free, total int64
 	}{{"containers", c.Room.DataFree, c.Room.DataTotal}, {"metadata", c.Room.MetaFree, c.Room.MetaTotal}} {
-		if fs.total > 0 && fs.free*100 < fs.total*MinFreePercent {
+		// In floating point: sizes near the int64 limit (a cluster filesystem) must not wrap.
+		if pct := 100 * float64(fs.free) / float64(fs.total); fs.total > 0 && pct < MinFreePercent {
 			return fmt.Sprintf("%d%% free for %s of %s (new series need %d%%)",
-				fs.free*100/fs.total, fs.what, HumanBytes(fs.total), MinFreePercent)
+				int(pct), fs.what, HumanBytes(fs.total), MinFreePercent)
 		}
 	}
 	return ""
 }
 
 // roomStep is the free room that counts as a difference between workers: 1 GiB or 1% of the
-// largest filesystem, whichever is more. Free room moves by itself (other writers, a worker's
+// smallest filesystem, whichever is more. Free room moves by itself (other writers, a worker's
 // own compactions), so two workers on disks alike must not be told apart by noise: within a
-// step, the fewer stored bytes decide.
+// step, the fewer stored bytes decide. (1% of the largest would round every small disk of a
+// mixed fleet to no step at all.)
 func roomStep(cands []Candidate) int64 {
-	step := int64(1 << 30)
+	smallest := int64(0)
 	for _, c := range cands {
-		if c.Room != nil {
-			step = max(step, c.Room.DataTotal/100)
+		if c.Room != nil && c.Room.DataTotal > 0 && (smallest == 0 || c.Room.DataTotal < smallest) {
+			smallest = c.Room.DataTotal
 		}
 	}
-	return step
+	return max(int64(1<<30), smallest/100)
 }
 
 // freeSteps is the room a new series would grow into (the containers' filesystem), in steps;

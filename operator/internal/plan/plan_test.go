@@ -39,7 +39,12 @@ func TestChooseWorker(t *testing.T) {
 			{Node: "a", Reachable: true, StoredBytes: 1, Room: room(50*gib, 100*gib)},
 			{Node: "b", Reachable: true, StoredBytes: 9, Room: room(80*gib, 100*gib)},
 		}, "b", true},
-		{"free room within a step (1% of the largest disk) is a tie: stored bytes decide", []Candidate{
+		{"a mixed fleet: the small disks are told apart too", []Candidate{
+			{Node: "a", Reachable: true, StoredBytes: 1, Room: room(150*gib, 1000*gib)},
+			{Node: "b", Reachable: true, StoredBytes: 9, Room: room(900*gib, 1000*gib)},
+			{Node: "c", Reachable: true, StoredBytes: 0, Room: room(20_000*gib, 100_000*gib)},
+		}, "c", true},
+		{"free room within a step (1% of the smallest disk) is a tie: stored bytes decide", []Candidate{
 			{Node: "a", Reachable: true, StoredBytes: 9, Room: room(50*gib+gib/2, 300*gib)},
 			{Node: "b", Reachable: true, StoredBytes: 1, Room: room(50*gib, 300*gib)},
 		}, "b", true},

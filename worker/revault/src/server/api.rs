@@ -150,10 +150,9 @@ pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
 fn disk_space(store: &revault_engine::Store) -> Option<wire::DiskSpace> {
     let room = |dir: &std::path::Path| {
         let s = rustix::fs::statvfs(dir).ok()?;
-        Some((
-            s.f_blocks.saturating_mul(s.f_frsize),
-            s.f_bavail.saturating_mul(s.f_frsize),
-        ))
+        // At most i64::MAX: clients read these as signed 64-bit integers (the API's int64).
+        let bytes = |blocks: u64| blocks.saturating_mul(s.f_frsize).min(i64::MAX as u64);
+        Some((bytes(s.f_blocks), bytes(s.f_bavail)))
     };
     let (data_total_bytes, data_free_bytes) = room(store.data_dir())?;
     let (meta_total_bytes, meta_free_bytes) = room(store.root())?;
