@@ -66,6 +66,14 @@ func (r *BackupSeriesReconciler) clearRetention(ctx context.Context, api *instru
 	if !hasRules {
 		return nil
 	}
+	// Asked again right before clearing: this reconcile found no policy a while ago (before
+	// the worker answered), and one created since may have just pushed these very rules.
+	if ref := bs.Spec.RetentionPolicyRef; ref != nil {
+		found, err := r.policyExists(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: ref.Name})
+		if err != nil || found {
+			return err
+		}
+	}
 	// What a new series gets: every version kept, live window 1, automatic slides.
 	live, auto := int64(1), true
 	if err := api.PutRetention(ctx, bs.Namespace, bs.Name, workerclient.Retention{Live: &live, Auto: &auto}); err != nil {
