@@ -30,6 +30,7 @@ import (
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/config"
 	"github.com/revault-io/revault/operator/internal/controller"
+	"github.com/revault-io/revault/operator/internal/plan"
 )
 
 var (
@@ -51,7 +52,7 @@ type flags struct {
 	secureMetrics, enableHTTP2, leaderElect, readLogs        bool
 	veleroDataMover                                          bool
 	syncPeriod, seriesWait                                   time.Duration
-	maxConcurrent                                            int
+	maxConcurrent, minFreePercent                            int
 	calls                                                    controller.CallLimits
 }
 
@@ -84,6 +85,8 @@ func main() {
 		"Bound of a worker call whose work grows with the series (slide, expire, delete).")
 	flag.DurationVar(&f.calls.Pause, "worker-pause", controller.DefaultCallLimits.Pause,
 		"How long a worker that did not answer in time is not called again (its calls fail at once).")
+	flag.IntVar(&f.minFreePercent, "min-free-percent", plan.DefaultMinFreePercent,
+		"Share of a worker's container or metadata filesystem that must stay free for it to take a new series (0: no check).")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -98,6 +101,9 @@ func main() {
 func run(f flags) error {
 	if f.maxConcurrent < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrent)
+	}
+	if f.minFreePercent < 0 || f.minFreePercent > 100 {
+		return fmt.Errorf("--min-free-percent must be 0 to 100, not %d", f.minFreePercent)
 	}
 	if f.calls.Quick <= 0 || f.calls.Heavy <= 0 || f.calls.Pause < 0 {
 		return fmt.Errorf("--worker-timeout and --worker-heavy-timeout must be positive, --worker-pause not negative")
@@ -151,7 +157,7 @@ func run(f flags) error {
 	}
 	if err := controller.SetupWithManager(mgr, controller.Options{
 		Config: cfg, WorkerOverrides: ovr, SyncPeriod: f.syncPeriod, SeriesWait: f.seriesWait, PodOutput: reader,
-		VeleroDataMover: f.veleroDataMover, CallLimits: f.calls,
+		VeleroDataMover: f.veleroDataMover, CallLimits: f.calls, MinFreePercent: &f.minFreePercent,
 	}); err != nil {
 		return fmt.Errorf("setting up the controllers: %w", err)
 	}

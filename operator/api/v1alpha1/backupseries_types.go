@@ -297,7 +297,8 @@ type BackupSeriesStatus struct {
 	BackupNow []BackupNowResult `json:"backupNow,omitempty"`
 
 	// Conditions: Ready, Placed, ScheduleValid, TokenReady, Synced, BackupSucceeded,
-	// RetentionPolicyFound, Durable with a remote, and BackupOverdue with an active schedule.
+	// RetentionPolicyFound, DiskPressure, Durable with a remote, and BackupOverdue with an
+	// active schedule.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

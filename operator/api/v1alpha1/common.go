@@ -62,6 +62,11 @@ const (
 	// scheduled runs have passed since its newest version (plan.BackupDeadline); present only
 	// while a valid schedule is active (not suspended).
 	ConditionBackupOverdue = "BackupOverdue"
+	// ConditionDiskPressure: True while the series' worker has less than the operator's
+	// --min-free-percent free on its containers' or metadata's filesystem: it takes no new
+	// series, and this one's backups fail once the disk is full. Absent until the worker reports
+	// its room.
+	ConditionDiskPressure = "DiskPressure"
 	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
 	ConditionRetentionPolicyFound = "RetentionPolicyFound"
 	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.

@@ -41,6 +41,8 @@ type BackupSeriesReconciler struct {
 	Phases     *metrics.PhaseTracker
 	// Now is the clock (when a remote falls behind).
 	Now func() time.Time
+	// MinFreePercent of a worker's filesystems must stay free for it to take a new series.
+	MinFreePercent int
 }
 
 // +kubebuilder:rbac:groups=backup.revault.io,resources=backupseries,verbs=get;list;watch;update;patch

@@ -243,6 +243,16 @@ func noWorkerMessage(media backupv1alpha1.Media, cands []plan.Candidate, problem
 	}
 }
 
+// roomOf is the room a worker reports in its stats, nil when it reports none (an older worker).
+func (r *BackupSeriesReconciler) roomOf(s *workerclient.Stats) *plan.Room {
+	d := s.Disk
+	if d == nil {
+		return nil
+	}
+	return &plan.Room{DataTotal: d.DataTotalBytes, DataFree: d.DataFreeBytes,
+		MetaTotal: d.MetaTotalBytes, MetaFree: d.MetaFreeBytes, MinFreePercent: r.MinFreePercent}
+}
+
 func roomOf(c plan.Candidate) string {
 	if c.Room == nil {
 		return "room not reported"
@@ -305,10 +315,7 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		c := plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
 		if s != nil {
 			c.StoredBytes = s.ContainerBytes
-			if d := s.Disk; d != nil {
-				c.Room = &plan.Room{DataTotal: d.DataTotalBytes, DataFree: d.DataFreeBytes,
-					MetaTotal: d.MetaTotalBytes, MetaFree: d.MetaFreeBytes}
-			}
+			c.Room = r.roomOf(s)
 			if why := c.NearlyFull(); why != "" {
 				problems = append(problems, fmt.Sprintf("%s: %s", w.Node, why))
 			}

@@ -44,6 +44,7 @@ func (r *BackupSeriesReconciler) sync(ctx context.Context, bs *backupv1alpha1.Ba
 	}
 	setVersions(st, s)
 	r.setDurability(st, s, cs)
+	r.setDiskPressure(ctx, api, st, cs)
 	if keepsAll {
 		if err := r.clearRetention(ctx, api, bs, s, cs); err != nil {
 			return err
@@ -75,6 +76,26 @@ func (r *BackupSeriesReconciler) setDurability(st *backupv1alpha1.BackupSeriesSt
 	} else {
 		cs.setFalse(backupv1alpha1.ConditionDurable, d.Reason, d.Message)
 	}
+}
+
+// setDiskPressure says on the series whether its worker is nearly full (plan.Room): then the
+// worker takes no new series, and this one's backups go on only until the disk is full. A
+// worker that does not answer, or reports no room, leaves the condition as it was: Synced
+// already tells of a worker that does not answer.
+func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instrumented, st *backupv1alpha1.BackupSeriesStatus, cs conditionSetter) {
+	s, err := api.Stats(ctx)
+	if err != nil || s.Disk == nil {
+		return
+	}
+	c := plan.Candidate{Node: st.Worker.Node, Room: r.roomOf(s)}
+	if why := c.NearlyFull(); why != "" {
+		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
+			"the %s worker on node %s has %s: it takes no new series, and this one's backups fail once "+
+				"its disk is full; free room there or expire old versions", st.Worker.Media, st.Worker.Node, why))
+		return
+	}
+	cs.setFalse(backupv1alpha1.ConditionDiskPressure, "WorkerHasRoom", fmt.Sprintf("the %s worker on node %s has %s",
+		st.Worker.Media, st.Worker.Node, roomOf(c)))
 }
 
 // setVersions writes the worker's versions of a series into its status: totals, the latest

@@ -92,10 +92,11 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		out, errOut, err := run("", helm, "lint", chart, "--strict", "--kube-version", "1.33.13")
 		Expect(err).NotTo(HaveOccurred(), out+errOut)
 		for set, want := range map[string]string{
-			"worker.pools[0].media=nvme": "at '/worker/pools/0/media': value must be one of 'ssd', 'hdd'",
-			"worker.hostPath=relative":   "at '/worker/hostPath': 'relative' does not match pattern '^/'",
-			"operator.syncPeriod=often":  "at '/operator/syncPeriod': 'often' does not match pattern",
-			"surprise=1":                 "additional properties 'surprise' not allowed",
+			"worker.pools[0].media=nvme":  "at '/worker/pools/0/media': value must be one of 'ssd', 'hdd'",
+			"worker.hostPath=relative":    "at '/worker/hostPath': 'relative' does not match pattern '^/'",
+			"operator.syncPeriod=often":   "at '/operator/syncPeriod': 'often' does not match pattern",
+			"operator.minFreePercent=150": "at '/operator/minFreePercent': maximum: got 150, want 100",
+			"surprise=1":                  "additional properties 'surprise' not allowed",
 		} {
 			out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", set)
 			Expect(err).To(HaveOccurred(), "helm lint accepted --set %s", set)
@@ -153,7 +154,8 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
 				Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
 				Expect(c.Args).To(ContainElements("--leader-elect=true", "--metrics-bind-address=:8443",
-					"--max-concurrent-reconciles=4", "--worker-timeout=15s", "--worker-heavy-timeout=2m", "--worker-pause=30s"))
+					"--max-concurrent-reconciles=4", "--worker-timeout=15s", "--worker-heavy-timeout=2m", "--worker-pause=30s",
+					"--min-free-percent=10"))
 				// It leaves a lost node quickly: it is what rebuilds the stores of lost nodes.
 				for _, key := range []string{"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"} {
 					Expect(pod.Tolerations).To(ContainElement(corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,

@@ -12,7 +12,7 @@ import (
 func TestNoWorkerReasonAndMessage(t *testing.T) {
 	full := func(node string) plan.Candidate {
 		return plan.Candidate{Node: node, Reachable: true,
-			Room: &plan.Room{DataTotal: 100 << 30, DataFree: 3 << 30, MetaTotal: 100 << 30, MetaFree: 3 << 30}}
+			Room: &plan.Room{DataTotal: 100 << 30, DataFree: 3 << 30, MetaTotal: 100 << 30, MetaFree: 3 << 30, MinFreePercent: 10}}
 	}
 	cands := []plan.Candidate{full("n1"), full("n2"), {Node: "n3"}}
 	problems := []string{"n1: " + cands[0].NearlyFull(), "n2: " + cands[1].NearlyFull(), "n3: connection refused"}

@@ -53,6 +53,9 @@ type Options struct {
 	VeleroDataMover bool
 	// CallLimits bound the calls to workers (zero: DefaultCallLimits).
 	CallLimits CallLimits
+	// MinFreePercent is the share of a worker's filesystems that must stay free for it to take
+	// a new series (nil: plan.DefaultMinFreePercent; 0 turns the check off).
+	MinFreePercent *int
 }
 
 // CacheOptions restrict the manager's caches to what the operator manages: its own namespace
@@ -96,6 +99,10 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	if opts.PodOutput == nil {
 		opts.PodOutput = NewPodOutputReader(nil)
 	}
+	minFree := plan.DefaultMinFreePercent
+	if opts.MinFreePercent != nil {
+		minFree = *opts.MinFreePercent
+	}
 
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &backupv1alpha1.BackupSeries{}, indexRetentionRef,
 		func(o client.Object) []string {
@@ -117,7 +124,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	if err := (&BackupSeriesReconciler{
 		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
 		Recorder: mgr.GetEventRecorderFor("backupseries-controller"), Tokens: tm, Workers: workers, PodOutput: opts.PodOutput,
-		SyncPeriod: opts.SyncPeriod, Phases: metrics.NewPhaseTracker(), Now: opts.Now,
+		SyncPeriod: opts.SyncPeriod, Phases: metrics.NewPhaseTracker(), Now: opts.Now, MinFreePercent: minFree,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}

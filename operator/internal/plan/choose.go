@@ -23,17 +23,20 @@ type Candidate struct {
 }
 
 // Room is the size and free bytes of the filesystems holding a store's containers and its
-// metadata.
+// metadata, and the share of each that must stay free for the worker to take a new series.
 type Room struct {
 	DataTotal, DataFree, MetaTotal, MetaFree int64
+	// MinFreePercent is the operator's --min-free-percent: below it, what is left is for the
+	// series the worker already holds, which grow with every backup. 0 turns the check off.
+	MinFreePercent int
 }
 
-// MinFreePercent is the free room below which a worker takes no new series: what is left is
-// for the series it already holds, which grow with every backup.
-const MinFreePercent = 10
+// DefaultMinFreePercent is the kubelet's own default for a node's filesystem
+// (nodefs.available<10%), below which it starts evicting pods anyway.
+const DefaultMinFreePercent = 10
 
 // NearlyFull says why a worker takes no new series ("" when it does): less than
-// MinFreePercent of either filesystem free.
+// Room.MinFreePercent of either filesystem free.
 func (c Candidate) NearlyFull() string {
 	if c.Room == nil {
 		return ""
@@ -43,9 +46,10 @@ func (c Candidate) NearlyFull() string {
 		free, total int64
 	}{{"containers", c.Room.DataFree, c.Room.DataTotal}, {"metadata", c.Room.MetaFree, c.Room.MetaTotal}} {
 		// In floating point: sizes near the int64 limit (a cluster filesystem) must not wrap.
-		if pct := 100 * float64(fs.free) / float64(fs.total); fs.total > 0 && pct < MinFreePercent {
+		need := c.Room.MinFreePercent
+		if pct := 100 * float64(fs.free) / float64(fs.total); fs.total > 0 && pct < float64(need) {
 			return fmt.Sprintf("%d%% free for %s of %s (new series need %d%%)",
-				int(pct), fs.what, HumanBytes(fs.total), MinFreePercent)
+				int(pct), fs.what, HumanBytes(fs.total), need)
 		}
 	}
 	return ""

@@ -53,7 +53,7 @@ func TestChooseWorker(t *testing.T) {
 			{Node: "b", Reachable: true, StoredBytes: 500, Room: room(30, 100)},
 		}, "b", true},
 		{"nearly full metadata counts too", []Candidate{
-			{Node: "a", Reachable: true, Room: &Room{DataTotal: 100, DataFree: 90, MetaTotal: 100, MetaFree: 5}},
+			{Node: "a", Reachable: true, Room: &Room{DataTotal: 100, DataFree: 90, MetaTotal: 100, MetaFree: 5, MinFreePercent: 10}},
 			{Node: "b", Reachable: true, Room: room(20, 100)},
 		}, "b", true},
 		{"every worker nearly full: none", []Candidate{
@@ -324,15 +324,23 @@ const gib = int64(1 << 30)
 
 // room is a worker whose containers and metadata share one filesystem with free of total.
 func room(free, total int64) *Room {
-	return &Room{DataTotal: total, DataFree: free, MetaTotal: total, MetaFree: free}
+	return &Room{DataTotal: total, DataFree: free, MetaTotal: total, MetaFree: free, MinFreePercent: DefaultMinFreePercent}
 }
 
 func TestNearlyFullSaysWhy(t *testing.T) {
-	c := Candidate{Room: &Room{DataTotal: 200 << 30, DataFree: 10 << 30, MetaTotal: 1, MetaFree: 1}}
+	c := Candidate{Room: &Room{DataTotal: 200 << 30, DataFree: 10 << 30, MetaTotal: 1, MetaFree: 1, MinFreePercent: 10}}
 	if got, want := c.NearlyFull(), "5% free for containers of 200.0 GiB (new series need 10%)"; got != want {
 		t.Fatalf("NearlyFull = %q; want %q", got, want)
 	}
 	if got := (Candidate{}).NearlyFull(); got != "" {
 		t.Fatalf("a worker that does not report its room: %q", got)
+	}
+	c.Room.MinFreePercent = 0
+	if got := c.NearlyFull(); got != "" {
+		t.Fatalf("with the check off (0%%), a worker with 5%% free is not nearly full: %q", got)
+	}
+	c.Room.MinFreePercent, c.Room.DataFree = 3, 0
+	if got, want := c.NearlyFull(), "0% free for containers of 200.0 GiB (new series need 3%)"; got != want {
+		t.Fatalf("NearlyFull = %q; want %q", got, want)
 	}
 }
