@@ -163,12 +163,15 @@ type BackupVersion struct {
 }
 
 // BackupSeriesPhase is a one-word summary of a series.
-// +kubebuilder:validation:Enum=Pending;Ready;BackingUp;Failed;Deleting
+// +kubebuilder:validation:Enum=Pending;Ready;Queued;BackingUp;Failed;Deleting
 type BackupSeriesPhase string
 
 const (
-	SeriesPending   BackupSeriesPhase = "Pending"
-	SeriesReady     BackupSeriesPhase = "Ready"
+	SeriesPending BackupSeriesPhase = "Pending"
+	SeriesReady   BackupSeriesPhase = "Ready"
+	// SeriesQueued: a backup Job runs, and its worker holds the backup back until one of its
+	// backup slots (the worker's --max-backups) is free.
+	SeriesQueued    BackupSeriesPhase = "Queued"
 	SeriesBackingUp BackupSeriesPhase = "BackingUp"
 	SeriesFailed    BackupSeriesPhase = "Failed"
 	SeriesDeleting  BackupSeriesPhase = "Deleting"
@@ -236,7 +239,8 @@ type BackupSeriesStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Phase: Pending (no worker yet), Ready, BackingUp, Failed (last backup failed), Deleting.
+	// Phase: Pending (no worker yet), Ready, Queued (a backup waits for a slot on its worker),
+	// BackingUp, Failed (last backup failed), Deleting.
 	// +optional
 	Phase BackupSeriesPhase `json:"phase,omitempty"`
 

@@ -23,7 +23,7 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 	phase := backupv1alpha1.SeriesReady
 	switch {
 	case s.active > 0:
-		phase = backupv1alpha1.SeriesBackingUp
+		phase = r.backingUpPhase(ctx, s.bs)
 	case st.LastJob != nil && !st.LastJob.Succeeded:
 		phase = backupv1alpha1.SeriesFailed
 	}
@@ -32,6 +32,16 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 		s.requeue = min(s.requeue, 10*time.Second)
 	}
 	return stop(ctrl.Result{RequeueAfter: s.requeue}, r.writeStatus(ctx, s.bs, s.orig))
+}
+
+// backingUpPhase is the phase of a series whose backup Job runs: Queued while its worker says
+// the backup waits for a backup slot, else BackingUp (also when the worker does not answer, or
+// the Job's pod has not reached it yet).
+func (r *BackupSeriesReconciler) backingUpPhase(ctx context.Context, bs *backupv1alpha1.BackupSeries) backupv1alpha1.BackupSeriesPhase {
+	if bs.Status.Worker != nil && r.Workers.BackupQueued(ctx, bs.Status.Worker, bs.Namespace, bs.Name) {
+		return backupv1alpha1.SeriesQueued
+	}
+	return backupv1alpha1.SeriesBackingUp
 }
 
 // finishStatus sets the phase (with an event when it changes), Ready and observedGeneration.

@@ -356,7 +356,9 @@ func startWorkerAt(node, host string, media backupv1alpha1.Media, store, tokenFi
 	addr := workerURL[node][len("http://"):]
 	remoteArgs, remoteEnv := remoteWorkerArgs(media, node, host)
 	cmd := exec.Command(revault, append([]string{"serve", "--store", store, "--init", "--listen", addr,
-		"--token-file", tokenFile, "--token-reload", "200ms", "--maintenance-interval", "0"}, remoteArgs...)...)
+		"--token-file", tokenFile, "--token-reload", "200ms", "--maintenance-interval", "0",
+		// One backup at a time, so a spec can hold the slot and see a series queued.
+		"--max-backups", "1"}, remoteArgs...)...)
 	cmd.Env = append(os.Environ(), remoteEnv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	Expect(cmd.Start()).To(Succeed())

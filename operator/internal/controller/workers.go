@@ -229,6 +229,17 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 	return &instrumented{c: c, at: w.callsTo(url)}, nil
 }
 
+// BackupQueued says whether the worker a series is placed on (at) holds its backup back until a
+// backup slot is free (false when the worker did not answer).
+func (w *Workers) BackupQueued(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) bool {
+	api, err := w.API(ctx, at.Media, at.Node)
+	if err != nil {
+		return false
+	}
+	p, err := api.BackupProgress(ctx, ns, name)
+	return err == nil && p.Running && p.Queued
+}
+
 // RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of
 // the backup of ns/name it is receiving; ok is false when none runs or the worker did not answer.
 func (w *Workers) RunningBackupBytes(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) (_ int64, ok bool) {

@@ -21,7 +21,7 @@ var (
 	// SeriesByPhase is the number of BackupSeries in each phase.
 	SeriesByPhase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "revault_operator_backupseries",
-		Help: "BackupSeries by phase (Pending, Ready, BackingUp, Failed, Deleting).",
+		Help: "BackupSeries by phase (Pending, Ready, Queued, BackingUp, Failed, Deleting).",
 	}, []string{"phase"})
 
 	// BackupJobs counts finished backup Jobs by result.
@@ -50,7 +50,7 @@ var (
 )
 
 // Phases are the BackupSeries phases, so every phase has a gauge (zero when empty).
-var Phases = []string{"Pending", "Ready", "BackingUp", "Failed", "Deleting"}
+var Phases = []string{"Pending", "Ready", "Queued", "BackingUp", "Failed", "Deleting"}
 
 func init() {
 	crmetrics.Registry.MustRegister(ReconcileOutcomes, SeriesByPhase, BackupJobs, Restores, WorkerRequests, BytesReclaimed)

@@ -372,10 +372,17 @@ func (e GetVersionParamsCache) Valid() bool {
 // BackupProgress defines model for BackupProgress.
 type BackupProgress struct {
 	// LogicalBytes bytes of the stream read so far
-	LogicalBytes *int64     `json:"logicalBytes,omitempty"`
-	Running      bool       `json:"running"`
-	Series       string     `json:"series"`
-	StartedAt    *time.Time `json:"startedAt,omitempty"`
+	LogicalBytes *int64 `json:"logicalBytes,omitempty"`
+
+	// Queued it waits for a backup slot (the worker's --max-backups): nothing of its body read yet
+	Queued bool `json:"queued"`
+
+	// Running a backup of the series is in progress or waits for a slot
+	Running bool   `json:"running"`
+	Series  string `json:"series"`
+
+	// StartedAt when its request came in
+	StartedAt *time.Time `json:"startedAt,omitempty"`
 }
 
 // BackupReport defines model for BackupReport.

@@ -239,11 +239,16 @@ const VERSION: &[(&str, &str)] = &[
     ("chunks", "int"),
 ];
 
-const PROGRESS_IDLE: &[(&str, &str)] = &[("series", "string"), ("running", "bool")];
+const PROGRESS_IDLE: &[(&str, &str)] = &[
+    ("series", "string"),
+    ("running", "bool"),
+    ("queued", "bool"),
+];
 
 const PROGRESS_RUNNING: &[(&str, &str)] = &[
     ("series", "string"),
     ("running", "bool"),
+    ("queued", "bool"),
     ("logicalBytes", "int"),
     ("startedAt", "string"),
 ];

@@ -322,7 +322,8 @@ pub async fn delete_series(
     Ok(Json(wire::ExpireReport::from(rep)).into_response())
 }
 
-/// The backup of a series in progress on this worker, if any: how far it got.
+/// The backup of a series in progress on this worker, if any: how far it
+/// got, or that it waits for a slot.
 pub async fn get_backup_progress(
     State(app): AppState,
     p: Principal,
@@ -334,12 +335,14 @@ pub async fn get_backup_progress(
         Some(b) => wire::BackupProgress {
             series: name,
             running: true,
+            queued: b.queued.load(Ordering::SeqCst),
             logical_bytes: Some(b.logical_bytes.load(Ordering::Relaxed)),
             started_at: Some(format_time(b.started_unix)),
         },
         None => wire::BackupProgress {
             series: name,
             running: false,
+            queued: false,
             logical_bytes: None,
             started_at: None,
         },

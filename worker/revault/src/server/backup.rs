@@ -62,6 +62,7 @@ impl WriterClaim {
         let progress = Arc::new(InflightBackup {
             started_unix: revault_engine::now_unix(),
             logical_bytes: std::sync::atomic::AtomicU64::new(0),
+            queued: AtomicBool::new(false),
         });
         backups.insert(name.to_string(), progress.clone());
         Ok(WriterClaim {
@@ -79,8 +80,8 @@ impl Drop for WriterClaim {
 }
 
 /// `PUT …/versions`: the body becomes the series' next version. In steps:
-/// parse, admit (not a bucket) and claim the series, run the backup from
-/// the body, record what it did.
+/// parse, admit (not a bucket) and claim the series, wait for a backup slot,
+/// run the backup from the body, record what it did.
 pub async fn put_version(
     State(app): AppState,
     p: Principal,
@@ -90,9 +91,12 @@ pub async fn put_version(
     body: Body,
 ) -> ApiResult<Response> {
     let req = parse_backup(&p, path, q, &headers)?;
-    let store = app.store()?;
-    refuse_buckets(&store, &req.name).await?;
+    refuse_buckets(&app.store()?, &req.name).await?;
     let claim = WriterClaim::take(&app, &req.name)?;
+    let slot = app.backup_slots.wait(&app, &claim.progress).await?;
+    // Asked again after the wait: the store may have been reopened, or
+    // refused writes (a full disk), meanwhile.
+    let store = app.store()?;
     app.metrics.inflight_backups.inc();
     let lost = "no version was created";
     let rep = run_upload(
@@ -106,6 +110,7 @@ pub async fn put_version(
             a.metrics.inflight_backups.dec();
             record_backup(a, &store, &req.name, &r);
             drop(claim);
+            drop(slot);
             r
         },
     )

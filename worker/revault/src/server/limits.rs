@@ -64,6 +64,10 @@ pub struct LimitArgs {
     /// long is aborted, and the work behind it ends.
     #[arg(long, env = "REVAULT_SEND_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub send_timeout: Duration,
+    /// Backups run at once; more wait their turn, first come first served,
+    /// reading nothing of their bodies meanwhile (0: no limit).
+    #[arg(long, env = "REVAULT_MAX_BACKUPS", default_value_t = 4)]
+    pub max_backups: usize,
 }
 
 /// `Some(d)` unless `d` is zero ("disabled").
@@ -386,6 +390,7 @@ mod tests {
             body_min_rate: min_rate,
             body_rate_window: Duration::from_secs(window),
             send_timeout: Duration::ZERO,
+            max_backups: 0,
         }
     }
 

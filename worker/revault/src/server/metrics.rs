@@ -89,6 +89,7 @@ pub struct Metrics {
     pub requests: Family<RequestLabel, Counter>,
     pub request_seconds: HistFamily<RouteLabel>,
     pub inflight_backups: Gauge,
+    pub queued_backups: Gauge,
     pub inflight_restores: Gauge,
     pub stored_bytes: Gauge,
     pub logical_bytes: Gauge,
@@ -205,6 +206,11 @@ impl Metrics {
                 Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             ),
             inflight_backups: r.add("inflight_backups", "Backups in progress", Gauge::default()),
+            queued_backups: r.add(
+                "queued_backups",
+                "Backups waiting for a slot (--max-backups)",
+                Gauge::default(),
+            ),
             inflight_restores: r.add(
                 "inflight_restores",
                 "Restores in progress",

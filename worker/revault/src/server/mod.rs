@@ -20,6 +20,7 @@ pub mod request;
 pub mod restore;
 pub mod routes;
 pub mod scheduler;
+pub mod slots;
 pub mod stream;
 pub mod wire;
 pub mod work;
@@ -224,6 +225,8 @@ impl Drop for InflightGuard {
 pub struct InflightBackup {
     pub started_unix: i64,
     pub logical_bytes: AtomicU64,
+    /// Waiting for a backup slot ([`slots`]).
+    pub queued: AtomicBool,
 }
 
 pub struct App {
@@ -239,6 +242,8 @@ pub struct App {
     /// Backups in progress through this server (at most one per series),
     /// with how far each got.
     pub backups: Mutex<HashMap<String, Arc<InflightBackup>>>,
+    /// How many of them may run at once (`--max-backups`).
+    pub backup_slots: slots::BackupSlots,
     /// Object buckets (one writer per bucket).
     pub objects: revault_objects::Objects,
     /// The store's remote and its uploader's state.
@@ -252,7 +257,7 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(auth: Auth, max_cache_mib: u64) -> Arc<App> {
+    pub fn new(auth: Auth, max_cache_mib: u64, max_backups: usize) -> Arc<App> {
         Arc::new(App {
             store: RwLock::new(None),
             health: health::Health::default(),
@@ -262,6 +267,7 @@ impl App {
             draining: AtomicBool::new(false),
             reports: Mutex::new(Reports::default()),
             backups: Mutex::new(HashMap::new()),
+            backup_slots: slots::BackupSlots::new(max_backups),
             objects: revault_objects::Objects::new(),
             durable: durable::Durable::default(),
             inflight: Inflight::default(),
@@ -434,7 +440,7 @@ type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
 async fn serve(a: ServeArgs) -> Result<()> {
     let auth = Auth::load(a.token_file.clone())?;
     INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
-    let app = App::new(auth, a.max_cache_mib.max(1));
+    let app = App::new(auth, a.max_cache_mib.max(1), a.limits.max_backups);
     app.metrics.tokens.set(app.auth.count() as i64);
     let (mut server, handle) = listen(&a, &app)?;
     let (store, remote, fenced) = tokio::task::spawn_blocking({

@@ -296,6 +296,7 @@ fn samples() -> Vec<(&'static str, &'static str, Value)> {
     let progress = |running: bool| BackupProgress {
         series: "default/db".into(),
         running,
+        queued: false,
         logical_bytes: running.then_some(1 << 20),
         started_at: running.then(|| TIME.into()),
     };

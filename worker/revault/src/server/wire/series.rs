@@ -182,6 +182,8 @@ impl From<&VersionRecord> for Version {
 pub struct BackupProgress {
     pub series: String,
     pub running: bool,
+    /// Waiting for a backup slot (`--max-backups`): nothing read yet.
+    pub queued: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logical_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,229 @@
+//! Backup slots (`--max-backups`): backups beyond the limit wait their turn,
+//! reading nothing, say so in `GET …/backup` and the metrics, then run and
+//! commit byte-exact; a server that shuts down answers the waiting ones 503
+//! and lets the running one finish.
+//!
+//! Each step waits for the state it needs (a backup running, one queued)
+//! instead of sleeping, so the interleaving is the same on a busy machine.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::server::{read_response, Response, Server};
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A backup sent by hand: its head and `sent` bytes of its body so far; the
+/// answer arrives on `answer` once the server gives it.
+struct Upload {
+    s: TcpStream,
+    body: Vec<u8>,
+    sent: usize,
+    answer: mpsc::Receiver<Response>,
+    _reader: JoinHandle<()>,
+}
+
+impl Upload {
+    /// Opens `PUT …/versions` of `series` and sends the first `first` bytes of `body`.
+    fn open(srv: &Server, series: &str, body: Vec<u8>, first: usize) -> Upload {
+        let mut s = TcpStream::connect(&srv.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let head = format!(
+            "PUT /v1/series/{series}/versions HTTP/1.1\r\nHost: revault\r\nConnection: close\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let (tx, answer) = mpsc::channel();
+        let r = s.try_clone().unwrap();
+        let _reader = std::thread::spawn(move || {
+            if let Ok(resp) = read_response(r) {
+                let _ = tx.send(resp);
+            }
+        });
+        let mut u = Upload {
+            s,
+            body,
+            sent: 0,
+            answer,
+            _reader,
+        };
+        u.send(first);
+        u
+    }
+
+    /// Sends `n` more bytes of the body from a thread of its own: a queued
+    /// backup's server reads none of them, so the write may block until its turn.
+    fn send(&mut self, n: usize) {
+        let end = (self.sent + n).min(self.body.len());
+        let part = self.body[self.sent..end].to_vec();
+        self.sent = end;
+        let mut w = self.s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&part);
+        });
+    }
+
+    fn finish(&mut self) {
+        self.send(self.body.len());
+    }
+
+    /// Closes the connection with the body unsent.
+    fn hang_up(self) {
+        let _ = self.s.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn answered(&self) -> Option<Response> {
+        self.answer.try_recv().ok()
+    }
+
+    fn wait(&self) -> Response {
+        self.answer
+            .recv_timeout(Duration::from_secs(60))
+            .expect("no answer to the upload within 60 s")
+    }
+}
+
+fn progress(srv: &Server, series: &str) -> serde_json::Value {
+    srv.get(&format!("/v1/series/{series}/backup"), None).json()
+}
+
+fn is_queued(srv: &Server, series: &str) -> bool {
+    progress(srv, series)["queued"] == true
+}
+
+/// Running and reading its body (not queued).
+fn is_running(srv: &Server, series: &str) -> bool {
+    let p = progress(srv, series);
+    p["running"] == true && p["queued"] == false && p["logicalBytes"].as_u64() > Some(0)
+}
+
+fn restored(srv: &Server, series: &str) -> Vec<u8> {
+    let r = srv.get(&format!("/v1/series/{series}/versions/latest"), None);
+    assert_eq!(r.status, 200, "{series}: {}", r.text());
+    r.body
+}
+
+#[test]
+fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
+    let (a_data, b_data) = (random(4 << 20, 1), random(2 << 20, 2));
+
+    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let mut b = Upload::open(&srv, "default/b", b_data.clone(), 0);
+    b.finish();
+    srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
+    assert_eq!(srv.metric("revault_queued_backups "), Some(1.0));
+    assert_eq!(srv.metric("revault_inflight_backups "), Some(1.0));
+
+    // A second backup of the waiting series is refused at once, as while one runs.
+    let dup = srv.request(
+        "PUT",
+        "/v1/series/default/b/versions",
+        &[("Content-Type", "application/octet-stream")],
+        b"x",
+    );
+    dup.assert_error(409, "series_busy");
+
+    // While a runs, b reads nothing and commits nothing, however long a takes.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            is_queued(&srv, "default/b"),
+            "{}",
+            progress(&srv, "default/b")
+        );
+        assert_eq!(progress(&srv, "default/b")["logicalBytes"], 0);
+        assert!(b.answered().is_none());
+    }
+    let none = srv.get("/v1/series/default/b/versions/latest", None);
+    assert_eq!(none.status, 404, "{}", none.text());
+
+    a.finish();
+    let ra = a.wait();
+    assert_eq!(ra.status, 201, "{}", ra.text());
+    let rb = b.wait();
+    assert_eq!(rb.status, 201, "{}", rb.text());
+    assert_eq!(rb.json()["logicalBytes"], b_data.len() as u64);
+    assert!(
+        restored(&srv, "default/a") == a_data,
+        "a restores byte-exact"
+    );
+    assert!(
+        restored(&srv, "default/b") == b_data,
+        "b restores byte-exact"
+    );
+    assert_eq!(srv.metric("revault_queued_backups "), Some(0.0));
+    assert_eq!(progress(&srv, "default/b")["running"], false);
+}
+
+/// A client that hangs up while queued is noticed when its turn comes (its
+/// body ends short): it commits nothing, and the next one in line runs.
+#[test]
+fn a_client_that_hangs_up_while_queued_does_not_hold_up_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
+    let mut a = Upload::open(&srv, "default/a", random(2 << 20, 3), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let b = Upload::open(&srv, "default/b", random(1 << 20, 4), 0);
+    srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
+    let c_data = random(1 << 20, 5);
+    let mut c = Upload::open(&srv, "default/c", c_data.clone(), 0);
+    c.finish();
+    srv.wait_for("backup c to queue", LIMIT, |s| is_queued(s, "default/c"));
+    assert_eq!(srv.metric("revault_queued_backups "), Some(2.0));
+    b.hang_up();
+
+    a.finish();
+    assert_eq!(a.wait().status, 201);
+    let rc = c.wait();
+    assert_eq!(rc.status, 201, "{}", rc.text());
+    assert!(restored(&srv, "default/c") == c_data);
+    srv.wait_for("b to end", LIMIT, |s| {
+        progress(s, "default/b")["running"] == false
+    });
+    let none = srv.get("/v1/series/default/b/versions/latest", None);
+    assert_eq!(none.status, 404, "{}", none.text());
+    assert_eq!(srv.metric("revault_queued_backups "), Some(0.0));
+}
+
+#[test]
+fn shutting_down_answers_the_waiting_backups_and_lets_the_running_one_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut srv = Server::start(&store, &["--max-backups", "1", "--grace-period", "60s"]);
+    let a_data = random(3 << 20, 6);
+    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let mut b = Upload::open(&srv, "default/b", random(1 << 20, 7), 0);
+    b.finish();
+    srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
+
+    srv.signal(libc::SIGTERM);
+    let rb = b.wait();
+    rb.assert_error(503, "unavailable");
+    assert!(
+        rb.text().contains("waiting for a slot") && rb.text().contains("no version was created"),
+        "{}",
+        rb.text()
+    );
+    assert!(a.answered().is_none(), "the running backup was cut");
+    a.finish();
+    let ra = a.wait();
+    assert_eq!(ra.status, 201, "{}", ra.text());
+    let st = srv.wait(Duration::from_secs(60));
+    assert!(st.success(), "{st}:\n{}", srv.log_text());
+
+    let srv = Server::start(&store, &[]);
+    assert!(restored(&srv, "default/a") == a_data);
+    let none = srv.get("/v1/series/default/b/versions/latest", None);
+    assert_eq!(none.status, 404, "{}", none.text());
+}
