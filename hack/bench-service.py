@@ -12,6 +12,12 @@
 2. Load: 8 concurrent pushes and 8 concurrent pulls of different series for
    several rounds, while one thread polls GET /v1/series/{ns}/{name}/versions;
    reported: the p50/p99 listing latency and the server's peak RSS (VmHWM).
+3. Backup slots (--slots, run alone): 8 pushes of different series started
+   together, against a server that runs them all at once (--max-backups 8)
+   and ones that run 4 (the default) and 2 at a time, alternating repetition
+   by repetition;
+   reported: when the first, the median and the last push finished, and the
+   server's peak RSS.
 
 Data: the kube tars in $REVAULT_CACHE/datasets/kube if present (make demo
 DATA=kube fetches them), else a synthetic series from `revault-bench gen-series`
@@ -19,6 +25,7 @@ DATA=kube fetches them), else a synthetic series from `revault-bench gen-series`
 Nothing is asserted; the numbers go to docs/service.md. Loopback only.
 
     python3 hack/bench-service.py [--versions 5] [--rounds 3] [--reps 3] [--json]
+    python3 hack/bench-service.py --slots [--reps 3]
 """
 
 import argparse
@@ -96,12 +103,12 @@ def dataset(work, versions):
 
 
 class Server:
-    def __init__(self, work, store):
+    def __init__(self, work, store, extra=()):
         addr_file = os.path.join(work, "addr")
         self.log = open(os.path.join(work, "serve.log"), "w")
         self.p = subprocess.Popen(
             [BIN, "serve", "--store", store, "--init", "--listen", "127.0.0.1:0",
-             "--addr-file", addr_file, "--maintenance-interval", "0"],
+             "--addr-file", addr_file, "--maintenance-interval", "0", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ, "REVAULT_LOG": "warn"})
         for _ in range(300):
             if os.path.exists(addr_file):
@@ -248,6 +255,63 @@ def load(work, files, rounds, width=8):
     }
 
 
+def slots(work, files, reps, width=8, limits=(8, 4, 2)):
+    """Finish times of `width` pushes started together under each backup-slot limit."""
+    runs = {n: {"first": [], "median": [], "last": [], "rss": []} for n in limits}
+    errors = []
+    for rep in range(reps):
+        for n in limits:
+            store = os.path.join(work, f"slots-{n}-{rep}")
+            srv = Server(work, store, ["--max-backups", str(n)])
+            done = []
+            started = time.perf_counter()
+
+            def push(i):
+                try:
+                    run(["push", "--server", srv.url, "--series", f"slots/s{i}", files[i % len(files)], "-q"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    done.append(time.perf_counter() - started)
+                except subprocess.CalledProcessError as e:
+                    errors.append(str(e))
+
+            ths = [threading.Thread(target=push, args=(i,)) for i in range(width)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            runs[n]["rss"].append(srv.hwm_mib())
+            srv.stop()
+            shutil.rmtree(store, ignore_errors=True)
+            done.sort()
+            if done:
+                runs[n]["first"].append(done[0])
+                runs[n]["median"].append(done[len(done) // 2])
+                runs[n]["last"].append(done[-1])
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
+    mib = sum(os.path.getsize(files[i % len(files)]) for i in range(width)) / MIB
+    return {
+        "pushes": width, "mib": round(mib, 1), "repetitions": reps, "errors": errors,
+        "limits": {n: {k: round(med(v), 2) for k, v in r.items()} for n, r in runs.items()},
+    }
+
+
+def print_slots(s):
+    print(f"backup slots: {s['pushes']} pushes started together, {s['mib']} MiB in all, "
+          f"medians of {s['repetitions']} alternating repetitions")
+    for n, r in s["limits"].items():
+        print(f"  --max-backups {n}: first done {r['first']:6.2f} s, median {r['median']:6.2f} s, "
+              f"last {r['last']:6.2f} s; server peak RSS {r['rss']:.0f} MiB")
+    ns = sorted(s["limits"], reverse=True)
+    a = s["limits"][ns[0]]
+    for n in ns[1:]:
+        b = s["limits"][n]
+        print(f"  --max-backups {n} / {ns[0]}: first {b['first'] / a['first']:.2f}, median "
+              f"{b['median'] / a['median']:.2f}, last {b['last'] / a['last']:.2f}, peak RSS {b['rss'] / a['rss']:.2f}")
+    if s["errors"]:
+        print("errors:", *s["errors"], sep="\n  ", file=sys.stderr)
+        sys.exit(1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--versions", type=int, default=5)
@@ -256,12 +320,21 @@ def main():
     ap.add_argument("--transfer", choices=("blocks", "bytes"), default="blocks",
                     help="how pulls receive the version (revault pull --transfer)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--slots", action="store_true", help="only the backup-slots comparison")
     a = ap.parse_args()
     if not os.path.exists(BIN):
         raise SystemExit(f"{BIN} not found: run `make build` first")
     work = tempfile.mkdtemp(prefix="revault-bench-service-")
     try:
         name, files = dataset(work, a.versions)
+        if a.slots:
+            s = slots(work, files, a.reps)
+            if a.json:
+                print(json.dumps({"dataset": name, "slots": s}, indent=2))
+            else:
+                print(f"dataset {name}")
+                print_slots(s)
+            return
         t = throughput(work, files, a.reps, a.transfer)
         l = load(work, files, a.rounds)
     finally:
