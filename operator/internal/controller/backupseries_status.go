@@ -35,10 +35,15 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 }
 
 // backingUpPhase is the phase of a series whose backup Job runs: Queued while its worker says
-// the backup waits for a backup slot, else BackingUp (also when the worker does not answer, or
-// the Job's pod has not reached it yet).
+// the backup waits for a backup slot, else BackingUp (also when the Job's pod has not reached
+// the worker yet). A worker that does not answer leaves Queued as it was, so the phase does not
+// flap (with an event each time) while it is slow.
 func (r *BackupSeriesReconciler) backingUpPhase(ctx context.Context, bs *backupv1alpha1.BackupSeries) backupv1alpha1.BackupSeriesPhase {
-	if bs.Status.Worker != nil && r.Workers.BackupQueued(ctx, bs.Status.Worker, bs.Namespace, bs.Name) {
+	if bs.Status.Worker == nil {
+		return backupv1alpha1.SeriesBackingUp
+	}
+	queued, ok := r.Workers.BackupQueued(ctx, bs.Status.Worker, bs.Namespace, bs.Name)
+	if queued || (!ok && bs.Status.Phase == backupv1alpha1.SeriesQueued) {
 		return backupv1alpha1.SeriesQueued
 	}
 	return backupv1alpha1.SeriesBackingUp

@@ -83,6 +83,11 @@ func (r *BackupSeriesReconciler) setDurability(st *backupv1alpha1.BackupSeriesSt
 // worker that does not answer, or reports no room, leaves the condition as it was: Synced
 // already tells of a worker that does not answer.
 func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instrumented, st *backupv1alpha1.BackupSeriesStatus, cs conditionSetter) {
+	if r.MinFreePercent == 0 {
+		// The check is off (--min-free-percent=0): nothing to say either way.
+		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDiskPressure)
+		return
+	}
 	s, err := api.Stats(ctx)
 	if err != nil || s.Disk == nil {
 		return

@@ -129,6 +129,14 @@ func startStdinPush(ns, series, node string, fill func(i, j int) byte) (finish f
 	Expect(err).NotTo(HaveOccurred())
 	cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
 	Expect(cmd.Start()).To(Succeed())
+	// A spec that fails before finish must not leave the push holding the worker's only
+	// backup slot (the suite's workers run --max-backups 1): every later push would wait.
+	DeferCleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
 	block := make([]byte, 1<<20)
 	for i := 0; i < 24; i++ {
 		for j := range block {

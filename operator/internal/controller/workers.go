@@ -230,14 +230,17 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 }
 
 // BackupQueued says whether the worker a series is placed on (at) holds its backup back until a
-// backup slot is free (false when the worker did not answer).
-func (w *Workers) BackupQueued(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) bool {
+// backup slot is free; ok is false when the worker did not answer.
+func (w *Workers) BackupQueued(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) (queued, ok bool) {
 	api, err := w.API(ctx, at.Media, at.Node)
 	if err != nil {
-		return false
+		return false, false
 	}
 	p, err := api.BackupProgress(ctx, ns, name)
-	return err == nil && p.Running && p.Queued
+	if err != nil {
+		return false, false
+	}
+	return p.Running && p.Queued, true
 }
 
 // RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of

@@ -1,7 +1,8 @@
 //! Backup slots (`--max-backups`): backups beyond the limit wait their turn,
 //! reading nothing, say so in `GET …/backup` and the metrics, then run and
-//! commit byte-exact; a server that shuts down answers the waiting ones 503
-//! and lets the running one finish.
+//! commit byte-exact; a retry of a queued backup takes over from it; a server
+//! that shuts down answers the waiting ones 503 and lets the running one
+//! finish.
 //!
 //! Each step waits for the state it needs (a backup running, one queued)
 //! instead of sleeping, so the interleaving is the same on a busy machine.
@@ -124,10 +125,11 @@ fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
     assert_eq!(srv.metric("revault_queued_backups "), Some(1.0));
     assert_eq!(srv.metric("revault_inflight_backups "), Some(1.0));
 
-    // A second backup of the waiting series is refused at once, as while one runs.
+    // A second backup of the running series is refused at once (one of a
+    // queued series takes over instead: see the hang-up test).
     let dup = srv.request(
         "PUT",
-        "/v1/series/default/b/versions",
+        "/v1/series/default/a/versions",
         &[("Content-Type", "application/octet-stream")],
         b"x",
     );
@@ -165,10 +167,12 @@ fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
     assert_eq!(progress(&srv, "default/b")["running"], false);
 }
 
-/// A client that hangs up while queued is noticed when its turn comes (its
-/// body ends short): it commits nothing, and the next one in line runs.
+/// A client that hangs up while queued is noticed only when its turn comes
+/// (nothing reads its body before): its retry takes over its series at once
+/// instead of being refused as busy, the old request commits nothing, and the
+/// queue goes on.
 #[test]
-fn a_client_that_hangs_up_while_queued_does_not_hold_up_the_queue() {
+fn a_client_that_hangs_up_while_queued_can_retry_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
     let mut a = Upload::open(&srv, "default/a", random(2 << 20, 3), 1 << 20);
@@ -182,17 +186,24 @@ fn a_client_that_hangs_up_while_queued_does_not_hold_up_the_queue() {
     assert_eq!(srv.metric("revault_queued_backups "), Some(2.0));
     b.hang_up();
 
+    // The retry of b (a Job's next pod) is queued, not refused.
+    let b2_data = random(1 << 20, 8);
+    let mut b2 = Upload::open(&srv, "default/b", b2_data.clone(), 0);
+    b2.finish();
+    srv.wait_for("b's retry to queue", LIMIT, |s| is_queued(s, "default/b"));
+    assert!(b2.answered().is_none(), "b's retry was refused");
+
     a.finish();
     assert_eq!(a.wait().status, 201);
     let rc = c.wait();
     assert_eq!(rc.status, 201, "{}", rc.text());
+    let rb2 = b2.wait();
+    assert_eq!(rb2.status, 201, "{}", rb2.text());
+    assert_eq!(rb2.json()["version"], 1, "the old b committed nothing");
     assert!(restored(&srv, "default/c") == c_data);
-    srv.wait_for("b to end", LIMIT, |s| {
-        progress(s, "default/b")["running"] == false
-    });
-    let none = srv.get("/v1/series/default/b/versions/latest", None);
-    assert_eq!(none.status, 404, "{}", none.text());
+    assert!(restored(&srv, "default/b") == b2_data);
     assert_eq!(srv.metric("revault_queued_backups "), Some(0.0));
+    assert_eq!(progress(&srv, "default/b")["running"], false);
 }
 
 #[test]

@@ -49,20 +49,25 @@ struct WriterClaim {
 }
 
 impl WriterClaim {
-    /// Claims `name` for a backup through this server (409 if one runs).
+    /// Claims `name` for a backup through this server: 409 if one runs; one
+    /// still queued for a slot (its client may be gone) is taken over.
     fn take(app: &Arc<App>, name: &str) -> ApiResult<WriterClaim> {
         let mut backups = app.backups.lock().unwrap();
-        if backups.contains_key(name) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ApiCode::Engine(ErrorKind::SeriesBusy),
-                format!("series {name} already has a backup in progress"),
-            ));
+        if let Some(cur) = backups.get(name) {
+            if !cur.queued.load(Ordering::SeqCst) {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    ApiCode::Engine(ErrorKind::SeriesBusy),
+                    format!("series {name} already has a backup in progress"),
+                ));
+            }
+            cur.superseded.store(true, Ordering::SeqCst);
         }
         let progress = Arc::new(InflightBackup {
             started_unix: revault_engine::now_unix(),
             logical_bytes: std::sync::atomic::AtomicU64::new(0),
             queued: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
         });
         backups.insert(name.to_string(), progress.clone());
         Ok(WriterClaim {
@@ -75,7 +80,14 @@ impl WriterClaim {
 
 impl Drop for WriterClaim {
     fn drop(&mut self) {
-        self.app.backups.lock().unwrap().remove(&self.name);
+        let mut backups = self.app.backups.lock().unwrap();
+        // A claim taken over by a newer backup is no longer this one's.
+        if backups
+            .get(&self.name)
+            .is_some_and(|cur| Arc::ptr_eq(cur, &self.progress))
+        {
+            backups.remove(&self.name);
+        }
     }
 }
 
@@ -93,7 +105,10 @@ pub async fn put_version(
     let req = parse_backup(&p, path, q, &headers)?;
     refuse_buckets(&app.store()?, &req.name).await?;
     let claim = WriterClaim::take(&app, &req.name)?;
-    let slot = app.backup_slots.wait(&app, &claim.progress).await?;
+    let slot = app
+        .backup_slots
+        .wait(&app, &req.name, &claim.progress)
+        .await?;
     // Asked again after the wait: the store may have been reopened, or
     // refused writes (a full disk), meanwhile.
     let store = app.store()?;

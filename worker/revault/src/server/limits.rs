@@ -66,8 +66,9 @@ pub struct LimitArgs {
     pub send_timeout: Duration,
     /// Backups run at once; more wait their turn, first come first served,
     /// reading nothing of their bodies meanwhile (0: no limit).
-    #[arg(long, env = "REVAULT_MAX_BACKUPS", default_value_t = 4)]
-    pub max_backups: usize,
+    #[arg(long, env = "REVAULT_MAX_BACKUPS", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(0..=10_000))]
+    pub max_backups: u16,
 }
 
 /// `Some(d)` unless `d` is zero ("disabled").

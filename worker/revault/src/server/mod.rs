@@ -227,6 +227,8 @@ pub struct InflightBackup {
     pub logical_bytes: AtomicU64,
     /// Waiting for a backup slot ([`slots`]).
     pub queued: AtomicBool,
+    /// A newer backup of the series took over while this one was queued.
+    pub superseded: AtomicBool,
 }
 
 pub struct App {
@@ -440,7 +442,11 @@ type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
 async fn serve(a: ServeArgs) -> Result<()> {
     let auth = Auth::load(a.token_file.clone())?;
     INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
-    let app = App::new(auth, a.max_cache_mib.max(1), a.limits.max_backups);
+    let app = App::new(
+        auth,
+        a.max_cache_mib.max(1),
+        usize::from(a.limits.max_backups),
+    );
     app.metrics.tokens.set(app.auth.count() as i64);
     let (mut server, handle) = listen(&a, &app)?;
     let (store, remote, fenced) = tokio::task::spawn_blocking({
