@@ -75,9 +75,9 @@ impl Upload {
         self.send(self.body.len());
     }
 
-    /// Closes the connection with the body unsent.
-    fn hang_up(self) {
-        let _ = self.s.shutdown(std::net::Shutdown::Both);
+    /// Sends nothing more (half-closes the connection), the body unsent.
+    fn stop_sending(&self) {
+        let _ = self.s.shutdown(std::net::Shutdown::Write);
     }
 
     fn answered(&self) -> Option<Response> {
@@ -167,12 +167,12 @@ fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
     assert_eq!(progress(&srv, "default/b")["running"], false);
 }
 
-/// A client that hangs up while queued is noticed only when its turn comes
+/// A client that gives up while queued is noticed only when its turn comes
 /// (nothing reads its body before): its retry takes over its series at once
 /// instead of being refused as busy, the old request commits nothing, and the
 /// queue goes on.
 #[test]
-fn a_client_that_hangs_up_while_queued_can_retry_at_once() {
+fn a_client_that_gives_up_while_queued_can_retry_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
     let mut a = Upload::open(&srv, "default/a", random(2 << 20, 3), 1 << 20);
@@ -184,14 +184,20 @@ fn a_client_that_hangs_up_while_queued_can_retry_at_once() {
     c.finish();
     srv.wait_for("backup c to queue", LIMIT, |s| is_queued(s, "default/c"));
     assert_eq!(srv.metric("revault_queued_backups "), Some(2.0));
-    b.hang_up();
+    // b's client stops sending (it still reads here, so that the test sees
+    // the takeover happen before the slot is freed).
+    b.stop_sending();
 
-    // The retry of b (a Job's next pod) is queued, not refused.
+    // The retry of b (a Job's next pod) is queued, not refused; the old
+    // request is told why it ended.
     let b2_data = random(1 << 20, 8);
     let mut b2 = Upload::open(&srv, "default/b", b2_data.clone(), 0);
     b2.finish();
-    srv.wait_for("b's retry to queue", LIMIT, |s| is_queued(s, "default/b"));
+    let old = b.wait();
+    old.assert_error(409, "series_busy");
+    assert!(old.text().contains("took over"), "{}", old.text());
     assert!(b2.answered().is_none(), "b's retry was refused");
+    assert!(is_queued(&srv, "default/b"));
 
     a.finish();
     assert_eq!(a.wait().status, 201);
