@@ -212,6 +212,46 @@ fn a_client_that_gives_up_while_queued_can_retry_at_once() {
     assert_eq!(progress(&srv, "default/b")["running"], false);
 }
 
+/// Deleting a series withdraws its queued backup: one whose client sent its
+/// whole body and went (a Job's pod deleted with its series) would otherwise
+/// bring the series back once a slot frees.
+#[test]
+fn deleting_a_series_withdraws_its_queued_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
+    let put = |series: &str, data: &[u8]| {
+        srv.request(
+            "PUT",
+            &format!("/v1/series/{series}/versions"),
+            &[("Content-Type", "application/octet-stream")],
+            data,
+        )
+    };
+    assert_eq!(put("default/b", &random(200_000, 9)).status, 201);
+    let mut a = Upload::open(&srv, "default/a", random(2 << 20, 10), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let mut b = Upload::open(&srv, "default/b", random(100_000, 11), 0);
+    b.finish();
+    srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
+
+    let del = srv.request("DELETE", "/v1/series/default/b", &[], b"");
+    assert_eq!(del.status, 200, "{}", del.text());
+    let rb = b.wait();
+    rb.assert_error(409, "series_busy");
+    assert!(rb.text().contains("was deleted"), "{}", rb.text());
+
+    a.finish();
+    assert_eq!(a.wait().status, 201);
+    let gone = srv.get("/v1/series/default/b/versions/latest", None);
+    assert_eq!(
+        gone.status,
+        404,
+        "the deleted series came back: {}",
+        gone.text()
+    );
+    assert_eq!(srv.metric("revault_queued_backups "), Some(0.0));
+}
+
 #[test]
 fn shutting_down_answers_the_waiting_backups_and_lets_the_running_one_finish() {
     let dir = tempfile::tempdir().unwrap();

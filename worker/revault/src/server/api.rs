@@ -298,6 +298,9 @@ pub async fn delete_series(
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
     let store = app.store()?;
+    // A backup of it waiting for a slot (whose client may have sent its
+    // whole body and gone) must not bring the series back afterwards.
+    super::slots::withdraw_queued(&app, &name, super::slots::Withdrawn::SeriesDeleted);
     let n = name.clone();
     let newest = blocking(move || {
         let s = store.series(&n)?;

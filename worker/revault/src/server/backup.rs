@@ -21,6 +21,7 @@ use super::api::{parse_rfc3339, series_name, AppState, SeriesPath};
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
 use super::request::query_err;
+use super::slots::Withdrawn;
 use super::stream::BodyReader;
 use super::wire::{self, ApiCode};
 use super::work::{blocking, retry_while_busy, run_upload};
@@ -61,13 +62,13 @@ impl WriterClaim {
                     format!("series {name} already has a backup in progress"),
                 ));
             }
-            cur.superseded.store(true, Ordering::SeqCst);
+            let _ = cur.withdrawn.set(Withdrawn::TakenOver);
         }
         let progress = Arc::new(InflightBackup {
             started_unix: revault_engine::now_unix(),
             logical_bytes: std::sync::atomic::AtomicU64::new(0),
             queued: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
+            withdrawn: Default::default(),
         });
         backups.insert(name.to_string(), progress.clone());
         Ok(WriterClaim {

@@ -227,8 +227,8 @@ pub struct InflightBackup {
     pub logical_bytes: AtomicU64,
     /// Waiting for a backup slot ([`slots`]).
     pub queued: AtomicBool,
-    /// A newer backup of the series took over while this one was queued.
-    pub superseded: AtomicBool,
+    /// Why it was withdrawn while queued, if it was ([`slots::Withdrawn`]).
+    pub withdrawn: std::sync::OnceLock<slots::Withdrawn>,
 }
 
 pub struct App {

@@ -27,7 +27,7 @@ use super::wire::ApiCode;
 use super::{App, InflightBackup};
 
 /// How often a waiting backup looks whether the server began to shut down,
-/// or a newer backup of its series took over.
+/// or it was withdrawn.
 const DRAIN_CHECK: Duration = Duration::from_millis(200);
 
 /// The worker's backup slots; `None` when backups are not limited.
@@ -48,8 +48,7 @@ impl BackupSlots {
     /// Waits for a slot for the backup of `series` whose progress is
     /// `progress`: queued (and counted in the metrics) while it waits. A
     /// server that begins to shut down meanwhile answers 503 instead, and a
-    /// newer backup of the series takes over from it with 409 (see
-    /// `WriterClaim::take`): either way the backup never started.
+    /// withdrawn backup 409 ([`Withdrawn`]): either way it never started.
     pub async fn wait(
         &self,
         app: &App,
@@ -72,19 +71,19 @@ impl BackupSlots {
                 p = &mut acquire => {
                     // The semaphore is never closed.
                     let p = p.map_err(|e| ApiError::internal(format!("backup slots: {e}")))?;
-                    // Under the claims' lock, so that a newer backup of the
-                    // series either took over before (and this one gives the
-                    // slot back) or finds this one running (and gets 409).
+                    // Under the claims' lock, so that a newer backup or a
+                    // deletion of the series either withdrew this one before
+                    // (and it gives the slot back) or finds it running.
                     let _claims = app.backups.lock().unwrap();
-                    if progress.superseded.load(Ordering::SeqCst) {
-                        return Err(superseded(series));
+                    if let Some(why) = progress.withdrawn.get() {
+                        return Err(why.error(series));
                     }
                     progress.queued.store(false, Ordering::SeqCst);
                     return Ok(Slot { _permit: Some(p) });
                 }
                 _ = tokio::time::sleep(DRAIN_CHECK) => {
-                    if progress.superseded.load(Ordering::SeqCst) {
-                        return Err(superseded(series));
+                    if let Some(why) = progress.withdrawn.get() {
+                        return Err(why.error(series));
                     }
                     if app.draining.load(Ordering::SeqCst) {
                         return Err(ApiError::unavailable(
@@ -98,15 +97,43 @@ impl BackupSlots {
     }
 }
 
-fn superseded(series: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        ApiCode::Engine(ErrorKind::SeriesBusy),
-        format!(
-            "a newer backup of series {series} took over while this one waited for a slot; \
-             no version was created"
-        ),
-    )
+/// Why a queued backup was withdrawn before it started.
+#[derive(Clone, Copy, Debug)]
+pub enum Withdrawn {
+    /// A newer backup of the series took over (its client may be gone).
+    TakenOver,
+    /// The series was deleted: a backup that started afterwards would bring
+    /// it back, with data its owner meant to be gone.
+    SeriesDeleted,
+}
+
+impl Withdrawn {
+    fn error(self, series: &str) -> ApiError {
+        let why = match self {
+            Withdrawn::TakenOver => format!(
+                "a newer backup of series {series} took over while this one waited for a slot"
+            ),
+            Withdrawn::SeriesDeleted => {
+                format!("series {series} was deleted while this backup waited for a slot")
+            }
+        };
+        ApiError::new(
+            StatusCode::CONFLICT,
+            ApiCode::Engine(ErrorKind::SeriesBusy),
+            format!("{why}; no version was created"),
+        )
+    }
+}
+
+/// Withdraws the queued backup of `series`, if one waits, so that it never
+/// starts (`DELETE` of the series). A backup already running is not touched.
+pub fn withdraw_queued(app: &App, series: &str, why: Withdrawn) {
+    let claims = app.backups.lock().unwrap();
+    if let Some(cur) = claims.get(series) {
+        if cur.queued.load(Ordering::SeqCst) {
+            let _ = cur.withdrawn.set(why);
+        }
+    }
 }
 
 /// Ends a backup's wait however it ends (a slot, a shutdown, a client gone).
