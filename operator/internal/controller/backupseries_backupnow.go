@@ -72,7 +72,7 @@ func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, s *seriesRu
 		if e.Phase != backupv1alpha1.BackupNowRunning || e.Job == s.startedNow {
 			continue
 		}
-		p, err := r.followBackupNow(ctx, s.bs, e)
+		p, err := r.followBackupNow(ctx, s, e)
 		if err != nil {
 			return failed(err)
 		}
@@ -87,9 +87,9 @@ func (r *BackupSeriesReconciler) trackBackupNow(ctx context.Context, s *seriesRu
 // followBackupNow brings one running on-demand backup forward: its progress from the worker while
 // the Job runs; the version (from the pod's report) or the error once it ends. pending: the Job
 // finished but its report is not readable yet.
-func (r *BackupSeriesReconciler) followBackupNow(ctx context.Context, bs *backupv1alpha1.BackupSeries,
+func (r *BackupSeriesReconciler) followBackupNow(ctx context.Context, s *seriesRun,
 	e *backupv1alpha1.BackupNowResult) (pending bool, _ error) {
-	st := &bs.Status
+	bs := s.bs
 	job := &batchv1.Job{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: e.Job}, job)
 	if apierrors.IsNotFound(err) {
@@ -103,10 +103,8 @@ func (r *BackupSeriesReconciler) followBackupNow(ctx context.Context, bs *backup
 	}
 	res := jobFinished(job)
 	if !res.done {
-		if st.Worker != nil {
-			if n, ok := r.Workers.RunningBackupBytes(ctx, st.Worker, bs.Namespace, bs.Name); ok {
-				e.LogicalBytes = n
-			}
+		if n, ok := readBytes(r.backupProgress(ctx, s)); ok {
+			e.LogicalBytes = n
 		}
 		return false, nil
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/tokens"
+	"github.com/revault-io/revault/operator/pkg/workerclient"
 )
 
 // BackupSeriesReconciler places series on workers, runs their backups (a CronJob for the
@@ -81,6 +82,20 @@ type seriesRun struct {
 	// keepsAll: no RetentionPolicy governs the series (no reference, or the one named is gone),
 	// so the worker must keep every version.
 	keepsAll bool
+	// progress is the worker's word on the series' backup, asked at most once a reconcile
+	// (backupProgress); progressAsked says it was.
+	progress      *workerclient.BackupProgress
+	progressAsked bool
+}
+
+// backupProgress is what the series' worker says of its backup (running or queued), asked once
+// per reconcile however many steps want it; nil when the worker did not answer or there is none.
+func (r *BackupSeriesReconciler) backupProgress(ctx context.Context, s *seriesRun) *workerclient.BackupProgress {
+	if !s.progressAsked && s.bs.Status.Worker != nil {
+		s.progress = r.Workers.BackupProgress(ctx, s.bs.Status.Worker, s.bs.Namespace, s.bs.Name)
+	}
+	s.progressAsked = true
+	return s.progress
 }
 
 // Reconcile brings one BackupSeries forward, in these steps.

@@ -243,8 +243,9 @@ func noWorkerMessage(media backupv1alpha1.Media, cands []plan.Candidate, problem
 	}
 }
 
-// roomOf is the room a worker reports in its stats, nil when it reports none (an older worker).
-func (r *BackupSeriesReconciler) roomOf(s *workerclient.Stats) *plan.Room {
+// reportedRoom is the room a worker reports in its stats, nil when it reports none (an older
+// worker), with the share that must stay free.
+func (r *BackupSeriesReconciler) reportedRoom(s *workerclient.Stats) *plan.Room {
 	d := s.Disk
 	if d == nil {
 		return nil
@@ -315,7 +316,7 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		c := plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
 		if s != nil {
 			c.StoredBytes = s.ContainerBytes
-			c.Room = r.roomOf(s)
+			c.Room = r.reportedRoom(s)
 			if why := c.NearlyFull(); why != "" {
 				problems = append(problems, fmt.Sprintf("%s: %s", w.Node, why))
 			}

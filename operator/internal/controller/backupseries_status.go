@@ -23,7 +23,7 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 	phase := backupv1alpha1.SeriesReady
 	switch {
 	case s.active > 0:
-		phase = r.backingUpPhase(ctx, s.bs)
+		phase = r.backingUpPhase(ctx, s)
 	case st.LastJob != nil && !st.LastJob.Succeeded:
 		phase = backupv1alpha1.SeriesFailed
 	}
@@ -38,12 +38,9 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 // the backup waits for a backup slot, else BackingUp (also when the Job's pod has not reached
 // the worker yet). A worker that does not answer leaves Queued as it was, so the phase does not
 // flap (with an event each time) while it is slow.
-func (r *BackupSeriesReconciler) backingUpPhase(ctx context.Context, bs *backupv1alpha1.BackupSeries) backupv1alpha1.BackupSeriesPhase {
-	if bs.Status.Worker == nil {
-		return backupv1alpha1.SeriesBackingUp
-	}
-	queued, ok := r.Workers.BackupQueued(ctx, bs.Status.Worker, bs.Namespace, bs.Name)
-	if queued || (!ok && bs.Status.Phase == backupv1alpha1.SeriesQueued) {
+func (r *BackupSeriesReconciler) backingUpPhase(ctx context.Context, s *seriesRun) backupv1alpha1.BackupSeriesPhase {
+	p := r.backupProgress(ctx, s)
+	if (p != nil && p.Running && p.Queued) || (p == nil && s.bs.Status.Phase == backupv1alpha1.SeriesQueued) {
 		return backupv1alpha1.SeriesQueued
 	}
 	return backupv1alpha1.SeriesBackingUp

@@ -92,7 +92,7 @@ func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instr
 	if err != nil || s.Disk == nil {
 		return
 	}
-	c := plan.Candidate{Node: st.Worker.Node, Room: r.roomOf(s)}
+	c := plan.Candidate{Node: st.Worker.Node, Room: r.reportedRoom(s)}
 	if why := c.NearlyFull(); why != "" {
 		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
 			"the %s worker on node %s has %s: it takes no new series, and this one's backups fail once "+

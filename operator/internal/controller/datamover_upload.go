@@ -134,7 +134,7 @@ func (r *DataUploadReconciler) followBackup(ctx context.Context, u *uploadRun) (
 	if u.res.done {
 		return proceed()
 	}
-	if n, ok := r.Workers.RunningBackupBytes(ctx, u.bs.Status.Worker, u.du.Spec.SourceNamespace, u.bs.Name); ok {
+	if n, ok := readBytes(r.Workers.BackupProgress(ctx, u.bs.Status.Worker, u.du.Spec.SourceNamespace, u.bs.Name)); ok {
 		u.du.Status.Progress.BytesDone = n
 	}
 	return stop(ctrl.Result{RequeueAfter: dataMoverPoll}, r.update(ctx, u))

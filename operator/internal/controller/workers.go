@@ -229,29 +229,24 @@ func (w *Workers) API(ctx context.Context, media backupv1alpha1.Media, node stri
 	return &instrumented{c: c, at: w.callsTo(url)}, nil
 }
 
-// BackupQueued says whether the worker a series is placed on (at) holds its backup back until a
-// backup slot is free; ok is false when the worker did not answer.
-func (w *Workers) BackupQueued(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) (queued, ok bool) {
+// BackupProgress is what the worker a series is placed on (at) says of the backup of ns/name
+// it is receiving or holding back until a slot is free; nil when the worker did not answer.
+func (w *Workers) BackupProgress(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) *workerclient.BackupProgress {
 	api, err := w.API(ctx, at.Media, at.Node)
 	if err != nil {
-		return false, false
+		return nil
 	}
 	p, err := api.BackupProgress(ctx, ns, name)
 	if err != nil {
-		return false, false
+		return nil
 	}
-	return p.Running && p.Queued, true
+	return p
 }
 
-// RunningBackupBytes is how many bytes the worker a series is placed on (at) has read so far of
-// the backup of ns/name it is receiving; ok is false when none runs or the worker did not answer.
-func (w *Workers) RunningBackupBytes(ctx context.Context, at *backupv1alpha1.WorkerPlacement, ns, name string) (_ int64, ok bool) {
-	api, err := w.API(ctx, at.Media, at.Node)
-	if err != nil {
-		return 0, false
-	}
-	p, err := api.BackupProgress(ctx, ns, name)
-	if err != nil || !p.Running || p.LogicalBytes == nil {
+// readBytes is how many bytes a running backup has read so far; ok is false when none runs or
+// the worker did not answer (p nil).
+func readBytes(p *workerclient.BackupProgress) (_ int64, ok bool) {
+	if p == nil || !p.Running || p.LogicalBytes == nil {
 		return 0, false
 	}
 	return *p.LogicalBytes, true
