@@ -921,6 +921,93 @@ fn https_with_a_self_signed_certificate() {
     srv.stop();
 }
 
+/// A certificate replaced on disk (as the kubelet swaps a rotated Secret in) is served from
+/// then on, without a restart: a client trusting only the new one gets in, and one trusting
+/// only the old one no longer does.
+#[test]
+fn a_rotated_certificate_is_served_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let write_pair = |name: &str| {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (c, k) = (
+            dir.path().join(format!("{name}.crt")),
+            dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&c, ck.cert.pem()).unwrap();
+        std::fs::write(&k, ck.key_pair.serialize_pem()).unwrap();
+        (c, k)
+    };
+    let (old_cert, old_key) = write_pair("old");
+    let (new_cert, new_key) = write_pair("new");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::copy(&old_cert, &cert).unwrap();
+    std::fs::copy(&old_key, &key).unwrap();
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--token-reload",
+            "100ms",
+        ],
+    );
+    let port = srv.addr.rsplit(':').next().unwrap().to_string();
+    let url = format!("https://localhost:{port}");
+    let f = dir.path().join("f");
+    let data = random(1 << 20, 52);
+    std::fs::write(&f, &data).unwrap();
+    let push = |ca: &Path| {
+        client(
+            &[
+                "push",
+                "--server",
+                &url,
+                "--ca-cert",
+                ca.to_str().unwrap(),
+                "--series",
+                "default/rot",
+                f.to_str().unwrap(),
+            ],
+            None,
+        )
+    };
+    assert!(push(&old_cert).status.success());
+    // Renamed over, key first, then the certificate: a pair that matches only once both are in.
+    for (src, dst) in [(&new_key, &key), (&new_cert, &cert)] {
+        let tmp = dst.with_extension("tmp");
+        std::fs::copy(src, &tmp).unwrap();
+        std::fs::rename(&tmp, dst).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !push(&new_cert).status.success() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !push(&old_cert).status.success(),
+        "the old certificate is still served"
+    );
+    let out = client_ok(
+        &[
+            "pull",
+            "--server",
+            &url,
+            "--ca-cert",
+            new_cert.to_str().unwrap(),
+            "--series",
+            "default/rot",
+        ],
+        None,
+    );
+    assert_eq!(out.stdout, data);
+    srv.stop();
+}
+
 #[test]
 fn retention_runs_after_backups_and_on_schedule() {
     let dir = tempfile::tempdir().unwrap();

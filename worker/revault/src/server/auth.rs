@@ -101,14 +101,15 @@ fn key_id(key: &[u8; 32]) -> String {
     hex::encode(&hmac_sha256(key, b"revault signed-url key id")[..8])
 }
 
+/// A file's identity for polling it: a file replaced (new inode), rewritten or touched differs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Stamp {
+pub(super) struct Stamp {
     mtime: Option<SystemTime>,
     len: u64,
     ino: u64,
 }
 
-fn stamp(p: &Path) -> Option<Stamp> {
+pub(super) fn stamp(p: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(p).ok()?;
     Some(Stamp {

@@ -22,6 +22,7 @@ pub mod routes;
 pub mod scheduler;
 pub mod slots;
 pub mod stream;
+pub mod tls;
 pub mod wire;
 pub mod work;
 
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use revault_engine::{InitOptions, OpenMode, Store};
 use tokio::sync::{watch, Notify};
@@ -65,7 +66,8 @@ pub struct ServeArgs {
     /// Reloaded when the file changes. Without it, auth is disabled.
     #[arg(long, env = "REVAULT_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key. Read again when it
+    /// changes (checked at most every --token-reload), so a rotated certificate needs no restart.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// Private key (PEM) for --tls-cert.
@@ -91,7 +93,7 @@ pub struct ServeArgs {
     /// Restore memory per request is capped at this many MiB.
     #[arg(long, default_value_t = 1024)]
     pub max_cache_mib: u64,
-    /// How often the token file is checked for changes.
+    /// How often the token file (and the TLS certificate) is checked for changes.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub token_reload: Duration,
     /// When another process holds the store (e.g. the previous worker pod of
@@ -400,29 +402,6 @@ impl App {
     }
 }
 
-fn tls_config(cert: &PathBuf, key: &PathBuf) -> Result<rustls::ServerConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("cannot read certificates from {}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{}: not a PEM certificate chain", cert.display()))?;
-    if certs.is_empty() {
-        bail!("{}: no certificate found", cert.display());
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("cannot read a PEM private key from {}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .context("the TLS certificate and key do not match or are unsupported")?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
-}
-
 pub fn run(a: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -502,7 +481,11 @@ const FINAL_SYNC_LIMIT: Duration = Duration::from_secs(30);
 /// stays false until the store is open); writes `--addr-file`.
 fn listen(a: &ServeArgs, app: &Arc<App>) -> Result<(ServerTask, conn::Shutdown)> {
     let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(c), Some(k)) => Some(tls_config(c, k)?),
+        (Some(c), Some(k)) => {
+            // Looked at as often as the token file: a rotated certificate arrives the same way.
+            let files = tls::CertFiles::load(c, k, a.token_reload.max(Duration::from_millis(100)))?;
+            Some(tls::server_config(files)?)
+        }
         _ => None,
     };
     // Connections and the store's files share the open-file limit.
