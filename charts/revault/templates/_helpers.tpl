@@ -69,6 +69,13 @@ app.kubernetes.io/component: operator
 {{- $_ := set $config "remote" $remote -}}
 {{- end -}}
 {{- end -}}
+{{- with .Values.tls -}}
+{{- if .enabled -}}
+{{- $tls := dict "certValidity" .certValidity "caValidity" .caValidity "clusterDomain" .clusterDomain -}}
+{{- if .secret }}{{ $_ := set $tls "secret" .secret }}{{ end -}}
+{{- $_ := set $config "tls" $tls -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
 

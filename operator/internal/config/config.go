@@ -32,7 +32,37 @@ type Config struct {
 	// Remote, when set, gives every worker's store an encrypted copy in an S3 bucket and
 	// lets the operator rebuild the store of a lost node on another node (docs/remote.md).
 	Remote *RemoteConfig `json:"remote,omitempty"`
+	// TLS, when set, makes workers serve HTTPS with a certificate the operator issues (or one
+	// given in a Secret) and every client verify it; nil: plain HTTP.
+	TLS *TLSConfig `json:"tls,omitempty"`
 }
+
+// TLSConfig is how workers get their certificate (docs/operator.md, "TLS").
+type TLSConfig struct {
+	// Secret, when set, is a Secret in the operator namespace with tls.crt, tls.key and ca.crt
+	// (a cert-manager Certificate's) that the workers serve; its names must cover
+	// *.<namespace>.svc. Empty: the operator's own CA issues and renews the certificate.
+	Secret string `json:"secret,omitempty"`
+	// CertValidity of the certificate the operator issues; renewed when a third is left.
+	CertValidity metav1.Duration `json:"certValidity,omitempty"`
+	// CAValidity of the operator's CA; renewed when a third is left.
+	CAValidity metav1.Duration `json:"caValidity,omitempty"`
+	// ClusterDomain is added to the certificate's names (*.<namespace>.svc.<clusterDomain>).
+	ClusterDomain string `json:"clusterDomain,omitempty"`
+}
+
+// TLS defaults: a serving certificate for 90 days, a CA for 10 years.
+const (
+	DefaultCertValidity  = 90 * 24 * time.Hour
+	DefaultCAValidity    = 10 * 365 * 24 * time.Hour
+	DefaultClusterDomain = "cluster.local"
+	// minCertValidity keeps renewals (at two thirds of the life) slower than the kubelet's
+	// Secret updates reach pods (about a minute).
+	minCertValidity = 10 * time.Minute
+)
+
+// TLSOn reports whether workers serve HTTPS.
+func (c *Config) TLSOn() bool { return c.TLS != nil }
 
 // RemoteConfig is the durable tier: where the stores' copies go and how workers reach it.
 type RemoteConfig struct {
@@ -186,6 +216,17 @@ func (c *Config) Default() {
 		v := int32(DefaultJobTTL)
 		c.Jobs.TTLSecondsAfterFinished = &v
 	}
+	if t := c.TLS; t != nil {
+		if t.CertValidity.Duration == 0 {
+			t.CertValidity.Duration = DefaultCertValidity
+		}
+		if t.CAValidity.Duration == 0 {
+			t.CAValidity.Duration = DefaultCAValidity
+		}
+		if t.ClusterDomain == "" {
+			t.ClusterDomain = DefaultClusterDomain
+		}
+	}
 	if r := c.Remote; r != nil {
 		if r.SyncInterval.Duration == 0 {
 			r.SyncInterval.Duration = DefaultSyncInterval
@@ -248,6 +289,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, "jobs.activeDeadlineSeconds must not be negative")
 	}
 	errs = append(errs, c.Remote.problems()...)
+	errs = append(errs, c.TLS.problems()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("operator config: %s", strings.Join(errs, "; "))
 	}
@@ -286,6 +328,28 @@ func (r *RemoteConfig) problems() []string {
 		if d.v < 0 {
 			errs = append(errs, d.field+" must not be negative")
 		}
+	}
+	return errs
+}
+
+func (t *TLSConfig) problems() []string {
+	if t == nil {
+		return nil
+	}
+	var errs []string
+	if t.Secret != "" {
+		for _, m := range validation.IsDNS1123Subdomain(t.Secret) {
+			errs = append(errs, fmt.Sprintf("tls.secret %q: %s", t.Secret, m))
+		}
+	}
+	if t.CertValidity.Duration < minCertValidity {
+		errs = append(errs, fmt.Sprintf("tls.certValidity %s must be at least %s", t.CertValidity.Duration, minCertValidity))
+	}
+	if t.CAValidity.Duration < 2*t.CertValidity.Duration {
+		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least twice tls.certValidity (%s)", t.CAValidity.Duration, t.CertValidity.Duration))
+	}
+	for _, m := range validation.IsDNS1123Subdomain(t.ClusterDomain) {
+		errs = append(errs, fmt.Sprintf("tls.clusterDomain %q: %s", t.ClusterDomain, m))
 	}
 	return errs
 }

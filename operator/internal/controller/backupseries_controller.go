@@ -57,6 +57,8 @@ type BackupSeriesReconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create
 // +kubebuilder:rbac:groups="",resources=secrets,resourceNames=revault-token,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=create
+// +kubebuilder:rbac:groups="",resources=configmaps,resourceNames=revault-ca,verbs=get;update
 
 // seriesRun is one reconcile of a BackupSeries: the object, its status as read (written back only
 // when it changed), and what the steps found out for the steps after them.

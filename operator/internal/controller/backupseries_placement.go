@@ -61,6 +61,10 @@ func (r *BackupSeriesReconciler) followWorker(ctx context.Context, s *seriesRun)
 	if err != nil {
 		return failed(err)
 	}
+	if ok {
+		// The same Service; its scheme follows TLS being turned on or off.
+		st.Worker.Endpoint = w.Endpoint
+	}
 	switch {
 	case !ok:
 		s.cs.setFalse(backupv1alpha1.ConditionPlaced, "WorkerMissing",

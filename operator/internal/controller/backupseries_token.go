@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -11,10 +10,10 @@ import (
 )
 
 // ensureNamespaceToken makes the namespace's token Secret, which the series' Jobs mount to
-// authenticate to the worker.
+// authenticate to the worker, and with TLS the CA bundle they verify it with.
 func (r *BackupSeriesReconciler) ensureNamespaceToken(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
-	if err := r.Tokens.EnsureNamespace(ctx, s.bs.Namespace); err != nil {
-		return failed(fmt.Errorf("namespace token: %w", err))
+	if err := r.Workers.GrantNamespace(ctx, s.bs.Namespace); err != nil {
+		return failed(err)
 	}
 	return proceed()
 }

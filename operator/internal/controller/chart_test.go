@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -96,6 +98,7 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 			"worker.hostPath=relative":    "at '/worker/hostPath': 'relative' does not match pattern '^/'",
 			"operator.syncPeriod=often":   "at '/operator/syncPeriod': 'often' does not match pattern",
 			"operator.minFreePercent=150": "at '/operator/minFreePercent': maximum: got 150, want 100",
+			"tls.certValidity=soon":       "at '/tls/certValidity': 'soon' does not match pattern",
 			"surprise=1":                  "additional properties 'surprise' not allowed",
 		} {
 			out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", set)
@@ -119,7 +122,7 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		}
 		Expect(kinds).To(Equal(map[string]int{
 			"CustomResourceDefinition": 3, "ServiceAccount": 1, "ClusterRole": 4, "ClusterRoleBinding": 1,
-			"Role": 1, "RoleBinding": 1, "ConfigMap": 1, "Deployment": 1, "Service": 1,
+			"Role": 1, "RoleBinding": 1, "ConfigMap": 1, "Deployment": 1, "Service": 1, "NetworkPolicy": 1,
 		}))
 		generated, err := os.ReadFile(filepath.Join(repoRoot, "config", "rbac", "role.yaml"))
 		Expect(err).NotTo(HaveOccurred())
@@ -248,6 +251,41 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", "remote.url=http://x")
 		Expect(err).To(HaveOccurred())
 		Expect(out + errOut).To(ContainSubstring("/remote/url"))
+	})
+
+	It("turns TLS on by default, takes a provided Secret, and can be turned off", func() {
+		ns := newNamespace("tls")
+		parse := func(rendered string) *config.Config {
+			for _, o := range splitDocs(rendered) {
+				if o.GetKind() == "ConfigMap" {
+					cfg, err := config.Parse([]byte(convert(o, &corev1.ConfigMap{}).Data["config.yaml"]))
+					Expect(err).NotTo(HaveOccurred())
+					return cfg
+				}
+			}
+			Fail("no ConfigMap rendered")
+			return nil
+		}
+		cfg := parse(template(ns))
+		Expect(cfg.TLS).NotTo(BeNil())
+		Expect(cfg.TLS.CertValidity.Duration).To(Equal(90 * 24 * time.Hour))
+		Expect(cfg.TLS.Secret).To(BeEmpty())
+		cfg = parse(template(ns, "tls.secret=worker-cert"))
+		Expect(cfg.TLS.Secret).To(Equal("worker-cert"))
+		off := template(ns, "tls.enabled=false", "networkPolicy.enabled=false")
+		Expect(parse(off).TLS).To(BeNil())
+		Expect(off).NotTo(ContainSubstring("kind: NetworkPolicy"))
+		// Extra peers are rendered into the workers' policy.
+		with := template(ns, "networkPolicy.extraFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=velero")
+		dryRun(with)
+		for _, o := range splitDocs(with) {
+			if o.GetKind() == "NetworkPolicy" {
+				np := convert(o, &networkingv1.NetworkPolicy{})
+				Expect(np.Spec.PodSelector.MatchLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "worker"))
+				Expect(np.Spec.Ingress[0].From).To(HaveLen(3))
+				Expect(np.Spec.Ingress[0].From[2].NamespaceSelector.MatchLabels).To(HaveKeyWithValue("kubernetes.io/metadata.name", "velero"))
+			}
+		}
 	})
 
 	It("leaves the CRDs out with crd.enabled=false", func() {

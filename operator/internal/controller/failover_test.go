@@ -63,7 +63,7 @@ var _ = Describe("Losing a node (with a remote)", Ordered, func() {
 		Eventually(func() error {
 			cur := getSeries(ns, "db")
 			cur.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: "ssd", Node: lostNode,
-				Endpoint: plan.WorkerEndpoint(plan.WorkerServiceName("ssd", lostNode), operatorNS, 8420)}
+				Endpoint: plan.WorkerEndpoint(plan.WorkerServiceName("ssd", lostNode), operatorNS, 8420, false)}
 			return k8sClient.Status().Update(ctx, cur)
 		}).Should(Succeed())
 		v1, v2 := randomTree(256), randomTree(256)

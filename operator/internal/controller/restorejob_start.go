@@ -114,8 +114,8 @@ func (r *RestoreJobReconciler) findTarget(ctx context.Context, s *restoreStart) 
 // worker accepts that token.
 func (r *RestoreJobReconciler) checkToken(ctx context.Context, s *restoreStart) (ctrl.Result, bool, error) {
 	rj := s.rj
-	if err := r.Tokens.EnsureNamespace(ctx, rj.Namespace); err != nil {
-		return failed(fmt.Errorf("namespace token: %w", err))
+	if err := r.Workers.GrantNamespace(ctx, rj.Namespace); err != nil {
+		return failed(err)
 	}
 	ready, err := r.Workers.TokenAccepted(ctx, s.w.Media, s.w.Node, rj.Namespace)
 	if err != nil || !ready {

@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime/pkg/manager"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
+	"github.com/revault-io/revault/operator/internal/certs"
 	"github.com/revault-io/revault/operator/internal/config"
 	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
@@ -96,6 +97,19 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	}
 	workers := &Workers{Client: mgr.GetClient(), Config: opts.Config, Tokens: tm, Overrides: opts.WorkerOverrides,
 		Limits: opts.CallLimits, Health: NewWorkerHealth()}
+	if t := opts.Config.TLS; t != nil {
+		workers.Certs = &certs.Manager{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Config.Namespace,
+			Names:    certs.ServingNames(opts.Config.Namespace, t.ClusterDomain),
+			Life:     certs.Lifetimes{CA: t.CAValidity.Duration, Serving: t.CertValidity.Duration},
+			Provided: t.Secret,
+			Now:      opts.Now,
+			Cache:    mgr.GetCache(),
+		}
+		if err := mgr.Add(workers.Certs); err != nil {
+			return err
+		}
+	}
 	if opts.PodOutput == nil {
 		opts.PodOutput = NewPodOutputReader(nil)
 	}

@@ -65,6 +65,16 @@ const (
 	// "token" holds a token scoped to that namespace.
 	NamespaceTokenSecret = "revault-token"
 	NamespaceTokenKey    = "token"
+	// CASecret (operator namespace) holds the CA that signs the workers' certificate; only
+	// the operator reads it.
+	CASecret = "revault-ca"
+	// WorkerTLSSecret (operator namespace) holds the workers' certificate, key and the CA
+	// bundle (tls.crt, tls.key, ca.crt).
+	WorkerTLSSecret = "revault-worker-tls"
+	// CAConfigMap is the ConfigMap in each user namespace whose key "ca.crt" is the CA bundle
+	// its Job pods trust.
+	CAConfigMap = "revault-ca"
+	CAKey       = "ca.crt"
 )
 
 // Limits on object names: Job and Service names become label values (63); the CronJob
@@ -155,8 +165,12 @@ func AdoptedStoreName(media, node string) string {
 }
 
 // WorkerEndpoint is the in-cluster URL of a worker Service.
-func WorkerEndpoint(service, namespace string, port int32) string {
-	return "http://" + service + "." + namespace + ".svc:" + itoa(int64(port))
+func WorkerEndpoint(service, namespace string, port int32, tls bool) string {
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	return scheme + service + "." + namespace + ".svc:" + itoa(int64(port))
 }
 
 // CronJobName is the CronJob of a series' schedule.

@@ -4,6 +4,7 @@ import (
 	"path"
 	"sort"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -22,7 +23,9 @@ const (
 	WorkerTokensDir = "/etc/revault/tokens"
 	JobTokenDir     = "/etc/revault"
 	JobTokenFile    = JobTokenDir + "/" + NamespaceTokenKey
+	JobCAFile       = JobTokenDir + "/" + CAKey
 	JobDataDir      = "/data"
+	WorkerTLSDir    = "/etc/revault/tls"
 )
 
 func commonLabels(component string) map[string]string {
@@ -200,10 +203,15 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 	if cfg.Worker.LogFormat != "" {
 		args = append(args, "--log-format", cfg.Worker.LogFormat)
 	}
+	scheme := corev1.URISchemeHTTP
+	if cfg.TLSOn() {
+		scheme = corev1.URISchemeHTTPS
+		args = append(args, "--tls-cert", WorkerTLSDir+"/"+corev1.TLSCertKey, "--tls-key", WorkerTLSDir+"/"+corev1.TLSPrivateKeyKey)
+	}
 	tmpVol, tmpMount := tmpVolume()
 	probe := func(p string, period int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: p, Port: intstr.FromString("http")}},
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: p, Port: intstr.FromString("http"), Scheme: scheme}},
 			PeriodSeconds:    period,
 			TimeoutSeconds:   5,
 			FailureThreshold: 3,
@@ -224,6 +232,15 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 			DefaultMode: ptr.To(int32(0o400)),
 		}}},
 		tmpVol,
+	}
+	if cfg.TLSOn() {
+		// The kubelet swaps a renewed certificate into the volume; the worker reads it again.
+		mounts = append(mounts, corev1.VolumeMount{Name: "tls", MountPath: WorkerTLSDir, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  WorkerTLSSecretName(cfg),
+			Items:       []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: corev1.TLSCertKey}, {Key: corev1.TLSPrivateKeyKey, Path: corev1.TLSPrivateKeyKey}},
+			DefaultMode: ptr.To(int32(0o400)),
+		}}})
 	}
 	env := append([]corev1.EnvVar{}, cfg.Worker.Env...)
 	// A worker that reopens its store after it was rebuilt elsewhere has the time to finish
@@ -369,23 +386,69 @@ func jobPodSpec(cfg *config.Config, labels map[string]string, args []string, vol
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "data", VolumeSource: vol},
-				{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName:  NamespaceTokenSecret,
-					DefaultMode: ptr.To(int32(0o400)),
-				}}},
+				{Name: "token", VolumeSource: jobTokenVolume(cfg)},
 				tmpVol,
 			},
 		},
 	}
 }
 
-// BackupArgs are the arguments of a backup pod: push /data to the series' worker.
-func BackupArgs(bs *backupv1alpha1.BackupSeries, endpoint string) []string {
-	args := []string{"--json", "--quiet", "push",
-		"--server", endpoint,
-		"--token-file", JobTokenFile,
-		"--series", SeriesID(bs.Namespace, bs.Name),
+// jobTokenVolume is what Job pods mount at JobTokenDir: the namespace's token, and with TLS the
+// CA bundle that its worker's certificate chains to.
+func jobTokenVolume(cfg *config.Config) corev1.VolumeSource {
+	if !cfg.TLSOn() {
+		return corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  NamespaceTokenSecret,
+			DefaultMode: ptr.To(int32(0o400)),
+		}}
 	}
+	return corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		DefaultMode: ptr.To(int32(0o400)),
+		Sources: []corev1.VolumeProjection{
+			{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: NamespaceTokenSecret}}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: CAConfigMap},
+				Items: []corev1.KeyToPath{{Key: CAKey, Path: CAKey}}}},
+		},
+	}}
+}
+
+// WorkerTLSSecretName is the Secret holding the workers' certificate.
+func WorkerTLSSecretName(cfg *config.Config) string {
+	if cfg.TLS != nil && cfg.TLS.Secret != "" {
+		return cfg.TLS.Secret
+	}
+	return WorkerTLSSecret
+}
+
+// JobEndpoint is endpoint with the scheme the workers serve now: a series placed before TLS was
+// turned on (or off) keeps its recorded URL, and its Jobs must still reach the worker.
+func JobEndpoint(cfg *config.Config, endpoint string) string {
+	rest, ok := strings.CutPrefix(endpoint, "http://")
+	if !ok {
+		rest, ok = strings.CutPrefix(endpoint, "https://")
+	}
+	if !ok {
+		return endpoint
+	}
+	if cfg.TLSOn() {
+		return "https://" + rest
+	}
+	return "http://" + rest
+}
+
+// clientArgs are how a Job's revault reaches and trusts its worker.
+func clientArgs(cfg *config.Config, endpoint string) []string {
+	args := []string{"--server", JobEndpoint(cfg, endpoint), "--token-file", JobTokenFile}
+	if cfg.TLSOn() {
+		args = append(args, "--ca-cert", JobCAFile)
+	}
+	return args
+}
+
+// BackupArgs are the arguments of a backup pod: push /data to the series' worker.
+func BackupArgs(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint string) []string {
+	args := append([]string{"--json", "--quiet", "push"}, clientArgs(cfg, endpoint)...)
+	args = append(args, "--series", SeriesID(bs.Namespace, bs.Name))
 	if bs.Spec.Dedup.Unit != "" {
 		args = append(args, "--unit", string(bs.Spec.Dedup.Unit))
 	}
@@ -407,7 +470,7 @@ func BackupJobSpec(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint
 	}
 	spec := batchv1.JobSpec{
 		BackoffLimit: cfg.Jobs.BackoffLimit,
-		Template: jobPodSpec(cfg, BackupLabels(bs.Name), BackupArgs(bs, endpoint),
+		Template: jobPodSpec(cfg, BackupLabels(bs.Name), BackupArgs(cfg, bs, endpoint),
 			corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true}},
 			true, []corev1.Capability{"DAC_READ_SEARCH"}),
 	}
@@ -463,7 +526,7 @@ func BackupNowJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, endpoint,
 }
 
 // RestoreArgs are the arguments of a restore pod: pull one version into /data/.
-func RestoreArgs(rj *backupv1alpha1.RestoreJob, endpoint string, version int64) []string {
+func RestoreArgs(cfg *config.Config, rj *backupv1alpha1.RestoreJob, endpoint string, version int64) []string {
 	policy := string(rj.Spec.Cache.Policy)
 	if policy == "" {
 		policy = "auto"
@@ -472,15 +535,14 @@ func RestoreArgs(rj *backupv1alpha1.RestoreJob, endpoint string, version int64) 
 	if rj.Spec.Cache.MemoryBudget != nil {
 		budget = rj.Spec.Cache.MemoryBudget.Value()
 	}
-	return []string{"--json", "--quiet", "pull",
-		"--server", endpoint,
-		"--token-file", JobTokenFile,
+	args := append([]string{"--json", "--quiet", "pull"}, clientArgs(cfg, endpoint)...)
+	return append(args,
 		"--series", SeriesID(rj.Namespace, rj.Spec.SeriesRef.Name),
 		"--version", itoa(version),
 		"--cache", policy,
 		"--cache-mib", itoa(CacheMiB(budget)),
-		"-o", JobDataDir + "/",
-	}
+		"-o", JobDataDir+"/",
+	)
 }
 
 // RestoreLabels are the labels of a RestoreJob's Job and pod.
@@ -494,7 +556,7 @@ func RestoreLabels(restore string) map[string]string {
 func RestoreBatchJob(cfg *config.Config, rj *backupv1alpha1.RestoreJob, endpoint string, version int64) *batchv1.Job {
 	spec := batchv1.JobSpec{
 		BackoffLimit: cfg.Jobs.BackoffLimit,
-		Template: jobPodSpec(cfg, RestoreLabels(rj.Name), RestoreArgs(rj, endpoint, version),
+		Template: jobPodSpec(cfg, RestoreLabels(rj.Name), RestoreArgs(cfg, rj, endpoint, version),
 			corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: rj.Spec.TargetPVC.ClaimName}},
 			false, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "MKNOD"}),
 	}

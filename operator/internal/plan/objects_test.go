@@ -101,7 +101,7 @@ func TestWorkerService(t *testing.T) {
 	if svc.Spec.Ports[0].Port != 8420 {
 		t.Errorf("port %d", svc.Spec.Ports[0].Port)
 	}
-	if got := WorkerEndpoint(svc.Name, "revault-system", 8420); got != "http://revault-worker-hdd-node-2.revault-system.svc:8420" {
+	if got := WorkerEndpoint(svc.Name, "revault-system", 8420, false); got != "http://revault-worker-hdd-node-2.revault-system.svc:8420" {
 		t.Errorf("endpoint %s", got)
 	}
 }
@@ -187,5 +187,51 @@ func TestRestoreJob(t *testing.T) {
 	}
 	if !slices.Contains(c.SecurityContext.Capabilities.Add, "CHOWN") || !*c.SecurityContext.ReadOnlyRootFilesystem {
 		t.Errorf("restore security context %+v", c.SecurityContext)
+	}
+}
+
+// With TLS the workers serve the certificate Secret and are probed over HTTPS, and Jobs reach
+// them by https with the namespace's CA bundle mounted next to the token, also for a series
+// whose recorded endpoint predates TLS.
+func TestTLSWorkersAndJobs(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TLS = &config.TLSConfig{}
+	cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ssd, _ := cfg.Pool(backupv1alpha1.MediaSSD)
+	c := WorkerDaemonSet(cfg, ssd).Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	if !strings.Contains(args, "--tls-cert /etc/revault/tls/tls.crt --tls-key /etc/revault/tls/tls.key") {
+		t.Errorf("worker args %q", args)
+	}
+	if c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Error("probes are not HTTPS")
+	}
+	vols := WorkerDaemonSet(cfg, ssd).Spec.Template.Spec.Volumes
+	if i := slices.IndexFunc(vols, func(v corev1.Volume) bool { return v.Name == "tls" }); i < 0 || vols[i].Secret.SecretName != WorkerTLSSecret {
+		t.Errorf("no volume of Secret %s: %+v", WorkerTLSSecret, vols)
+	}
+	cfg.TLS.Secret = "from-cert-manager"
+	vols = WorkerDaemonSet(cfg, ssd).Spec.Template.Spec.Volumes
+	if i := slices.IndexFunc(vols, func(v corev1.Volume) bool { return v.Name == "tls" }); i < 0 || vols[i].Secret.SecretName != "from-cert-manager" {
+		t.Errorf("a provided Secret is not mounted: %+v", vols)
+	}
+
+	bs := &backupv1alpha1.BackupSeries{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "app"}}
+	job := BackupJobSpec(cfg, bs, "http://revault-worker-ssd-n1.revault-system.svc:8420").Template.Spec
+	jargs := strings.Join(job.Containers[0].Args, " ")
+	if !strings.Contains(jargs, "--server https://revault-worker-ssd-n1.revault-system.svc:8420 --token-file /etc/revault/token --ca-cert /etc/revault/ca.crt") {
+		t.Errorf("backup args %q", jargs)
+	}
+	tok := job.Volumes[slices.IndexFunc(job.Volumes, func(v corev1.Volume) bool { return v.Name == "token" })]
+	if tok.Projected == nil || len(tok.Projected.Sources) != 2 ||
+		tok.Projected.Sources[0].Secret.Name != NamespaceTokenSecret || tok.Projected.Sources[1].ConfigMap.Name != CAConfigMap {
+		t.Errorf("token volume %+v", tok.VolumeSource)
+	}
+	cfg.TLS = nil
+	if got := JobEndpoint(cfg, "https://w.ns.svc:8420"); got != "http://w.ns.svc:8420" {
+		t.Errorf("TLS off: %s", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -101,6 +102,27 @@ func Token(ctx context.Context, c client.Client, ns, name string) (string, error
 		return "", err
 	}
 	return strings.TrimSpace(string(sec.Data[TokenKey])), nil
+}
+
+// CAConfigMap is the ConfigMap (key CAKey) where the operator gives each namespace with series
+// the CA bundle of the workers' TLS certificate.
+const (
+	CAConfigMap = "revault-ca"
+	CAKey       = "ca.crt"
+)
+
+// CABundle reads namespace ns's CA bundle; nil when the namespace has none (workers without
+// TLS, or with a certificate from a public CA).
+func CABundle(ctx context.Context, c client.Client, ns string) ([]byte, error) {
+	cm := &corev1.ConfigMap{}
+	err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: CAConfigMap}, cm)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []byte(cm.Data[CAKey]), nil
 }
 
 // Namespace is Velero's namespace: $VELERO_NAMESPACE (set in Velero's pod), the service

@@ -27,6 +27,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/pkg/workerclient"
@@ -114,15 +115,11 @@ func (o *ObjectStore) Init(config map[string]string) error {
 	o.tls.CACertFile = config[KeyCACert]
 	if config[keyCACert] != "" && o.tls.CACertFile == "" {
 		// Velero passes the BSL's spec.objectStorage.caCert (PEM) inline.
-		f, err := os.CreateTemp("", "revault-ca-*.pem")
+		f, err := writeCA([]byte(config[keyCACert]))
 		if err != nil {
 			return err
 		}
-		if _, err := f.WriteString(config[keyCACert]); err != nil {
-			return err
-		}
-		_ = f.Close()
-		o.tls.CACertFile = f.Name()
+		o.tls.CACertFile = f
 	}
 	for _, k := range []string{keyCredentialsFile, KeyTokenFile} {
 		if p := config[k]; p != "" {
@@ -147,6 +144,19 @@ func (o *ObjectStore) Init(config map[string]string) error {
 		o.token = t
 	}
 	return nil
+}
+
+// writeCA puts a PEM bundle in a file (the worker client reads its CA from one).
+func writeCA(pem []byte) (string, error) {
+	f, err := os.CreateTemp("", "revault-ca-*.pem")
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(pem); err != nil {
+		_ = f.Close()
+		return "", err
+	}
+	return f.Name(), f.Close()
 }
 
 // readToken reads a token file: the first word of the first line that is not a comment.
@@ -214,6 +224,9 @@ func (o *ObjectStore) client(bucket string) (*bucketWorker, error) {
 			return nil, fmt.Errorf("bucket %s: BackupSeries %s/%s is not placed on a worker yet", bucket, o.ns, bucket)
 		}
 		base = bs.Status.Worker.Endpoint
+		if err := o.operatorCA(ctx, kc); err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", bucket, err)
+		}
 	}
 	hc, err := workerclient.StreamingHTTPClient(o.tls)
 	if err != nil {
@@ -226,6 +239,25 @@ func (o *ObjectStore) client(bucket string) (*bucketWorker, error) {
 	c := &bucketWorker{wc, base}
 	o.clients[bucket] = c
 	return c, nil
+}
+
+// operatorCA trusts the CA bundle the operator gives the namespace (ConfigMap revault-ca) when
+// the BSL names no CA of its own: a worker found through its BackupSeries serves the
+// certificate of the operator's CA.
+func (o *ObjectStore) operatorCA(ctx context.Context, kc client.Client) error {
+	if o.tls.CACertFile != "" || o.tls.InsecureSkipVerify {
+		return nil
+	}
+	pem, err := kube.CABundle(ctx, kc, o.ns)
+	if err != nil || len(pem) == 0 {
+		return err
+	}
+	f, err := writeCA(pem)
+	if err != nil {
+		return err
+	}
+	o.tls.CACertFile = f
+	return nil
 }
 
 func (o *ObjectStore) ctx() (context.Context, context.CancelFunc) {

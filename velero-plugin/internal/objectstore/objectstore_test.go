@@ -298,6 +298,48 @@ func TestBucketsResolveThroughTheirBackupSeries(t *testing.T) {
 	}
 }
 
+// A worker serving the operator's certificate, found through its BackupSeries, is trusted
+// through the CA bundle the operator gives the namespace (ConfigMap revault-ca), with no CA in
+// the BSL config; without that bundle the call fails on the certificate.
+func TestTLSWorkersAreTrustedThroughTheNamespaceBundle(t *testing.T) {
+	api := testutil.StartAPI(t)
+	w := testutil.StartTLSWorker(t, "velero")
+	api.Namespace(t, "velero")
+	api.TokenSecret(t, "velero", w.Tokens["velero"])
+	ctx := context.Background()
+	bs := &backupv1alpha1.BackupSeries{
+		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
+		Spec: backupv1alpha1.BackupSeriesSpec{
+			Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
+		},
+	}
+	if err := api.Client.Create(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: "n1", Endpoint: w.URL}
+	if err := api.Client.Status().Update(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	untrusted := New(logrus.New())
+	if err := untrusted.Init(map[string]string{KeyNamespace: "velero"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := untrusted.PutObject("default", "k", strings.NewReader("v")); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("no bundle: want a certificate error, got %v", err)
+	}
+	api.CABundle(t, "velero", w.CA)
+	o := New(logrus.New())
+	if err := o.Init(map[string]string{KeyNamespace: "velero"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.PutObject("default", "k", strings.NewReader("v")); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := o.ObjectExists("default", "k"); !ok || err != nil {
+		t.Fatalf("ObjectExists: %v %v", ok, err)
+	}
+}
+
 func TestTokenFiles(t *testing.T) {
 	dir := t.TempDir()
 	cases := []struct{ body, want, err string }{

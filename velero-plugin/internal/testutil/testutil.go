@@ -7,10 +7,17 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -36,7 +43,38 @@ type Worker struct {
 	// Tokens maps namespaces to their scoped tokens.
 	Tokens map[string]string
 	Dir    string
-	cmd    *exec.Cmd
+	// CA is the PEM certificate a client of a TLS worker trusts (nil without TLS).
+	CA  []byte
+	cmd *exec.Cmd
+}
+
+type pemPair struct{ cert, key []byte }
+
+// selfSigned makes a self-signed certificate for localhost.
+func selfSigned(t testing.TB) *pemPair {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "localhost"},
+		DNSNames: []string{"localhost"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pemPair{
+		cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		key:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+	}
 }
 
 // repoRoot is the repository's root directory.
@@ -53,6 +91,18 @@ func token() string {
 
 // StartWorker runs a worker with an admin token and one scoped token per namespace.
 func StartWorker(t testing.TB, namespaces ...string) *Worker {
+	t.Helper()
+	return startWorker(t, nil, namespaces)
+}
+
+// StartTLSWorker is StartWorker serving HTTPS at https://localhost:PORT with a certificate of
+// a CA of its own, whose PEM is in CA.
+func StartTLSWorker(t testing.TB, namespaces ...string) *Worker {
+	t.Helper()
+	return startWorker(t, selfSigned(t), namespaces)
+}
+
+func startWorker(t testing.TB, tlsPair *pemPair, namespaces []string) *Worker {
 	t.Helper()
 	bin := os.Getenv("REVAULT_BIN")
 	if bin == "" {
@@ -73,8 +123,21 @@ func StartWorker(t testing.TB, namespaces ...string) *Worker {
 		t.Fatal(err)
 	}
 	addrFile := filepath.Join(dir, "addr")
-	w.cmd = exec.Command(bin, "serve", "--store", filepath.Join(dir, "store"), "--init", "--listen", "127.0.0.1:0",
-		"--addr-file", addrFile, "--token-file", filepath.Join(dir, "tokens"), "--maintenance-interval", "0")
+	args := []string{"serve", "--store", filepath.Join(dir, "store"), "--init", "--listen", "127.0.0.1:0",
+		"--addr-file", addrFile, "--token-file", filepath.Join(dir, "tokens"), "--maintenance-interval", "0"}
+	scheme, probe := "http://", http.DefaultClient
+	if tlsPair != nil {
+		cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		if os.WriteFile(cert, tlsPair.cert, 0o600) != nil || os.WriteFile(key, tlsPair.key, 0o600) != nil {
+			t.Fatal("writing the worker's certificate")
+		}
+		args = append(args, "--tls-cert", cert, "--tls-key", key)
+		w.CA = tlsPair.cert
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(w.CA)
+		scheme, probe = "https://", &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	}
+	w.cmd = exec.Command(bin, args...)
 	w.cmd.Stdout, w.cmd.Stderr = log, log
 	if err := w.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -92,8 +155,12 @@ func StartWorker(t testing.TB, namespaces ...string) *Worker {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if b, err := os.ReadFile(addrFile); err == nil {
-			w.URL = "http://" + strings.TrimSpace(string(b))
-			if r, err := http.Get(w.URL + "/readyz"); err == nil {
+			addr := strings.TrimSpace(string(b))
+			if tlsPair != nil {
+				addr = strings.Replace(addr, "127.0.0.1", "localhost", 1)
+			}
+			w.URL = scheme + addr
+			if r, err := probe.Get(w.URL + "/readyz"); err == nil {
 				_ = r.Body.Close()
 				if r.StatusCode == 200 {
 					return w
@@ -248,6 +315,19 @@ func (a *API) TokenSecret(t testing.TB, ns, token string) {
 		Data: map[string][]byte{kube.TokenKey: []byte(token)},
 	}
 	if err := a.Client.Create(context.Background(), sec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CABundle writes the ConfigMap the operator gives a namespace with the workers' CA bundle.
+func (a *API) CABundle(t testing.TB, ns string, pem []byte) {
+	t.Helper()
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: kube.CAConfigMap, Namespace: ns,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "revault"}},
+		Data: map[string]string{kube.CAKey: string(pem)},
+	}
+	if err := a.Client.Create(context.Background(), cm); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,165 @@
+package certs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/revault-io/revault/operator/internal/plan"
+)
+
+const opNS = "revault-system"
+
+func newManager(c client.Client, now *time.Time) *Manager {
+	return &Manager{Client: c, Reader: c, Namespace: opNS, Names: names, Life: life,
+		Now: func() time.Time { return *now }}
+}
+
+func secret(t *testing.T, c client.Client, name string) *corev1.Secret {
+	t.Helper()
+	s := &corev1.Secret{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: opNS, Name: name}, s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestManagerIssuesRenewsAndPublishes(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	now := t0
+	m := newManager(c, &now)
+	next, err := m.Ensure(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := secret(t, c, plan.WorkerTLSSecret)
+	if w.Type != corev1.SecretTypeTLS {
+		t.Errorf("type %s, want kubernetes.io/tls", w.Type)
+	}
+	serving, err := ParsePair(w.Data[KeyCert], w.Data[KeyKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := Roots(w.Data[KeyCA])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify(serving.Cert, roots, worker, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.Data[KeyKey]; !ok || len(secret(t, c, plan.CASecret).Data[KeyKey]) == 0 {
+		t.Fatal("keys missing")
+	}
+
+	// Nothing due: nothing written.
+	rv := w.ResourceVersion
+	if _, err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if secret(t, c, plan.WorkerTLSSecret).ResourceVersion != rv {
+		t.Error("the workers' Secret was rewritten with nothing due")
+	}
+
+	// A namespace gets the bundle, and an edited ConfigMap is put right.
+	if err := m.EnsureNamespace(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{}
+	key := types.NamespacedName{Namespace: "app", Name: plan.CAConfigMap}
+	if err := c.Get(ctx, key, cm); err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data[KeyCA] != string(w.Data[KeyCA]) {
+		t.Error("the namespace's bundle is not the workers'")
+	}
+	cm.Data[KeyCA] = "tampered"
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EnsureNamespace(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Get(ctx, key, cm)
+	if cm.Data[KeyCA] != string(w.Data[KeyCA]) {
+		t.Error("a tampered bundle was left in place")
+	}
+
+	// When due, renewed: the new certificate chains to the same bundle.
+	now = next
+	if _, err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w2 := secret(t, c, plan.WorkerTLSSecret)
+	renewed, _ := ParsePair(w2.Data[KeyCert], w2.Data[KeyKey])
+	if renewed.Cert.SerialNumber.Cmp(serving.Cert.SerialNumber) == 0 {
+		t.Fatal("not renewed when due")
+	}
+	if err := Verify(renewed.Cert, roots, worker, now); err != nil {
+		t.Error(err)
+	}
+}
+
+// A CA rotation survives in the Secrets: the previous CA and when it was replaced are read back,
+// so a restarted operator keeps signing with the previous CA until the delay is over.
+func TestManagerKeepsARotationAcrossRestarts(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	now := t0
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := ParsePair(secret(t, c, plan.CASecret).Data[KeyCert], secret(t, c, plan.CASecret).Data[KeyKey])
+	now = RenewAt(ca.Cert)
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Hour)
+	// A new Manager (a restarted operator) sees the rotation.
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := secret(t, c, plan.WorkerTLSSecret)
+	cas, _ := ParseCerts(w.Data[KeyCA])
+	if len(cas) != 2 {
+		t.Fatalf("bundle holds %d CAs, want the new and the previous", len(cas))
+	}
+	serving, _ := ParsePair(w.Data[KeyCert], w.Data[KeyKey])
+	if !SignedBy(serving.Cert, ca.Cert) {
+		t.Error("within the delay the serving certificate is not signed by the previous CA")
+	}
+}
+
+func TestManagerUsesAProvidedSecret(t *testing.T) {
+	ctx := context.Background()
+	st, _ := renew(t, State{}, t0)
+	bundle := Bundle(t0, st.CA.Cert)
+	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "from-cert-manager", Namespace: opNS},
+		Data:       map[string][]byte{KeyCert: st.Serving.CertPEM, KeyKey: st.Serving.KeyPEM, KeyCA: bundle},
+	}).Build()
+	now := t0
+	m := newManager(c, &now)
+	m.Provided = "from-cert-manager"
+	if _, err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Bundle(ctx)
+	if err != nil || string(got) != string(bundle) {
+		t.Fatalf("bundle %q, %v", got, err)
+	}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: opNS, Name: plan.CASecret}, &corev1.Secret{}); err == nil {
+		t.Error("a CA was made although the certificate is provided")
+	}
+	// A provided Secret without ca.crt says what is missing.
+	m.Provided = "missing"
+	if _, err := m.Ensure(ctx); err == nil {
+		t.Error("a missing provided Secret was accepted")
+	}
+}
