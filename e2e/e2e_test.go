@@ -10,7 +10,6 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,15 +19,17 @@ import (
 )
 
 // One top-level container: Ginkgo shuffles top-level containers, never the ones inside, so the
-// scenarios run in the issue's order (1-9). Each scenario has its own namespace; 2-5 build on
+// scenarios run in the issue's order (1-7, 7b, 8, 9, 9b, 11, 12). Each scenario has its own namespace; 2-5 build on
 // each other (Ordered: a failure skips the rest of that scenario only).
 var _ = Describe("Revault on a 4-node kind cluster", func() {
 	installSpecs()
 	seriesSpecs()
 	badInputSpecs()
 	workerKillSpecs()
+	operatorRestartSpecs()
 	isolationSpecs()
 	deletionSpecs()
+	tlsRotationSpecs()
 	remoteOutageSpecs()
 	lostNodeSpecs()
 })
@@ -89,7 +90,7 @@ func installSpecs() {
 
 				By("it answers /readyz and has loaded the operator's token, through its per-node Service")
 				Eventually(func(g Gomega) {
-					body, err := cs.CoreV1().Services(systemNS).ProxyGet("http", workerService(media, node), "8420", "/readyz", nil).DoRaw(ctx)
+					body, err := cs.CoreV1().Services(systemNS).ProxyGet("https", workerService(media, node), "8420", "/readyz", nil).DoRaw(ctx)
 					g.Expect(err).NotTo(HaveOccurred())
 					g.Expect(string(body)).To(Equal("ready\n"))
 					m, err := workerMetrics(media, node)
@@ -341,29 +342,14 @@ func workerKillSpecs() {
 			Expect(err).NotTo(HaveOccurred())
 			received0 := m["revault_received_bytes_total"]
 
-			// A slow client makes "mid-backup" a wide window: until the kill, containers of this
-			// namespace without a CPU limit get one of 25 millicores (what the suite's Helm values
-			// make Job pods request; a lower limit would be invalid). `revault push` needs ~0.4
-			// CPU-seconds for 384 MiB, so the stream lasts ~15 s, well beyond the ~1 s it takes to
-			// see it on the worker and the ~2 s the kubelet takes to kill a pod deleted with grace
-			// period 0. (Without the cap it lasts ~3 s.)
-			lr := &corev1.LimitRange{
-				ObjectMeta: metav1.ObjectMeta{Name: "slow-backup", Namespace: ns},
-				Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{
-					Type:    corev1.LimitTypeContainer,
-					Default: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("25m")},
-				}}},
-			}
-			Expect(k.Create(ctx, lr)).To(Succeed())
+			// A slow client makes "mid-backup" a wide window: the stream lasts ~15 s, well beyond
+			// the ~1 s it takes to see it on the worker and the ~2 s the kubelet takes to kill a
+			// pod deleted with grace period 0.
+			lr := slowJobs(ns)
 			requestBackup(ns, series, "killed")
 
 			By("waiting until the worker receives the backup stream")
-			Eventually(func(g Gomega) {
-				m, err := workerMetrics("hdd", node)
-				g.Expect(err).NotTo(HaveOccurred())
-				g.Expect(m["revault_inflight_backups"]).To(BeNumerically(">=", 1))
-				g.Expect(m["revault_received_bytes_total"]).To(BeNumerically(">", received0))
-			}).WithTimeout(podTimeout).WithPolling(200 * time.Millisecond).Should(Succeed())
+			waitStreaming("hdd", node, received0)
 
 			By("killing worker pod " + old.Name + " (deleted with grace period 0)")
 			Expect(k.Delete(ctx, old, client.GracePeriodSeconds(0))).To(Succeed())
@@ -448,7 +434,7 @@ func isolationSpecs() {
 
 			By("revault pull of the other namespace's series fails with 403")
 			pod := withToken(rootPod(nsB, podName("pull"), "", workerImage, "revault", "--json", "--quiet", "pull",
-				"--server", bsB.Status.Worker.Endpoint, "--token-file", "/etc/revault/token",
+				"--server", bsB.Status.Worker.Endpoint, "--token-file", "/etc/revault/token", "--ca-cert", "/etc/revault/ca.crt",
 				"--series", nsA+"/"+series, "--version", "1", "-o", "/tmp/out/"))
 			logs, phase := runPod(pod)
 			Expect(phase).To(Equal(corev1.PodFailed), logs)

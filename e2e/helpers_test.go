@@ -77,10 +77,22 @@ func newPVC(ns, name string) *corev1.PersistentVolumeClaim {
 // runPod creates a pod that runs to completion and returns its log and final phase.
 func runPod(pod *corev1.Pod) (string, corev1.PodPhase) {
 	GinkgoHelper()
+	startPod(pod)
+	return waitPod(pod)
+}
+
+// startPod creates a pod that runs once.
+func startPod(pod *corev1.Pod) {
+	GinkgoHelper()
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 	pod.Spec.TerminationGracePeriodSeconds = ptr.To(int64(1))
 	pod.Spec.AutomountServiceAccountToken = ptr.To(false)
 	Expect(k.Create(ctx, pod)).To(Succeed())
+}
+
+// waitPod waits for a pod startPod made to end, and returns its log and phase (and deletes it).
+func waitPod(pod *corev1.Pod) (string, corev1.PodPhase) {
+	GinkgoHelper()
 	var phase corev1.PodPhase
 	Eventually(func(g Gomega) {
 		p := &corev1.Pod{}
@@ -137,10 +149,14 @@ func rootPod(ns, name, claim, image, command string, args ...string) *corev1.Pod
 }
 
 // withToken mounts the namespace's worker token (Secret revault-token, made by the operator)
-// at /etc/revault/token, as the operator's Job pods have it.
+// at /etc/revault/token and the CA bundle of the workers' certificate (ConfigMap revault-ca) at
+// /etc/revault/ca.crt, as the operator's Job pods have them.
 func withToken(pod *corev1.Pod) *corev1.Pod {
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "token", VolumeSource: corev1.VolumeSource{
-		Secret: &corev1.SecretVolumeSource{SecretName: "revault-token", DefaultMode: ptr.To(int32(0o400))}}})
+		Projected: &corev1.ProjectedVolumeSource{DefaultMode: ptr.To(int32(0o400)), Sources: []corev1.VolumeProjection{
+			{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "revault-token"}}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "revault-ca"}}},
+		}}}})
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
 		corev1.VolumeMount{Name: "token", MountPath: "/etc/revault", ReadOnly: true})
 	return pod
@@ -164,6 +180,12 @@ func workerAPI(ns, endpoint string, reqs ...string) []toolresult.APICall {
 func tool(pod *corev1.Pod, out any) {
 	GinkgoHelper()
 	logs, phase := runPod(pod)
+	toolResult(pod, logs, phase, out)
+}
+
+// toolResult decodes the RESULT line of an e2e-tool pod that ended.
+func toolResult(pod *corev1.Pod, logs string, phase corev1.PodPhase, out any) {
+	GinkgoHelper()
 	Expect(phase).To(Equal(corev1.PodSucceeded), "e2e-tool %v failed:\n%s", pod.Spec.Containers[0].Args, logs)
 	sc := bufio.NewScanner(strings.NewReader(logs))
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -403,13 +425,13 @@ func workerService(media, node string) string { return "revault-worker-" + media
 
 // workerEndpoint is what Job pods use to reach that worker.
 func workerEndpoint(media, node string) string {
-	return fmt.Sprintf("http://%s.%s.svc:8420", workerService(media, node), systemNS)
+	return fmt.Sprintf("https://%s.%s.svc:8420", workerService(media, node), systemNS)
 }
 
 // workerMetrics reads a worker's /metrics (no token needed) through the API server's service
 // proxy and returns the samples by name (labels included as written).
 func workerMetrics(media, node string) (map[string]float64, error) {
-	raw, err := cs.CoreV1().Services(systemNS).ProxyGet("http", workerService(media, node), "8420", "/metrics", nil).DoRaw(ctx)
+	raw, err := cs.CoreV1().Services(systemNS).ProxyGet("https", workerService(media, node), "8420", "/metrics", nil).DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -487,3 +509,32 @@ func eventReasons(evs []corev1.Event) []string {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// slowJobs caps the CPU of containers without a limit in ns at 25 millicores (what the suite's
+// Helm values make Job pods request; a lower limit would be invalid), so a backup stream lasts
+// long enough for something to happen during it: `revault push` needs ~0.4 CPU-seconds for
+// 384 MiB, ~15 s under the cap (~3 s without). Delete the LimitRange to lift the cap.
+func slowJobs(ns string) *corev1.LimitRange {
+	GinkgoHelper()
+	lr := &corev1.LimitRange{
+		ObjectMeta: metav1.ObjectMeta{Name: "slow-backup", Namespace: ns},
+		Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{
+			Type:    corev1.LimitTypeContainer,
+			Default: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("25m")},
+		}}},
+	}
+	Expect(k.Create(ctx, lr)).To(Succeed())
+	return lr
+}
+
+// waitStreaming waits until the worker of media on node receives a backup stream: a backup in
+// flight and more bytes received than before (received0, its revault_received_bytes_total).
+func waitStreaming(media, node string, received0 float64) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		m, err := workerMetrics(media, node)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(m["revault_inflight_backups"]).To(BeNumerically(">=", 1))
+		g.Expect(m["revault_received_bytes_total"]).To(BeNumerically(">", received0))
+	}).WithTimeout(podTimeout).WithPolling(200 * time.Millisecond).Should(Succeed())
+}

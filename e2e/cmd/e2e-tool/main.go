@@ -12,11 +12,14 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -33,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fatal(errors.New("usage: e2e-tool gen|mutate|sum|api [flags]"))
+		fatal(errors.New("usage: e2e-tool gen|mutate|sum|api|slowpush [flags]"))
 	}
 	var res any
 	var err error
@@ -46,6 +49,8 @@ func main() {
 		res, err = sum(os.Args[2:])
 	case "api":
 		res, err = api(os.Args[2:])
+	case "slowpush":
+		res, err = slowPush(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -300,6 +305,7 @@ func api(args []string) (any, error) {
 	fl := flag.NewFlagSet("api", flag.ExitOnError)
 	server := fl.String("server", "", "worker URL")
 	tokenFile := fl.String("token-file", "/etc/revault/token", "bearer token file")
+	caFile := fl.String("ca-file", "/etc/revault/ca.crt", "CA bundle of the workers' certificate (https URLs)")
 	var reqs multiFlag
 	fl.Var(&reqs, "req", `"METHOD PATH" (repeatable)`)
 	_ = fl.Parse(args)
@@ -308,7 +314,10 @@ func api(args []string) (any, error) {
 		return nil, err
 	}
 	token := strings.TrimSpace(string(tok))
-	cl := &http.Client{Timeout: 60 * time.Second}
+	cl, err := workerHTTP(*server, *caFile, 60*time.Second)
+	if err != nil {
+		return nil, err
+	}
 	var out []toolresult.APICall
 	for _, r := range reqs {
 		method, path, ok := strings.Cut(r, " ")
@@ -342,5 +351,125 @@ func api(args []string) (any, error) {
 		}
 		out = append(out, call)
 	}
+	return out, nil
+}
+
+// workerHTTP is a client of the worker at server: for https, one trusting only the CA bundle in
+// caFile, on connections of its own.
+func workerHTTP(server, caFile string, timeout time.Duration) (*http.Client, error) {
+	cl := &http.Client{Timeout: timeout}
+	if !strings.HasPrefix(server, "https://") {
+		return cl, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no certificate", caFile)
+	}
+	cl.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	return cl, nil
+}
+
+// pacedReader yields n random bytes (seeded) at about rate bytes per second, hashing them.
+type pacedReader struct {
+	src   io.Reader
+	left  int64
+	rate  float64
+	sent  int64
+	start time.Time
+	hash  hash.Hash
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if p.left == 0 {
+		return 0, io.EOF
+	}
+	// Never ahead of the pace: wait until the bytes sent so far are due.
+	if due := p.start.Add(time.Duration(float64(p.sent) / p.rate * float64(time.Second))); time.Now().Before(due) {
+		time.Sleep(time.Until(due))
+	}
+	b = b[:min(int64(len(b)), p.left, 64<<10)]
+	n, err := p.src.Read(b)
+	p.hash.Write(b[:n])
+	p.left -= int64(n)
+	p.sent += int64(n)
+	return n, err
+}
+
+// slowPush backs up -bytes random bytes as the next version of -series, sent at an even pace over
+// -seconds on one connection, then reads the version back on a new connection: a backup that
+// spans something happening to the worker (a certificate rotated) and a read after it.
+func slowPush(args []string) (any, error) {
+	fl := flag.NewFlagSet("slowpush", flag.ExitOnError)
+	server := fl.String("server", "", "worker URL")
+	tokenFile := fl.String("token-file", "/etc/revault/token", "bearer token file")
+	caFile := fl.String("ca-file", "/etc/revault/ca.crt", "CA bundle of the workers' certificate (https URLs)")
+	series := fl.String("series", "", "NS/NAME")
+	size := fl.Int64("bytes", 8<<20, "bytes to send")
+	seconds := fl.Float64("seconds", 30, "how long sending takes")
+	seed := fl.Uint64("seed", 1, "content seed")
+	_ = fl.Parse(args)
+	tok, err := os.ReadFile(*tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	token := strings.TrimSpace(string(tok))
+	base := strings.TrimRight(*server, "/") + "/v1/series/" + *series + "/versions"
+	var key [32]byte
+	for i := 0; i < 8; i++ {
+		key[i] = byte(*seed >> (8 * i))
+	}
+	body := &pacedReader{src: rand.NewChaCha8(key), left: *size, rate: float64(*size) / *seconds, start: time.Now(), hash: sha256.New()}
+	up, err := workerHTTP(*server, *caFile, 0)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequest(http.MethodPut, base, body)
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = -1
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := up.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	_ = resp.Body.Close() // what was read is recorded; closing cannot change it
+	out := toolresult.SlowPush{Status: resp.StatusCode, Body: string(b), Bytes: body.sent,
+		Seconds: time.Since(body.start).Seconds(), Sent: hex.EncodeToString(body.hash.Sum(nil))}
+	var rep struct {
+		Version int64 `json:"version"`
+	}
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(b, &rep) != nil {
+		return out, nil
+	}
+	out.Version = rep.Version
+	down, err := workerHTTP(*server, *caFile, 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	get, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/%d", base, rep.Version), nil)
+	if err != nil {
+		return nil, err
+	}
+	get.Header.Set("Authorization", "Bearer "+token)
+	gr, err := down.Do(get)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = gr.Body.Close() }()
+	if gr.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET version %d: %s", rep.Version, gr.Status)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, gr.Body); err != nil {
+		return nil, err
+	}
+	out.Restored = hex.EncodeToString(h.Sum(nil))
 	return out, nil
 }

@@ -35,3 +35,15 @@ type APICall struct {
 	Code    string `json:"code,omitempty"`
 	Body    string `json:"body"`
 }
+
+// SlowPush is what `e2e-tool slowpush` sent over one connection held open for a while, and what
+// it read back over a new one.
+type SlowPush struct {
+	Status   int     `json:"status"`
+	Body     string  `json:"body"`
+	Version  int64   `json:"version"`
+	Bytes    int64   `json:"bytes"`
+	Seconds  float64 `json:"seconds"`
+	Sent     string  `json:"sent"`     // sha256 of the body sent
+	Restored string  `json:"restored"` // sha256 of the version read back
+}

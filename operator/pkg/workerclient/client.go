@@ -174,6 +174,9 @@ type limitedBody struct {
 type TLSOptions struct {
 	// CACertFile is a PEM bundle to trust (a private CA).
 	CACertFile string
+	// CACert is a PEM bundle to trust, in memory (e.g. the operator's, from a namespace's
+	// ConfigMap revault-ca); used when CACertFile is empty.
+	CACert []byte
 	// InsecureSkipVerify accepts any certificate.
 	InsecureSkipVerify bool
 }
@@ -191,16 +194,20 @@ func StreamingHTTPClient(t TLSOptions) (*http.Client, error) {
 		IdleConnTimeout:       90 * time.Second,
 		DisableCompression:    true,
 	}
-	if t.CACertFile != "" || t.InsecureSkipVerify {
+	if t.CACertFile != "" || len(t.CACert) > 0 || t.InsecureSkipVerify {
 		cfg := &tls.Config{InsecureSkipVerify: t.InsecureSkipVerify} //nolint:gosec // an explicit opt-in
+		pem, from := t.CACert, "the worker CA bundle"
 		if t.CACertFile != "" {
-			pem, err := os.ReadFile(t.CACertFile)
-			if err != nil {
+			var err error
+			if pem, err = os.ReadFile(t.CACertFile); err != nil {
 				return nil, fmt.Errorf("reading the worker CA: %w", err)
 			}
+			from = t.CACertFile
+		}
+		if len(pem) > 0 {
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("%s holds no PEM certificate", t.CACertFile)
+				return nil, fmt.Errorf("%s holds no PEM certificate", from)
 			}
 			cfg.RootCAs = pool
 		}

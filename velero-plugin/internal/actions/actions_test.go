@@ -567,9 +567,11 @@ func TestOperatorObjectsAreNotRestored(t *testing.T) {
 	}
 }
 
+// The worker serves HTTPS with a certificate of its own CA, as the operator's workers do: the
+// action trusts it through the namespace's bundle (ConfigMap revault-ca).
 func TestDeleteActionExpiresTheBackupsVersions(t *testing.T) {
 	api := testutil.StartAPI(t)
-	w := testutil.StartWorker(t, "app")
+	w := testutil.StartTLSWorker(t, "app")
 	api.Namespace(t, "app")
 	a := &PVCDelete{Log: logrus.New()}
 	backup := &velerov1.Backup{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "velero"}}
@@ -607,6 +609,12 @@ func TestDeleteActionExpiresTheBackupsVersions(t *testing.T) {
 		t.Fatalf("without a token: %v", err)
 	}
 	api.TokenSecret(t, "app", w.Tokens["app"])
+	// No CA bundle: the worker's certificate is not trusted, nothing expired.
+	err = a.Execute(&velero.DeleteItemActionExecuteInput{Item: toUnstructured(t, item), Backup: backup})
+	if err == nil || !strings.Contains(err.Error(), "certificate") || !exists(2) {
+		t.Fatalf("without the CA bundle: %v", err)
+	}
+	api.CABundle(t, "app", w.CA)
 	if err := a.Execute(&velero.DeleteItemActionExecuteInput{Item: toUnstructured(t, item), Backup: backup}); err != nil {
 		t.Fatal(err)
 	}

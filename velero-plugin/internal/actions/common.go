@@ -90,8 +90,14 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	if err != nil {
 		return nil, fmt.Errorf("reading Secret %s/%s (the namespace's Revault token): %w", ns, kube.TokenSecret, err)
 	}
+	// A worker with the operator's certificate is verified with the bundle the operator keeps
+	// in the namespace (none: plain HTTP, or a public CA).
+	ca, err := kube.CABundle(ctx, c, ns)
+	if err != nil {
+		return nil, fmt.Errorf("reading ConfigMap %s/%s (the workers' CA bundle): %w", ns, kube.CAConfigMap, err)
+	}
 	// An expiry may take a while on a large store: no overall timeout but the caller's context.
-	hc, err := workerclient.StreamingHTTPClient(workerclient.TLSOptions{})
+	hc, err := workerclient.StreamingHTTPClient(workerclient.TLSOptions{CACert: ca})
 	if err != nil {
 		return nil, err
 	}

@@ -113,13 +113,9 @@ func (o *ObjectStore) Init(config map[string]string) error {
 		o.tls.InsecureSkipVerify = b
 	}
 	o.tls.CACertFile = config[KeyCACert]
-	if config[keyCACert] != "" && o.tls.CACertFile == "" {
+	if o.tls.CACertFile == "" {
 		// Velero passes the BSL's spec.objectStorage.caCert (PEM) inline.
-		f, err := writeCA([]byte(config[keyCACert]))
-		if err != nil {
-			return err
-		}
-		o.tls.CACertFile = f
+		o.tls.CACert = []byte(config[keyCACert])
 	}
 	for _, k := range []string{keyCredentialsFile, KeyTokenFile} {
 		if p := config[k]; p != "" {
@@ -144,19 +140,6 @@ func (o *ObjectStore) Init(config map[string]string) error {
 		o.token = t
 	}
 	return nil
-}
-
-// writeCA puts a PEM bundle in a file (the worker client reads its CA from one).
-func writeCA(pem []byte) (string, error) {
-	f, err := os.CreateTemp("", "revault-ca-*.pem")
-	if err != nil {
-		return "", err
-	}
-	if _, err := f.Write(pem); err != nil {
-		_ = f.Close()
-		return "", err
-	}
-	return f.Name(), f.Close()
 }
 
 // readToken reads a token file: the first word of the first line that is not a comment.
@@ -245,19 +228,12 @@ func (o *ObjectStore) client(bucket string) (*bucketWorker, error) {
 // the BSL names no CA of its own: a worker found through its BackupSeries serves the
 // certificate of the operator's CA.
 func (o *ObjectStore) operatorCA(ctx context.Context, kc client.Client) error {
-	if o.tls.CACertFile != "" || o.tls.InsecureSkipVerify {
+	if o.tls.CACertFile != "" || len(o.tls.CACert) > 0 || o.tls.InsecureSkipVerify {
 		return nil
 	}
 	pem, err := kube.CABundle(ctx, kc, o.ns)
-	if err != nil || len(pem) == 0 {
-		return err
-	}
-	f, err := writeCA(pem)
-	if err != nil {
-		return err
-	}
-	o.tls.CACertFile = f
-	return nil
+	o.tls.CACert = pem
+	return err
 }
 
 func (o *ObjectStore) ctx() (context.Context, context.CancelFunc) {

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/pkg/workerclient"
@@ -260,7 +262,6 @@ func TestBucketsResolveThroughTheirBackupSeries(t *testing.T) {
 	api := testutil.StartAPI(t)
 	w := testutil.StartWorker(t, "velero")
 	api.Namespace(t, "velero")
-	ctx := context.Background()
 
 	// Without url: the token comes from the namespace's Secret, the worker from the BackupSeries.
 	o := New(logrus.New())
@@ -274,22 +275,11 @@ func TestBucketsResolveThroughTheirBackupSeries(t *testing.T) {
 	if err := o.PutObject("default", "k", strings.NewReader("v")); err == nil || !strings.Contains(err.Error(), "BackupSeries velero/default") {
 		t.Fatalf("no BackupSeries: %v", err)
 	}
-	bs := &backupv1alpha1.BackupSeries{
-		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
-		Spec: backupv1alpha1.BackupSeriesSpec{
-			Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
-		},
-	}
-	if err := api.Client.Create(ctx, bs); err != nil {
-		t.Fatal(err)
-	}
+	placeBucket(t, api, "velero", "default", "")
 	if err := o.PutObject("default", "k", strings.NewReader("v")); err == nil || !strings.Contains(err.Error(), "not placed") {
 		t.Fatalf("not placed: %v", err)
 	}
-	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: "n1", Endpoint: w.URL}
-	if err := api.Client.Status().Update(ctx, bs); err != nil {
-		t.Fatal(err)
-	}
+	placeBucket(t, api, "velero", "default", w.URL)
 	if err := o.PutObject("default", "k", strings.NewReader("v")); err != nil {
 		t.Fatal(err)
 	}
@@ -306,20 +296,7 @@ func TestTLSWorkersAreTrustedThroughTheNamespaceBundle(t *testing.T) {
 	w := testutil.StartTLSWorker(t, "velero")
 	api.Namespace(t, "velero")
 	api.TokenSecret(t, "velero", w.Tokens["velero"])
-	ctx := context.Background()
-	bs := &backupv1alpha1.BackupSeries{
-		ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: "velero"},
-		Spec: backupv1alpha1.BackupSeriesSpec{
-			Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
-		},
-	}
-	if err := api.Client.Create(ctx, bs); err != nil {
-		t.Fatal(err)
-	}
-	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: "n1", Endpoint: w.URL}
-	if err := api.Client.Status().Update(ctx, bs); err != nil {
-		t.Fatal(err)
-	}
+	placeBucket(t, api, "velero", "default", w.URL)
 	untrusted := New(logrus.New())
 	if err := untrusted.Init(map[string]string{KeyNamespace: "velero"}); err != nil {
 		t.Fatal(err)
@@ -337,6 +314,34 @@ func TestTLSWorkersAreTrustedThroughTheNamespaceBundle(t *testing.T) {
 	}
 	if ok, err := o.ObjectExists("default", "k"); !ok || err != nil {
 		t.Fatalf("ObjectExists: %v %v", ok, err)
+	}
+}
+
+// placeBucket makes the BackupSeries of bucket in ns (an external source) if it does not exist,
+// and places it on the worker at endpoint (unless empty), as the operator would.
+func placeBucket(t *testing.T, api *testutil.API, ns, bucket, endpoint string) {
+	t.Helper()
+	ctx := context.Background()
+	bs := &backupv1alpha1.BackupSeries{
+		ObjectMeta: metav1.ObjectMeta{Name: bucket, Namespace: ns},
+		Spec: backupv1alpha1.BackupSeriesSpec{
+			Source: backupv1alpha1.BackupSource{External: &backupv1alpha1.ExternalSource{Producer: "velero"}},
+		},
+	}
+	if err := api.Client.Get(ctx, client.ObjectKeyFromObject(bs), bs); apierrors.IsNotFound(err) {
+		err = api.Client.Create(ctx, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if endpoint == "" {
+		return
+	}
+	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: "n1", Endpoint: endpoint}
+	if err := api.Client.Status().Update(ctx, bs); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -44,8 +44,9 @@ type Worker struct {
 	Tokens map[string]string
 	Dir    string
 	// CA is the PEM certificate a client of a TLS worker trusts (nil without TLS).
-	CA  []byte
-	cmd *exec.Cmd
+	CA   []byte
+	cmd  *exec.Cmd
+	http *http.Client
 }
 
 type pemPair struct{ cert, key []byte }
@@ -60,8 +61,9 @@ func selfSigned(t testing.TB) *pemPair {
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "localhost"},
 		DNSNames: []string{"localhost"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true, IsCA: true,
+		// A self-signed leaf, not a CA: rustls (the revault CLI) refuses a CA certificate
+		// used as a server's own.
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -137,6 +139,7 @@ func startWorker(t testing.TB, tlsPair *pemPair, namespaces []string) *Worker {
 		roots.AppendCertsFromPEM(w.CA)
 		scheme, probe = "https://", &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	}
+	w.http = probe
 	w.cmd = exec.Command(bin, args...)
 	w.cmd.Stdout, w.cmd.Stderr = log, log
 	if err := w.cmd.Start(); err != nil {
@@ -189,8 +192,15 @@ func (w *Worker) TokenFile(t testing.TB, ns string) string {
 // what a backup Job does. It returns the push's JSON report.
 func (w *Worker) Push(t testing.TB, ns, series, path string) string {
 	t.Helper()
-	out, err := exec.Command(os.Getenv("REVAULT_BIN"), "--json", "--quiet", "push", "--server", w.URL,
-		"--token-file", w.TokenFile(t, ns), "--series", ns+"/"+series, path).CombinedOutput()
+	args := []string{"--json", "--quiet", "push", "--server", w.URL, "--token-file", w.TokenFile(t, ns)}
+	if w.CA != nil {
+		ca := filepath.Join(w.Dir, "ca.crt")
+		if err := os.WriteFile(ca, w.CA, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--ca-cert", ca)
+	}
+	out, err := exec.Command(os.Getenv("REVAULT_BIN"), append(args, "--series", ns+"/"+series, path)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("revault push: %v\n%s", err, out)
 	}
@@ -211,7 +221,7 @@ func (w *Worker) Versions(t testing.TB, ns, series string) []Version {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+w.Admin)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := w.http.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

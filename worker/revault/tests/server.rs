@@ -850,15 +850,22 @@ fn bad_input_gets_json_4xx_and_never_a_version() {
     srv.stop();
 }
 
+/// Writes a self-signed certificate for localhost and its key as DIR/NAME.crt and DIR/NAME.key.
+fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, ck.cert.pem()).unwrap();
+    std::fs::write(&k, ck.key_pair.serialize_pem()).unwrap();
+    (c, k)
+}
+
 #[test]
 fn https_with_a_self_signed_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let ck =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap();
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let (cert, key) = self_signed(dir.path(), "tls");
     let srv = Server::start(
         &dir.path().join("store"),
         &[
@@ -927,18 +934,8 @@ fn https_with_a_self_signed_certificate() {
 #[test]
 fn a_rotated_certificate_is_served_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let write_pair = |name: &str| {
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let (c, k) = (
-            dir.path().join(format!("{name}.crt")),
-            dir.path().join(format!("{name}.key")),
-        );
-        std::fs::write(&c, ck.cert.pem()).unwrap();
-        std::fs::write(&k, ck.key_pair.serialize_pem()).unwrap();
-        (c, k)
-    };
-    let (old_cert, old_key) = write_pair("old");
-    let (new_cert, new_key) = write_pair("new");
+    let (old_cert, old_key) = self_signed(dir.path(), "old");
+    let (new_cert, new_key) = self_signed(dir.path(), "new");
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::copy(&old_cert, &cert).unwrap();
     std::fs::copy(&old_key, &key).unwrap();
