@@ -56,9 +56,9 @@ func tlsRotationSpecs() {
 			Expect(oldSerial).NotTo(BeEmpty())
 			since := metav1.Now()
 
-			By("a backup streaming 12 MiB over 90 s on one TLS connection")
+			By("a backup streaming 12 MiB over 45 s on one TLS connection")
 			push := withToken(toolPod(ns, podName("slowpush"), "", "slowpush", "-server", bs.Status.Worker.Endpoint,
-				"-series", ns+"/"+series, "-bytes", strconv.Itoa(size), "-seconds", "90", "-seed", runSeed(40)))
+				"-series", ns+"/"+series, "-bytes", strconv.Itoa(size), "-seconds", "45", "-seed", runSeed(40)))
 			startPod(push)
 			Eventually(func(g Gomega) {
 				calls := workerAPI(ns, bs.Status.Worker.Endpoint, "GET /v1/series/"+ns+"/"+series+"/backup")
