@@ -118,7 +118,7 @@ func run(f flags) error {
 	if cfg.Namespace == "" {
 		return fmt.Errorf("no namespace: set --namespace, $POD_NAMESPACE or namespace in %s", f.configPath)
 	}
-	ovr, err := controller.ParseOverrides(f.overrides)
+	ovr, err := controller.ParseOverrides(f.overrides, cfg.TLSOn())
 	if err != nil {
 		return err
 	}

@@ -151,7 +151,10 @@ func (m *Manager) Ensure(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return now, err
 	}
-	st := loadState(ctx, caSec, wSec)
+	st, err := loadState(ctx, caSec, wSec)
+	if err != nil {
+		return now.Add(maxSleep), err
+	}
 	st, next, err := Renew(st, m.Names, now, m.Life)
 	if err != nil {
 		return now, err
@@ -174,20 +177,26 @@ func (m *Manager) Ensure(ctx context.Context) (time.Time, error) {
 	return next, m.remember(bundle)
 }
 
-// loadState reads what the Secrets hold; anything that does not parse counts as absent (and is
-// replaced), with a log line saying so.
-func loadState(ctx context.Context, caSec, wSec *corev1.Secret) State {
+// loadState reads what the Secrets hold. A CA Secret that exists but holds no usable CA is an
+// error, not a reason to make a new CA: a new one would sign at once, and every client holding
+// the current bundle would fail until its namespace's bundle is updated, while the workers'
+// current certificate keeps serving meanwhile. Deleting the Secret asks for a new CA.
+func loadState(ctx context.Context, caSec, wSec *corev1.Secret) (State, error) {
 	var st State
-	lg := log.FromContext(ctx)
 	if caSec != nil {
-		if p, err := ParsePair(caSec.Data[KeyCert], caSec.Data[KeyKey]); err == nil && p.Cert.IsCA {
-			st.CA = &p
-			if prev, err := ParsePair(caSec.Data[keyPrevious], caSec.Data[keyPreviousKey]); err == nil {
-				st.Previous = &prev
-				st.RotatedAt, _ = time.Parse(time.RFC3339, caSec.Annotations[annotationRotated])
-			}
-		} else {
-			lg.Info("the CA Secret does not hold a usable CA; making a new one", "secret", plan.CASecret, "error", err)
+		p, err := ParsePair(caSec.Data[KeyCert], caSec.Data[KeyKey])
+		if err == nil && !p.Cert.IsCA {
+			err = errors.New("the certificate is not a CA")
+		}
+		if err != nil {
+			return st, fmt.Errorf("secret %s/%s holds no usable CA (%w): the workers keep their current certificate; "+
+				"delete the Secret to make a new CA (clients then fail until their namespace's bundle is updated)",
+				caSec.Namespace, caSec.Name, err)
+		}
+		st.CA = &p
+		if prev, err := ParsePair(caSec.Data[keyPrevious], caSec.Data[keyPreviousKey]); err == nil {
+			st.Previous = &prev
+			st.RotatedAt = rotatedAt(ctx, caSec, p)
 		}
 	}
 	if wSec != nil {
@@ -195,7 +204,20 @@ func loadState(ctx context.Context, caSec, wSec *corev1.Secret) State {
 			st.Serving = &p
 		}
 	}
-	return st
+	return st, nil
+}
+
+// rotatedAt is when ca replaced the previous CA: the Secret's annotation, else (the annotation
+// lost or edited) when ca was made. Without it the previous CA's publication delay would end at
+// once and the serving certificate move to a CA some clients do not know yet.
+func rotatedAt(ctx context.Context, caSec *corev1.Secret, ca Pair) time.Time {
+	if t, err := time.Parse(time.RFC3339, caSec.Annotations[annotationRotated]); err == nil {
+		return t
+	}
+	made := ca.Cert.NotBefore.Add(backdate)
+	log.FromContext(ctx).Info("the CA Secret does not say when the CA was rotated; using when the CA was made",
+		"secret", plan.CASecret, "annotation", annotationRotated, "rotatedAt", made)
+	return made
 }
 
 func (m *Manager) get(ctx context.Context, name string) (*corev1.Secret, error) {

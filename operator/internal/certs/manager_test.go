@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,9 +158,94 @@ func TestManagerUsesAProvidedSecret(t *testing.T) {
 	if err := c.Get(ctx, types.NamespacedName{Namespace: opNS, Name: plan.CASecret}, &corev1.Secret{}); err == nil {
 		t.Error("a CA was made although the certificate is provided")
 	}
-	// A provided Secret without ca.crt says what is missing.
-	m.Provided = "missing"
-	if _, err := m.Ensure(ctx); err == nil {
-		t.Error("a missing provided Secret was accepted")
+	// A provided Secret without ca.crt, or none at all, says which Secret lacks what.
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-ca", Namespace: opNS},
+		Data:       map[string][]byte{KeyCert: st.Serving.CertPEM, KeyKey: st.Serving.KeyPEM},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"no-ca", "missing"} {
+		m := newManager(c, &now)
+		m.Provided = name
+		_, err := m.Ensure(ctx)
+		if want := "secret " + opNS + "/" + name + " has no ca.crt"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("provided Secret %s: got %v, want an error saying %q", name, err, want)
+		}
+	}
+}
+
+// A CA Secret that no longer parses is reported, not replaced: a new CA would sign at once,
+// before any client knows it. The workers' certificate stays as it was.
+func TestManagerRefusesToReplaceAnUnreadableCA(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	now := t0
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := secret(t, c, plan.WorkerTLSSecret).Data[KeyCert]
+	ca := secret(t, c, plan.CASecret)
+	ca.Data[KeyKey] = []byte("not a key")
+	if err := c.Update(ctx, ca); err != nil {
+		t.Fatal(err)
+	}
+	_, err := newManager(c, &now).Ensure(ctx)
+	if err == nil || !strings.Contains(err.Error(), "holds no usable CA") || !strings.Contains(err.Error(), "delete the Secret") {
+		t.Fatalf("got %v, want an error saying the CA is unusable and how to replace it", err)
+	}
+	if string(secret(t, c, plan.WorkerTLSSecret).Data[KeyCert]) != string(before) ||
+		string(secret(t, c, plan.CASecret).Data[KeyKey]) != "not a key" {
+		t.Error("the Secrets were rewritten")
+	}
+	// Deleting the CA Secret is how a new CA is asked for.
+	if err := c.Delete(ctx, ca); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A rotation whose annotation was lost still waits the publication delay (counted from when
+// the new CA was made) before the serving certificate moves to the new CA.
+func TestManagerWithoutTheRotationTimeKeepsThePreviousSigning(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	now := t0
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := ParsePair(secret(t, c, plan.CASecret).Data[KeyCert], secret(t, c, plan.CASecret).Data[KeyKey])
+	now = RenewAt(first.Cert)
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ca := secret(t, c, plan.CASecret)
+	delete(ca.Annotations, annotationRotated)
+	if err := c.Update(ctx, ca); err != nil {
+		t.Fatal(err)
+	}
+	signer := func() *Pair {
+		w := secret(t, c, plan.WorkerTLSSecret)
+		serving, _ := ParsePair(w.Data[KeyCert], w.Data[KeyKey])
+		if SignedBy(serving.Cert, first.Cert) {
+			return &first
+		}
+		return nil
+	}
+	now = now.Add(PublishDelay - time.Hour)
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if signer() == nil {
+		t.Fatal("without the annotation the serving certificate moved to the new CA before the delay")
+	}
+	now = now.Add(2 * time.Hour)
+	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if signer() != nil {
+		t.Fatal("after the delay the serving certificate is still signed by the previous CA")
 	}
 }

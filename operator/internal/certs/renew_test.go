@@ -3,6 +3,8 @@ package certs
 import (
 	"testing"
 	"time"
+
+	"github.com/revault-io/revault/operator/internal/config"
 )
 
 var (
@@ -148,5 +150,45 @@ func TestParsePairRefusesAForeignKey(t *testing.T) {
 	}
 	if _, err := ParsePair(a.CertPEM, a.KeyPEM); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The shortest CA life the configuration accepts rotates without overlap: the serving
+// certificate is always signed by a CA that was in the bundle a PublishDelay earlier.
+func TestShortestCALifeNeverSignsWithAnUnpublishedCA(t *testing.T) {
+	short := Lifetimes{CA: config.MinCAValidity, Serving: 10 * time.Minute}
+	if config.MinCAValidity < 3*PublishDelay {
+		t.Fatalf("config.MinCAValidity %s is shorter than three publication delays", config.MinCAValidity)
+	}
+	st, _, err := Renew(State{}, names, t0, short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// published[serial of a CA] = when it first appeared in the bundle.
+	published := map[string]time.Time{st.CA.Cert.SerialNumber.String(): t0.Add(-PublishDelay)}
+	for now := t0; now.Before(t0.Add(20 * short.CA)); now = now.Add(10 * time.Minute) {
+		if st, _, err = Renew(st, names, now, short); err != nil {
+			t.Fatal(err)
+		}
+		for _, ca := range []*Pair{st.CA, st.Previous} {
+			if ca != nil {
+				if _, ok := published[ca.Cert.SerialNumber.String()]; !ok {
+					published[ca.Cert.SerialNumber.String()] = now
+				}
+			}
+		}
+		signer := st.CA
+		if !SignedBy(st.Serving.Cert, signer.Cert) {
+			signer = st.Previous
+		}
+		if signer == nil || !SignedBy(st.Serving.Cert, signer.Cert) {
+			t.Fatalf("%s: the serving certificate is signed by neither CA in the bundle", now)
+		}
+		if p := published[signer.Cert.SerialNumber.String()]; now.Sub(p) < PublishDelay {
+			t.Fatalf("%s: the serving certificate is signed by a CA published %s ago", now, now.Sub(p))
+		}
+		if err := trusted(t, st, Bundle(now, st.CA.Cert, st.Previous.cert()), now); err != nil {
+			t.Fatalf("%s: %v", now, err)
+		}
 	}
 }

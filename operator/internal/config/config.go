@@ -59,6 +59,11 @@ const (
 	// minCertValidity keeps renewals (at two thirds of the life) slower than the kubelet's
 	// Secret updates reach pods (about a minute).
 	minCertValidity = 10 * time.Minute
+	// MinCAValidity: a CA is renewed when a third of its life is left, and its successor only
+	// signs a day after (certs.PublishDelay). Both the old CA's last third and the new CA's
+	// first two thirds must outlast that day, or rotations overlap and a CA signs before
+	// clients know it.
+	MinCAValidity = 3 * 24 * time.Hour
 )
 
 // TLSOn reports whether workers serve HTTPS.
@@ -344,6 +349,9 @@ func (t *TLSConfig) problems() []string {
 	}
 	if t.CertValidity.Duration < minCertValidity {
 		errs = append(errs, fmt.Sprintf("tls.certValidity %s must be at least %s", t.CertValidity.Duration, minCertValidity))
+	}
+	if t.CAValidity.Duration < MinCAValidity {
+		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least %s (a new CA is published a day before it signs)", t.CAValidity.Duration, MinCAValidity))
 	}
 	if t.CAValidity.Duration < 2*t.CertValidity.Duration {
 		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least twice tls.certValidity (%s)", t.CAValidity.Duration, t.CertValidity.Duration))

@@ -68,6 +68,8 @@ type seriesRun struct {
 	bs   *backupv1alpha1.BackupSeries
 	orig *backupv1alpha1.BackupSeriesStatus
 	cs   conditionSetter
+	// events holds the condition and phase events until the status is stored (commitStatus).
+	events *heldEvents
 	// requeue is the soonest a step wants the series looked at again (at most the sync period).
 	requeue time.Duration
 	// scheduleOK: the schedule parses, or there is none; zone is the time zone it is read in and
@@ -77,6 +79,8 @@ type seriesRun struct {
 	next       time.Time
 	// tokenReady: the worker accepts the namespace's token, so Jobs may start.
 	tokenReady bool
+	// grantErr: the namespace's token or CA bundle could not be provided (TokenReady says why).
+	grantErr error
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).
 	startedNow string
 	// active counts the backup Jobs still running.
@@ -140,7 +144,8 @@ func (r *BackupSeriesReconciler) load(ctx context.Context, s *seriesRun) (ctrl.R
 		}
 	}
 	s.bs, s.orig = bs, bs.Status.DeepCopy()
-	s.cs = conditionSetter{rec: r.Recorder, obj: bs, conds: &bs.Status.Conditions, generation: bs.Generation}
+	s.events = holdEvents(r.Recorder)
+	s.cs = conditionSetter{rec: s.events, obj: bs, conds: &bs.Status.Conditions, generation: bs.Generation}
 	return proceed()
 }
 

@@ -37,8 +37,8 @@ func (r *BackupSeriesReconciler) placeNew(ctx context.Context, s *seriesRun) (ct
 	if p == nil {
 		s.o.waiting = true
 		s.cs.setFalse(backupv1alpha1.ConditionPlaced, reason, msg)
-		r.finishStatus(bs, backupv1alpha1.SeriesPending)
-		return stop(ctrl.Result{RequeueAfter: 15 * time.Second}, r.writeStatus(ctx, bs, s.orig))
+		r.finishStatus(s, backupv1alpha1.SeriesPending)
+		return stop(ctrl.Result{RequeueAfter: 15 * time.Second}, r.commitStatus(ctx, s))
 	}
 	// The record that survives a lost status goes first: if the status write then fails, the
 	// next reconcile follows the record to the same worker.
@@ -51,7 +51,7 @@ func (r *BackupSeriesReconciler) placeNew(ctx context.Context, s *seriesRun) (ct
 	// Record the placement before anything (a Job, a CronJob) uses it: if this write
 	// fails, nothing points at the chosen worker yet and the next reconcile chooses again.
 	st.ObservedGeneration = bs.Generation
-	return stop(ctrl.Result{RequeueAfter: time.Second}, r.writeStatus(ctx, bs, s.orig))
+	return stop(ctrl.Result{RequeueAfter: time.Second}, r.commitStatus(ctx, s))
 }
 
 // followWorker sets Placed from the worker pod on the series' node, and records its name.

@@ -27,11 +27,11 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 	case st.LastJob != nil && !st.LastJob.Succeeded:
 		phase = backupv1alpha1.SeriesFailed
 	}
-	r.finishStatus(s.bs, phase)
+	r.finishStatus(s, phase)
 	if s.active > 0 {
 		s.requeue = min(s.requeue, 10*time.Second)
 	}
-	return stop(ctrl.Result{RequeueAfter: s.requeue}, r.writeStatus(ctx, s.bs, s.orig))
+	return stop(ctrl.Result{RequeueAfter: s.requeue}, r.commitStatus(ctx, s))
 }
 
 // backingUpPhase is the phase of a series whose backup Job runs: Queued while its worker says
@@ -47,17 +47,18 @@ func (r *BackupSeriesReconciler) backingUpPhase(ctx context.Context, s *seriesRu
 }
 
 // finishStatus sets the phase (with an event when it changes), Ready and observedGeneration.
-func (r *BackupSeriesReconciler) finishStatus(bs *backupv1alpha1.BackupSeries, phase backupv1alpha1.BackupSeriesPhase) {
+func (r *BackupSeriesReconciler) finishStatus(s *seriesRun, phase backupv1alpha1.BackupSeriesPhase) {
+	bs := s.bs
 	st := &bs.Status
 	if st.Phase != phase {
 		if st.Phase != "" {
-			r.Recorder.Eventf(bs, "Normal", "Phase"+string(phase), "phase %s -> %s", st.Phase, phase)
+			s.events.Eventf(bs, "Normal", "Phase"+string(phase), "phase %s -> %s", st.Phase, phase)
 		}
 		st.Phase = phase
 	}
 	r.Phases.Set(types.NamespacedName{Namespace: bs.Namespace, Name: bs.Name}.String(), string(phase))
 	st.ObservedGeneration = bs.Generation
-	cs := conditionSetter{rec: r.Recorder, obj: bs, conds: &st.Conditions, generation: bs.Generation}
+	cs := s.cs
 	for _, t := range []string{backupv1alpha1.ConditionPlaced, backupv1alpha1.ConditionScheduleValid,
 		backupv1alpha1.ConditionTokenReady, backupv1alpha1.ConditionSynced, backupv1alpha1.ConditionBackupSucceeded} {
 		if c := apimeta.FindStatusCondition(st.Conditions, t); c != nil && c.Status != metav1.ConditionTrue {
@@ -71,6 +72,16 @@ func (r *BackupSeriesReconciler) finishStatus(bs *backupv1alpha1.BackupSeries, p
 	}
 	cs.setTrue(backupv1alpha1.ConditionReady, "Ready",
 		fmt.Sprintf("%d versions, dedup ratio %s", st.VersionCount, orDash(st.DedupRatio)))
+}
+
+// commitStatus writes the run's status, then emits the events of its transitions; when the
+// write fails they are dropped, and the retrying reconcile tells them once.
+func (r *BackupSeriesReconciler) commitStatus(ctx context.Context, s *seriesRun) error {
+	if err := r.writeStatus(ctx, s.bs, s.orig); err != nil {
+		return err
+	}
+	s.events.flush()
+	return nil
 }
 
 // writeStatus writes the status when it differs from orig (as read), so an idle reconcile writes

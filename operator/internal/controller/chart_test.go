@@ -275,17 +275,27 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		off := template(ns, "tls.enabled=false", "networkPolicy.enabled=false")
 		Expect(parse(off).TLS).To(BeNil())
 		Expect(off).NotTo(ContainSubstring("kind: NetworkPolicy"))
-		// Extra peers are rendered into the workers' policy.
-		with := template(ns, "networkPolicy.extraFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=velero")
-		dryRun(with)
-		for _, o := range splitDocs(with) {
-			if o.GetKind() == "NetworkPolicy" {
-				np := convert(o, &networkingv1.NetworkPolicy{})
-				Expect(np.Spec.PodSelector.MatchLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "worker"))
-				Expect(np.Spec.Ingress[0].From).To(HaveLen(3))
-				Expect(np.Spec.Ingress[0].From[2].NamespaceSelector.MatchLabels).To(HaveKeyWithValue("kubernetes.io/metadata.name", "velero"))
+		// Velero's namespace is let in by default (the plugin calls the workers from Velero's
+		// pod); extra peers are rendered after it.
+		policy := func(rendered string) *networkingv1.NetworkPolicy {
+			for _, o := range splitDocs(rendered) {
+				if o.GetKind() == "NetworkPolicy" {
+					return convert(o, &networkingv1.NetworkPolicy{})
+				}
 			}
+			Fail("no NetworkPolicy rendered")
+			return nil
 		}
+		with := template(ns, "networkPolicy.extraFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring")
+		dryRun(with)
+		np := policy(with)
+		Expect(np.Spec.PodSelector.MatchLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "worker"))
+		Expect(np.Spec.Ingress[0].From).To(HaveLen(4))
+		Expect(np.Spec.Ingress[0].From[2].NamespaceSelector.MatchLabels).To(HaveKeyWithValue("kubernetes.io/metadata.name", "velero"))
+		Expect(np.Spec.Ingress[0].From[2].PodSelector).To(BeNil())
+		Expect(np.Spec.Ingress[0].From[3].NamespaceSelector.MatchLabels).To(HaveKeyWithValue("kubernetes.io/metadata.name", "monitoring"))
+		noVelero := policy(template(ns, "networkPolicy.veleroNamespace="))
+		Expect(noVelero.Spec.Ingress[0].From).To(HaveLen(2))
 	})
 
 	It("leaves the CRDs out with crd.enabled=false", func() {

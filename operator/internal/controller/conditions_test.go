@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -55,14 +56,21 @@ func TestConditionEvents(t *testing.T) {
 }
 
 func TestParseOverrides(t *testing.T) {
-	m, err := ParseOverrides(" node-1=http://127.0.0.1:1234, node-2=https://w:8420 ,")
+	m, err := ParseOverrides(" node-1=http://127.0.0.1:1234, node-2=https://w:8420 ,", false)
 	if err != nil || len(m) != 2 || m["node-1"] != "http://127.0.0.1:1234" || m["node-2"] != "https://w:8420" {
 		t.Fatalf("ParseOverrides = %v, %v", m, err)
 	}
-	for _, bad := range []string{"node-1", "=http://x", "node=ftp://x"} {
-		if _, err := ParseOverrides(bad); err == nil {
+	for _, bad := range []string{"node-1", "=http://x", "node=ftp://x", "node=httpx://x"} {
+		if _, err := ParseOverrides(bad, false); err == nil {
 			t.Errorf("ParseOverrides(%q) accepted", bad)
 		}
+	}
+	// With TLS on, a plain-HTTP override would carry the admin token in clear.
+	if _, err := ParseOverrides("node-2=https://w:8420", true); err != nil {
+		t.Error(err)
+	}
+	if _, err := ParseOverrides("node-1=http://127.0.0.1:1234", true); err == nil || !strings.Contains(err.Error(), "must be https://") {
+		t.Errorf("an http:// override with TLS on: %v", err)
 	}
 }
 

@@ -115,7 +115,10 @@ func (r *RestoreJobReconciler) findTarget(ctx context.Context, s *restoreStart) 
 func (r *RestoreJobReconciler) checkToken(ctx context.Context, s *restoreStart) (ctrl.Result, bool, error) {
 	rj := s.rj
 	if err := r.Workers.GrantNamespace(ctx, rj.Namespace); err != nil {
-		return failed(err)
+		// e.g. tls.secret names a Secret without ca.crt: the restore waits and says why.
+		s.o.waiting = true
+		s.cs.waiting(backupv1alpha1.ConditionComplete, "CredentialsUnavailable", err.Error())
+		return stop(ctrl.Result{RequeueAfter: 30 * time.Second}, nil)
 	}
 	ready, err := r.Workers.TokenAccepted(ctx, s.w.Media, s.w.Node, rj.Namespace)
 	if err != nil || !ready {

@@ -62,8 +62,9 @@ type Workers struct {
 	transports sync.Map
 }
 
-// ParseOverrides reads "node=url,node2=url2".
-func ParseOverrides(s string) (map[string]string, error) {
+// ParseOverrides reads "node=url,node2=url2". With TLS on (tls) only https:// is accepted: a
+// plain-HTTP override would send the operator's admin token in clear.
+func ParseOverrides(s string, tls bool) (map[string]string, error) {
 	out := map[string]string{}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
@@ -71,8 +72,12 @@ func ParseOverrides(s string) (map[string]string, error) {
 			continue
 		}
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" || !strings.HasPrefix(v, "http") {
-			return nil, fmt.Errorf("worker endpoint override %q: want NODE=http://HOST:PORT", kv)
+		secure := strings.HasPrefix(v, "https://")
+		if !ok || k == "" || (!secure && !strings.HasPrefix(v, "http://")) {
+			return nil, fmt.Errorf("worker endpoint override %q: want NODE=https://HOST:PORT (or http:// without TLS)", kv)
+		}
+		if tls && !secure {
+			return nil, fmt.Errorf("worker endpoint override %q: the workers serve TLS (config tls), so the override must be https://", kv)
 		}
 		out[k] = v
 	}

@@ -11,10 +11,15 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/certs"
 	"github.com/revault-io/revault/operator/internal/config"
 	"github.com/revault-io/revault/operator/internal/plan"
@@ -119,30 +124,78 @@ func TestOperatorCallsVerifyTheWorkersCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	installTLS(t, c, dir)
+	b, _ := os.ReadFile(addr)
+	waitServed(t, c, strings.TrimSpace(string(b)))
+	if err := stats(workers(cfg.Namespace)); err != nil {
+		t.Fatalf("after the renewal: %v", err)
+	}
+
+	// A certificate with the right names from a CA the operator does not trust (another
+	// operator's, an attacker's) is refused.
+	other := fake.NewClientBuilder().Build()
+	if _, err := (&certs.Manager{Client: other, Reader: other, Namespace: cfg.Namespace, Names: m.Names, Life: m.Life}).Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	installTLS(t, other, dir)
+	waitServed(t, other, strings.TrimSpace(string(b)))
+	if err := stats(workers(cfg.Namespace)); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("a certificate from an unknown CA: want refused, got %v", err)
+	}
+}
+
+// waitServed waits until the worker at addr serves the certificate of c's workers' Secret.
+func waitServed(t *testing.T, c client.Client, addr string) {
+	t.Helper()
 	sec := &corev1.Secret{}
-	_ = c.Get(ctx, types.NamespacedName{Namespace: cfg.Namespace, Name: plan.WorkerTLSSecret}, sec)
+	_ = c.Get(context.Background(), types.NamespacedName{Namespace: "revault-system", Name: plan.WorkerTLSSecret}, sec)
 	want, err := certs.ParseCerts(sec.Data[certs.KeyCert])
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(addr)
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		conn, err := tls.Dial("tcp", strings.TrimSpace(string(b)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate
 		if err != nil {
 			t.Fatal(err)
 		}
 		served := conn.ConnectionState().PeerCertificates[0]
 		_ = conn.Close()
 		if served.SerialNumber.Cmp(want[0].SerialNumber) == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the worker never served the renewed certificate")
+			t.Fatal("the worker never served the new certificate")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := stats(workers(cfg.Namespace)); err != nil {
-		t.Fatalf("after the renewal: %v", err)
+}
+
+// tls.secret naming a Secret that is missing or has no ca.crt stops the series' Jobs with a
+// TokenReady condition that names the Secret, rather than failing each reconcile in the log only.
+func TestAMissingCABundleIsReportedOnTheSeries(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientBuilder().Build()
+	cfg := &config.Config{Namespace: "revault-system", Worker: config.WorkerConfig{Port: 8420},
+		TLS: &config.TLSConfig{Secret: "from-cert-manager"}}
+	w := &Workers{Client: c, Config: cfg, Limits: DefaultCallLimits, Health: NewWorkerHealth(),
+		Tokens: &tokens.Manager{Client: c, Reader: c, Namespace: cfg.Namespace},
+		Certs:  &certs.Manager{Client: c, Reader: c, Namespace: cfg.Namespace, Provided: "from-cert-manager"}}
+	r := &BackupSeriesReconciler{Workers: w, Recorder: record.NewFakeRecorder(10)}
+	bs := &backupv1alpha1.BackupSeries{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "db"}}
+	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: "ssd", Node: "n1"}
+	s := &seriesRun{bs: bs, o: &outcome{}, requeue: time.Hour}
+	s.cs = conditionSetter{rec: r.Recorder, obj: bs, conds: &bs.Status.Conditions}
+	for _, step := range []func(context.Context, *seriesRun) (ctrl.Result, bool, error){r.ensureNamespaceToken, r.checkToken} {
+		if _, stop, err := step(ctx, s); stop || err != nil {
+			t.Fatalf("step stopped the reconcile (%v): the condition would not be written", err)
+		}
+	}
+	cond := meta.FindStatusCondition(bs.Status.Conditions, backupv1alpha1.ConditionTokenReady)
+	if s.tokenReady || cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != "CredentialsUnavailable" ||
+		!strings.Contains(cond.Message, "secret revault-system/from-cert-manager has no ca.crt") {
+		t.Fatalf("tokenReady %v, condition %+v: want TokenReady False naming the Secret", s.tokenReady, cond)
+	}
+	if s.requeue != 30*time.Second {
+		t.Errorf("requeue %s, want 30s", s.requeue)
 	}
 }

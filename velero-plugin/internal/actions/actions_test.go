@@ -638,12 +638,15 @@ func TestDeleteActionExpiresTheBackupsVersions(t *testing.T) {
 		t.Fatalf("a PVC item: %v", err)
 	}
 
-	// A revault data mover DataUpload: its snapshot ID names the version.
+	// A revault data mover DataUpload: its snapshot ID names the version. Its worker was
+	// recorded as http:// before TLS was turned on; the namespace's bundle says the worker now
+	// serves HTTPS, and the action goes there.
 	du := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "velero.io/v2alpha1", "kind": "DataUpload",
 		"metadata": map[string]any{"name": "nightly-x", "namespace": "velero"},
 		"spec":     map[string]any{"datamover": "revault"},
-		"status":   map[string]any{"snapshotID": "app/data@3", "dataMoverResult": map[string]any{"worker": w.URL}},
+		"status": map[string]any{"snapshotID": "app/data@3",
+			"dataMoverResult": map[string]any{"worker": "http://" + strings.TrimPrefix(w.URL, "https://")}},
 	}}
 	if err := a.Execute(&velero.DeleteItemActionExecuteInput{Item: du, Backup: backup}); err != nil {
 		t.Fatal(err)

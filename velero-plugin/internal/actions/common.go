@@ -96,12 +96,23 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	if err != nil {
 		return nil, fmt.Errorf("reading ConfigMap %s/%s (the workers' CA bundle): %w", ns, kube.CAConfigMap, err)
 	}
+	endpoint = upgradeScheme(endpoint, ca)
 	// An expiry may take a while on a large store: no overall timeout but the caller's context.
 	hc, err := workerclient.StreamingHTTPClient(workerclient.TLSOptions{CACert: ca})
 	if err != nil {
 		return nil, err
 	}
 	return workerclient.New(endpoint, token, hc)
+}
+
+// upgradeScheme turns an http:// endpoint into https:// when the namespace has the workers' CA
+// bundle: an endpoint recorded at backup time before TLS was turned on names a worker that now
+// serves HTTPS only, and without this its versions would never be expired.
+func upgradeScheme(endpoint string, bundle []byte) string {
+	if rest, ok := strings.CutPrefix(endpoint, "http://"); ok && len(bundle) > 0 {
+		return "https://" + rest
+	}
+	return endpoint
 }
 
 // splitID splits an operation ID into n parts separated by '/'.
