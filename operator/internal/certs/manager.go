@@ -177,10 +177,12 @@ func (m *Manager) Ensure(ctx context.Context) (time.Time, error) {
 	return next, m.remember(bundle)
 }
 
-// loadState reads what the Secrets hold. A CA Secret that exists but holds no usable CA is an
-// error, not a reason to make a new CA: a new one would sign at once, and every client holding
-// the current bundle would fail until its namespace's bundle is updated, while the workers'
-// current certificate keeps serving meanwhile. Deleting the Secret asks for a new CA.
+// loadState reads what the Secrets hold. A CA Secret that exists but holds no usable CA, while
+// the workers have a certificate, is an error, not a reason to make a new CA: a new one would
+// sign at once, and every client holding the current bundle would fail until its namespace's
+// bundle is updated, while the workers' current certificate keeps serving meanwhile (it is not
+// renewed until then). Deleting the Secret asks for a new CA. Without a workers' certificate
+// nothing trusts the CA yet (e.g. an empty Secret made before the first start): it is replaced.
 func loadState(ctx context.Context, caSec, wSec *corev1.Secret) (State, error) {
 	var st State
 	if caSec != nil {
@@ -188,15 +190,19 @@ func loadState(ctx context.Context, caSec, wSec *corev1.Secret) (State, error) {
 		if err == nil && !p.Cert.IsCA {
 			err = errors.New("the certificate is not a CA")
 		}
-		if err != nil {
+		if err != nil && wSec == nil {
+			log.FromContext(ctx).Info("the CA Secret holds no usable CA and no certificate was issued from it; making a new CA",
+				"secret", plan.CASecret, "error", err)
+		} else if err != nil {
 			return st, fmt.Errorf("secret %s/%s holds no usable CA (%w): the workers keep their current certificate; "+
 				"delete the Secret to make a new CA (clients then fail until their namespace's bundle is updated)",
 				caSec.Namespace, caSec.Name, err)
-		}
-		st.CA = &p
-		if prev, err := ParsePair(caSec.Data[keyPrevious], caSec.Data[keyPreviousKey]); err == nil {
-			st.Previous = &prev
-			st.RotatedAt = rotatedAt(ctx, caSec, p)
+		} else {
+			st.CA = &p
+			if prev, err := ParsePair(caSec.Data[keyPrevious], caSec.Data[keyPreviousKey]); err == nil {
+				st.Previous = &prev
+				st.RotatedAt = rotatedAt(ctx, caSec, p)
+			}
 		}
 	}
 	if wSec != nil {
@@ -207,17 +213,22 @@ func loadState(ctx context.Context, caSec, wSec *corev1.Secret) (State, error) {
 	return st, nil
 }
 
-// rotatedAt is when ca replaced the previous CA: the Secret's annotation, else (the annotation
-// lost or edited) when ca was made. Without it the previous CA's publication delay would end at
-// once and the serving certificate move to a CA some clients do not know yet.
+// rotatedAt is when ca replaced the previous CA: the Secret's annotation, but never before ca
+// was made (a CA replaced by hand under an old annotation), and without the annotation (lost or
+// edited) when ca was made. Otherwise the previous CA's publication delay would end at once and
+// the serving certificate move to a CA some clients do not know yet.
 func rotatedAt(ctx context.Context, caSec *corev1.Secret, ca Pair) time.Time {
-	if t, err := time.Parse(time.RFC3339, caSec.Annotations[annotationRotated]); err == nil {
-		return t
-	}
 	made := ca.Cert.NotBefore.Add(backdate)
-	log.FromContext(ctx).Info("the CA Secret does not say when the CA was rotated; using when the CA was made",
-		"secret", plan.CASecret, "annotation", annotationRotated, "rotatedAt", made)
-	return made
+	t, err := time.Parse(time.RFC3339, caSec.Annotations[annotationRotated])
+	if err != nil {
+		log.FromContext(ctx).Info("the CA Secret does not say when the CA was rotated; using when the CA was made",
+			"secret", plan.CASecret, "annotation", annotationRotated, "rotatedAt", made)
+		return made
+	}
+	if t.Before(made) {
+		return made
+	}
+	return t
 }
 
 func (m *Manager) get(ctx context.Context, name string) (*corev1.Secret, error) {
@@ -284,8 +295,12 @@ func (m *Manager) remember(bundle []byte) error {
 	return nil
 }
 
-// ErrNotIssued: the workers' certificate is not there yet (the operator just started).
+// ErrNotIssued: the workers' certificate is not there yet (the operator just started, or the
+// Secret tls.secret names is missing or has no ca.crt yet).
 var ErrNotIssued = errors.New("the workers' TLS certificate is not issued yet")
+
+// ErrBadBundle: the workers' Secret holds a ca.crt that does not parse.
+var ErrBadBundle = errors.New("the workers' CA bundle is unusable")
 
 // reload reads the bundle from the workers' Secret.
 func (m *Manager) reload(ctx context.Context) ([]byte, error) {
@@ -297,7 +312,7 @@ func (m *Manager) reload(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("%w: secret %s/%s has no %s", ErrNotIssued, m.Namespace, m.WorkerSecret(), KeyCA)
 	}
 	if err := m.remember(s.Data[KeyCA]); err != nil {
-		return nil, fmt.Errorf("secret %s/%s, %s: %w", m.Namespace, m.WorkerSecret(), KeyCA, err)
+		return nil, fmt.Errorf("%w: secret %s/%s, %s: %w", ErrBadBundle, m.Namespace, m.WorkerSecret(), KeyCA, err)
 	}
 	return s.Data[KeyCA], nil
 }

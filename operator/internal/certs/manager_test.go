@@ -205,6 +205,34 @@ func TestManagerRefusesToReplaceAnUnreadableCA(t *testing.T) {
 	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// An unusable CA Secret from which no certificate was issued (made empty before the first
+	// start) is replaced: nothing trusts it yet.
+	fresh := fake.NewClientBuilder().WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: plan.CASecret, Namespace: opNS}}).Build()
+	if _, err := newManager(fresh, &now).Ensure(ctx); err != nil {
+		t.Fatalf("an empty CA Secret before the first start: %v", err)
+	}
+	if _, err := ParsePair(secret(t, fresh, plan.CASecret).Data[KeyCert], secret(t, fresh, plan.CASecret).Data[KeyKey]); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A CA replaced by hand under the annotation of an older rotation counts from when it was made.
+func TestRotatedAtIsNeverBeforeTheCAWasMade(t *testing.T) {
+	ca, err := NewCA(t0, life.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+		annotationRotated: t0.Add(-30 * 24 * time.Hour).Format(time.RFC3339)}}}
+	if got := rotatedAt(context.Background(), sec, ca); !got.Equal(t0) {
+		t.Errorf("rotatedAt %s, want %s (when the CA was made)", got, t0)
+	}
+	sec.Annotations[annotationRotated] = t0.Add(time.Hour).Format(time.RFC3339)
+	if got := rotatedAt(context.Background(), sec, ca); !got.Equal(t0.Add(time.Hour)) {
+		t.Errorf("rotatedAt %s, want the annotation's %s", got, t0.Add(time.Hour))
+	}
 }
 
 // A rotation whose annotation was lost still waits the publication delay (counted from when

@@ -153,13 +153,12 @@ func TestParsePairRefusesAForeignKey(t *testing.T) {
 	}
 }
 
-// The shortest CA life the configuration accepts rotates without overlap: the serving
+// The shortest CA life the configuration accepts rotates without overlap, also when every
+// rotation is made late (the operator down for 8 hours when the CA was due): the serving
 // certificate is always signed by a CA that was in the bundle a PublishDelay earlier.
 func TestShortestCALifeNeverSignsWithAnUnpublishedCA(t *testing.T) {
 	short := Lifetimes{CA: config.MinCAValidity, Serving: 10 * time.Minute}
-	if config.MinCAValidity < 3*PublishDelay {
-		t.Fatalf("config.MinCAValidity %s is shorter than three publication delays", config.MinCAValidity)
-	}
+	const down = 8 * time.Hour
 	st, _, err := Renew(State{}, names, t0, short)
 	if err != nil {
 		t.Fatal(err)
@@ -167,6 +166,9 @@ func TestShortestCALifeNeverSignsWithAnUnpublishedCA(t *testing.T) {
 	// published[serial of a CA] = when it first appeared in the bundle.
 	published := map[string]time.Time{st.CA.Cert.SerialNumber.String(): t0.Add(-PublishDelay)}
 	for now := t0; now.Before(t0.Add(20 * short.CA)); now = now.Add(10 * time.Minute) {
+		if due := RenewAt(st.CA.Cert); !now.Before(due) && now.Before(due.Add(down)) {
+			continue // the operator is down: nothing renews, nothing changes
+		}
 		if st, _, err = Renew(st, names, now, short); err != nil {
 			t.Fatal(err)
 		}

@@ -62,8 +62,9 @@ const (
 	// MinCAValidity: a CA is renewed when a third of its life is left, and its successor only
 	// signs a day after (certs.PublishDelay). Both the old CA's last third and the new CA's
 	// first two thirds must outlast that day, or rotations overlap and a CA signs before
-	// clients know it.
-	MinCAValidity = 3 * 24 * time.Hour
+	// clients know it: three days at least, and a fourth so that a rotation made late (the
+	// operator down for up to 8 hours when it was due) still keeps the day.
+	MinCAValidity = 4 * 24 * time.Hour
 )
 
 // TLSOn reports whether workers serve HTTPS.
@@ -351,7 +352,7 @@ func (t *TLSConfig) problems() []string {
 		errs = append(errs, fmt.Sprintf("tls.certValidity %s must be at least %s", t.CertValidity.Duration, minCertValidity))
 	}
 	if t.CAValidity.Duration < MinCAValidity {
-		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least %s (a new CA is published a day before it signs)", t.CAValidity.Duration, MinCAValidity))
+		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least %s (a new CA is published a day before it signs, with a margin for a late rotation)", t.CAValidity.Duration, MinCAValidity))
 	}
 	if t.CAValidity.Duration < 2*t.CertValidity.Duration {
 		errs = append(errs, fmt.Sprintf("tls.caValidity %s must be at least twice tls.certValidity (%s)", t.CAValidity.Duration, t.CertValidity.Duration))

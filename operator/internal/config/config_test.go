@@ -60,7 +60,7 @@ func TestParseErrors(t *testing.T) {
 		"worker: {image: i}\npools: [{media: ssd}]\nremote: {url: s3://bucket, keySecret: k, syncInterval: -1s}": "remote.syncInterval must not be negative",
 		"worker: {image: i}\npools: [{media: ssd}]\ntls: {certValidity: 1m}":                                     "tls.certValidity 1m0s must be at least 10m0s",
 		"worker: {image: i}\npools: [{media: ssd}]\ntls: {certValidity: 48h, caValidity: 72h}":                   "tls.caValidity 72h0m0s must be at least twice",
-		"worker: {image: i}\npools: [{media: ssd}]\ntls: {certValidity: 1h, caValidity: 48h}":                    "tls.caValidity 48h0m0s must be at least 72h0m0s",
+		"worker: {image: i}\npools: [{media: ssd}]\ntls: {certValidity: 1h, caValidity: 72h}":                    "tls.caValidity 72h0m0s must be at least 96h0m0s",
 		"worker: {image: i}\npools: [{media: ssd}]\ntls: {secret: Bad_Name}":                                     `tls.secret "Bad_Name"`,
 	}
 	for in, want := range cases {

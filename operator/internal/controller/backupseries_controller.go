@@ -79,8 +79,6 @@ type seriesRun struct {
 	next       time.Time
 	// tokenReady: the worker accepts the namespace's token, so Jobs may start.
 	tokenReady bool
-	// grantErr: the namespace's token or CA bundle could not be provided (TokenReady says why).
-	grantErr error
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).
 	startedNow string
 	// active counts the backup Jobs still running.

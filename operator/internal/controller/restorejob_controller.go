@@ -86,6 +86,7 @@ func (r *RestoreJobReconciler) advance(ctx context.Context, rj *backupv1alpha1.R
 	}
 	return runSteps(ctx, &restoreStart{rj: rj, cs: cs, o: o},
 		r.findSeries,     // the BackupSeries and its worker
+		r.grant,          // the namespace's token and CA bundle (needed to verify the worker too)
 		r.resolveVersion, // the version to restore, resolved once on that worker
 		r.findTarget,     // the target PVC
 		r.checkToken,     // the worker accepts the namespace's token

@@ -110,16 +110,25 @@ func (r *RestoreJobReconciler) findTarget(ctx context.Context, s *restoreStart) 
 	return proceed()
 }
 
-// checkToken makes the namespace's token Secret, which the restore Job mounts, and waits until the
-// worker accepts that token.
+// grant makes the namespace's token Secret and CA bundle, which the restore Job mounts; without
+// the bundle (tls.secret missing, not issued yet) the restore waits and says why.
+func (r *RestoreJobReconciler) grant(ctx context.Context, s *restoreStart) (ctrl.Result, bool, error) {
+	err := r.Workers.GrantNamespace(ctx, s.rj.Namespace)
+	if err == nil {
+		return proceed()
+	}
+	w, ok := credentialsWait(err)
+	if !ok {
+		return failed(err)
+	}
+	s.o.waiting = true
+	s.cs.waiting(backupv1alpha1.ConditionComplete, w.reason, err.Error())
+	return stop(ctrl.Result{RequeueAfter: w.after}, nil)
+}
+
+// checkToken waits until the worker accepts the namespace's token.
 func (r *RestoreJobReconciler) checkToken(ctx context.Context, s *restoreStart) (ctrl.Result, bool, error) {
 	rj := s.rj
-	if err := r.Workers.GrantNamespace(ctx, rj.Namespace); err != nil {
-		// e.g. tls.secret names a Secret without ca.crt: the restore waits and says why.
-		s.o.waiting = true
-		s.cs.waiting(backupv1alpha1.ConditionComplete, "CredentialsUnavailable", err.Error())
-		return stop(ctrl.Result{RequeueAfter: 30 * time.Second}, nil)
-	}
 	ready, err := r.Workers.TokenAccepted(ctx, s.w.Media, s.w.Node, rj.Namespace)
 	if err != nil || !ready {
 		s.o.waiting = true

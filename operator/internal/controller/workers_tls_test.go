@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,17 +12,22 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/certs"
 	"github.com/revault-io/revault/operator/internal/config"
+	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 	"github.com/revault-io/revault/operator/internal/tokens"
 )
@@ -170,32 +176,84 @@ func waitServed(t *testing.T, c client.Client, addr string) {
 	}
 }
 
-// tls.secret naming a Secret that is missing or has no ca.crt stops the series' Jobs with a
-// TokenReady condition that names the Secret, rather than failing each reconcile in the log only.
+// tls.secret naming a Secret that is missing (or not issued yet) makes a series wait, saying so in
+// TokenReady, and one whose ca.crt does not parse is a warning naming the Secret; a RestoreJob
+// waits the same way. Nothing else is attempted: no call to a worker could be verified.
 func TestAMissingCABundleIsReportedOnTheSeries(t *testing.T) {
 	ctx := context.Background()
-	c := fake.NewClientBuilder().Build()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = backupv1alpha1.AddToScheme(scheme)
+	bs := &backupv1alpha1.BackupSeries{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "db",
+		Finalizers: []string{backupv1alpha1.SeriesFinalizer}}}
+	bs.Spec.Source.External = &backupv1alpha1.ExternalSource{}
 	cfg := &config.Config{Namespace: "revault-system", Worker: config.WorkerConfig{Port: 8420},
 		TLS: &config.TLSConfig{Secret: "from-cert-manager"}}
-	w := &Workers{Client: c, Config: cfg, Limits: DefaultCallLimits, Health: NewWorkerHealth(),
-		Tokens: &tokens.Manager{Client: c, Reader: c, Namespace: cfg.Namespace},
-		Certs:  &certs.Manager{Client: c, Reader: c, Namespace: cfg.Namespace, Provided: "from-cert-manager"}}
-	r := &BackupSeriesReconciler{Workers: w, Recorder: record.NewFakeRecorder(10)}
-	bs := &backupv1alpha1.BackupSeries{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "db"}}
-	bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: "ssd", Node: "n1"}
-	s := &seriesRun{bs: bs, o: &outcome{}, requeue: time.Hour}
-	s.cs = conditionSetter{rec: r.Recorder, obj: bs, conds: &bs.Status.Conditions}
-	for _, step := range []func(context.Context, *seriesRun) (ctrl.Result, bool, error){r.ensureNamespaceToken, r.checkToken} {
-		if _, stop, err := step(ctx, s); stop || err != nil {
-			t.Fatalf("step stopped the reconcile (%v): the condition would not be written", err)
+	reconciler := func(c client.Client) *BackupSeriesReconciler {
+		w := &Workers{Client: c, Config: cfg, Limits: DefaultCallLimits, Health: NewWorkerHealth(),
+			Tokens: &tokens.Manager{Client: c, Reader: c, Namespace: cfg.Namespace},
+			Certs:  &certs.Manager{Client: c, Reader: c, Namespace: cfg.Namespace, Provided: "from-cert-manager"}}
+		return &BackupSeriesReconciler{Client: c, Scheme: scheme, Recorder: record.NewFakeRecorder(100), Config: cfg,
+			Workers: w, Tokens: w.Tokens, SyncPeriod: time.Hour, Phases: metrics.NewPhaseTracker()}
+	}
+	key := types.NamespacedName{Namespace: "team", Name: "db"}
+
+	// A status write that conflicts emits none of the run's events: the retry tells them.
+	conflicting := fake.NewClientBuilder().WithScheme(scheme).WithObjects(bs.DeepCopy()).WithStatusSubresource(bs).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(context.Context, client.Client, string, client.Object, client.Patch, ...client.SubResourcePatchOption) error {
+			return apierrors.NewConflict(backupv1alpha1.GroupVersion.WithResource("backupseries").GroupResource(), "db", errors.New("modified"))
+		}}).Build()
+	rc := reconciler(conflicting)
+	if _, err := rc.Reconcile(ctx, ctrl.Request{NamespacedName: key}); !apierrors.IsConflict(err) {
+		t.Fatalf("want the conflict back, got %v", err)
+	}
+	if ev := rc.Recorder.(*record.FakeRecorder).Events; len(ev) != 0 {
+		t.Fatalf("%d events emitted for a status that was not stored, first %q", len(ev), <-ev)
+	}
+
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(bs).WithStatusSubresource(bs).Build()
+	r := reconciler(c)
+	w := r.Workers
+	expect := func(reason, msg string) {
+		t.Helper()
+		res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &backupv1alpha1.BackupSeries{}
+		if err := c.Get(ctx, key, got); err != nil {
+			t.Fatal(err)
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, backupv1alpha1.ConditionTokenReady)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != reason || !strings.Contains(cond.Message, msg) {
+			t.Fatalf("TokenReady %+v: want False, %s, saying %q", cond, reason, msg)
+		}
+		if ready := meta.FindStatusCondition(got.Status.Conditions, backupv1alpha1.ConditionReady); ready == nil || ready.Reason != reason {
+			t.Errorf("Ready %+v: want the reason %s", ready, reason)
+		}
+		if len(r.Recorder.(*record.FakeRecorder).Events) == 0 {
+			t.Error("no event for the stored transition")
+		}
+		for len(r.Recorder.(*record.FakeRecorder).Events) > 0 {
+			<-r.Recorder.(*record.FakeRecorder).Events
+		}
+		if got.Status.Worker != nil || got.Status.Phase != backupv1alpha1.SeriesPending || res.RequeueAfter == 0 {
+			t.Errorf("worker %v, phase %s, requeue %s: want unplaced, Pending, looked at again", got.Status.Worker, got.Status.Phase, res.RequeueAfter)
 		}
 	}
-	cond := meta.FindStatusCondition(bs.Status.Conditions, backupv1alpha1.ConditionTokenReady)
-	if s.tokenReady || cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != "CredentialsUnavailable" ||
-		!strings.Contains(cond.Message, "secret revault-system/from-cert-manager has no ca.crt") {
-		t.Fatalf("tokenReady %v, condition %+v: want TokenReady False naming the Secret", s.tokenReady, cond)
+	expect("CertificatePending", "secret revault-system/from-cert-manager has no ca.crt")
+	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cfg.Namespace, Name: "from-cert-manager"},
+		Data: map[string][]byte{certs.KeyCA: []byte("not PEM")}}); err != nil {
+		t.Fatal(err)
 	}
-	if s.requeue != 30*time.Second {
-		t.Errorf("requeue %s, want 30s", s.requeue)
+	expect("CredentialsUnavailable", "secret revault-system/from-cert-manager, ca.crt")
+
+	rr := &RestoreJobReconciler{Client: c, Scheme: scheme, Recorder: record.NewFakeRecorder(10), Config: cfg, Workers: w}
+	rj := &backupv1alpha1.RestoreJob{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "back"}}
+	st := &restoreStart{rj: rj, o: &outcome{}, cs: conditionSetter{rec: rr.Recorder, obj: rj, conds: &rj.Status.Conditions}}
+	res, stopped, err := rr.grant(ctx, st)
+	cond := meta.FindStatusCondition(rj.Status.Conditions, backupv1alpha1.ConditionComplete)
+	if err != nil || !stopped || res.RequeueAfter == 0 || cond == nil || cond.Reason != "CredentialsUnavailable" {
+		t.Fatalf("restore: %v, stopped %v, requeue %s, Complete %+v: want a wait saying why", err, stopped, res.RequeueAfter, cond)
 	}
 }

@@ -77,11 +77,11 @@ func recordedVersion(u *unstructured.Unstructured) (version int64, recorded bool
 // Secret the operator gives every namespace with series). hint is the endpoint recorded at
 // backup time, used when the BackupSeries is gone.
 func workerClient(ctx context.Context, c client.Client, ns, series, hint string) (*workerclient.ClientWithResponses, error) {
-	endpoint := hint
+	endpoint, recorded := hint, true
 	bs := &backupv1alpha1.BackupSeries{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: series}, bs); err == nil &&
 		bs.Status.Worker != nil && bs.Status.Worker.Endpoint != "" {
-		endpoint = bs.Status.Worker.Endpoint
+		endpoint, recorded = bs.Status.Worker.Endpoint, false
 	}
 	if endpoint == "" {
 		return nil, fmt.Errorf("no worker known for series %s/%s (no BackupSeries and no endpoint recorded at backup time)", ns, series)
@@ -96,7 +96,9 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	if err != nil {
 		return nil, fmt.Errorf("reading ConfigMap %s/%s (the workers' CA bundle): %w", ns, kube.CAConfigMap, err)
 	}
-	endpoint = upgradeScheme(endpoint, ca)
+	if recorded {
+		endpoint = upgradeScheme(endpoint, ca)
+	}
 	// An expiry may take a while on a large store: no overall timeout but the caller's context.
 	hc, err := workerclient.StreamingHTTPClient(workerclient.TLSOptions{CACert: ca})
 	if err != nil {
@@ -105,9 +107,11 @@ func workerClient(ctx context.Context, c client.Client, ns, series, hint string)
 	return workerclient.New(endpoint, token, hc)
 }
 
-// upgradeScheme turns an http:// endpoint into https:// when the namespace has the workers' CA
-// bundle: an endpoint recorded at backup time before TLS was turned on names a worker that now
-// serves HTTPS only, and without this its versions would never be expired.
+// upgradeScheme turns an http:// endpoint recorded at backup time into https:// when the
+// namespace has the workers' CA bundle: recorded before TLS was turned on, it names a worker
+// that now serves HTTPS only, and without this its versions would never be expired. A live
+// series' endpoint is the operator's word and is used as it is (the bundle stays in a namespace
+// after TLS is turned off).
 func upgradeScheme(endpoint string, bundle []byte) string {
 	if rest, ok := strings.CutPrefix(endpoint, "http://"); ok && len(bundle) > 0 {
 		return "https://" + rest
