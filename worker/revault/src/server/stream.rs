@@ -25,10 +25,12 @@ const RESPONSE_QUEUE_MIN: usize = 8;
 const RESPONSE_QUEUE_MAX: usize = 64;
 const RESPONSE_CHUNK: usize = 1 << 20;
 /// After the engine stopped reading (it failed early), read and discard at most
-/// this much more of the body so the client gets the error response rather
-/// than a reset connection.
-const DRAIN_BYTES: u64 = 16 << 20;
-const DRAIN_TIME: Duration = Duration::from_secs(5);
+/// this much more of the body, while the error response goes out, so the
+/// client reads the error rather than a reset connection (closing a socket
+/// with unread data resets it, and a client still sending sees a broken pipe).
+/// A backup that fails on a full disk may have hundreds of MiB still coming.
+const DRAIN_BYTES: u64 = 1 << 30;
+const DRAIN_TIME: Duration = Duration::from_secs(30);
 
 /// Why a body broke off when the server gave up on in-flight work.
 const GAVE_UP: &str =
@@ -48,7 +50,6 @@ enum Frame {
 
 /// Reads the request body on the async side and queues it for the engine.
 pub struct BodyPump {
-    task: tokio::task::JoinHandle<()>,
     /// Set when the body was cut for coming too slowly.
     timed_out: Arc<OnceLock<BodyTimeout>>,
 }
@@ -67,7 +68,9 @@ impl BodyPump {
         let (tx, rx) = mpsc::channel::<Frame>(BODY_QUEUE);
         let timed_out = Arc::new(OnceLock::new());
         let cut = timed_out.clone();
-        let task = tokio::spawn(async move {
+        // Runs until the body ends, or (the engine gone) until the drain bounds: dropping the
+        // pump does not stop it.
+        tokio::spawn(async move {
             let mut s = body.into_data_stream();
             let mut gone = false;
             let mut got = 0u64;
@@ -125,7 +128,7 @@ impl BodyPump {
             let _ = tx.send(frame).await;
         });
         (
-            BodyPump { task, timed_out },
+            BodyPump { timed_out },
             BodyReader {
                 inner: Arc::new(Mutex::new(ReaderState {
                     rx,
@@ -140,12 +143,6 @@ impl BodyPump {
     /// Why the body was cut, if it came too slowly.
     pub fn timed_out(&self) -> Option<BodyTimeout> {
         self.timed_out.get().cloned()
-    }
-
-    /// Waits (bounded) until the body has been read or discarded, so that an
-    /// early error response reaches the client instead of a reset.
-    pub async fn settle(self) {
-        let _ = tokio::time::timeout(DRAIN_TIME, self.task).await;
     }
 }
 

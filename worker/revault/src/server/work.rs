@@ -93,7 +93,10 @@ where
         Err(e) => e.into(),
     };
     let timed_out = pump.timed_out();
-    pump.settle().await;
+    // Answer now; the pump goes on reading (and discarding) what the client still sends, so
+    // the connection is not reset under a client that is still sending and the client reads
+    // this error instead of a broken pipe.
+    drop(pump);
     if let Some(t) = timed_out.filter(|_| err.status.is_client_error()) {
         err = ApiError::body_timeout(&t, lost);
     } else if err.code == ApiCode::Engine(ErrorKind::Cancelled)
