@@ -148,11 +148,13 @@ var _ = BeforeSuite(func() {
 		"--set", "remote.behindAfter=20s",
 		// The spare node (kind-up.sh) is tainted so that only workers run there: scenario 12
 		// stops it, and CoreDNS, the operator or the S3 server stopped with it would fail
-		// what follows for reasons of their own. The ssd pool tolerates the taint.
+		// what follows for reasons of their own. Both pools tolerate the taint (12 labels the
+		// spare ssd, 14 hdd).
 		"--set-json", `worker.pools=[`+
 			`{"media":"ssd","resources":{"requests":{"cpu":"250m","memory":"512Mi"},"limits":{"memory":"2Gi"}},`+
 			`"tolerations":[{"key":"revault.io/spare","operator":"Exists","effect":"NoExecute"}]},`+
-			`{"media":"hdd","resources":{"requests":{"cpu":"250m","memory":"512Mi"},"limits":{"memory":"2Gi"}}}]`)
+			`{"media":"hdd","resources":{"requests":{"cpu":"250m","memory":"512Mi"},"limits":{"memory":"2Gi"}},`+
+			`"tolerations":[{"key":"revault.io/spare","operator":"Exists","effect":"NoExecute"}]}]`)
 	Expect(err).NotTo(HaveOccurred(), "helm: %s", out)
 
 	// A failed run keeps its namespaces for the post-mortem (KEEP=1 keeps the cluster too);

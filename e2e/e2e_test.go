@@ -19,7 +19,7 @@ import (
 )
 
 // One top-level container: Ginkgo shuffles top-level containers, never the ones inside, so the
-// scenarios run in this order (1-7, 7b, 8, 9, 9b, 13, 11, 12: 13 before the remote outage and the lost node, which change the workers). Each scenario has its own namespace; 2-5 build on
+// scenarios run in this order (1-7, 7b, 8, 9, 9b, 13, 14, 11, 12: 13 and 14 before the remote outage and the lost node, which change the workers). Each scenario has its own namespace; 2-5 build on
 // each other (Ordered: a failure skips the rest of that scenario only).
 var _ = Describe("Revault on a 4-node kind cluster", func() {
 	installSpecs()
@@ -31,6 +31,7 @@ var _ = Describe("Revault on a 4-node kind cluster", func() {
 	deletionSpecs()
 	tlsRotationSpecs()
 	fiftySeriesSpecs()
+	diskFullSpecs()
 	remoteOutageSpecs()
 	lostNodeSpecs()
 })

@@ -114,7 +114,7 @@ func lostNodeSpecs() {
 			genTree(ns, "src", 120, 6, 8<<20)
 			sum1 := sumTree(ns, "src")
 			Expect(k.Create(ctx, newSeries(ns, "db", "src", backupv1alpha1.MediaSSD))).To(Succeed())
-			placeOn(ns, "db", spare)
+			placeOn(ns, "db", spare, backupv1alpha1.MediaSSD)
 			waitSeriesReady(ns, "db")
 			backupNow(ns, "db", "one", 1)
 			mutate(ns, "src", 121, 2, 2<<20)
@@ -164,9 +164,9 @@ func labelNode(node, media string) {
 	Expect(k.Patch(ctx, n, patch)).To(Succeed())
 }
 
-// placeOn puts a new series on the store of node: placement picks the least used ssd worker,
-// which may be either; the scenario needs the spare's.
-func placeOn(ns, name, node string) {
+// placeOn puts a new series on the store of node's media worker: placement picks the worker
+// with the most room, which may be another; the scenario needs the spare's.
+func placeOn(ns, name, node string, media backupv1alpha1.Media) {
 	GinkgoHelper()
 	Eventually(func(g Gomega) {
 		bs := getSeries(ns, name)
@@ -174,8 +174,8 @@ func placeOn(ns, name, node string) {
 		if bs.Status.Worker.Node == node {
 			return
 		}
-		bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.MediaSSD, Node: node,
-			Endpoint: workerEndpoint("ssd", node)}
+		bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: media, Node: node,
+			Endpoint: workerEndpoint(string(media), node)}
 		g.Expect(k.Status().Update(ctx, bs)).To(Succeed())
 		g.Expect(getSeries(ns, name).Status.Worker.Node).To(Equal(node))
 	}).WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
@@ -185,9 +185,11 @@ func placeOn(ns, name, node string) {
 // without stores, and no adopted store serving its old one.
 func restoreSpare(spare string) {
 	_ = exec.Command("docker", "start", spare).Run()
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "revault-store-ssd-" + spare}}
-	if err := k.Delete(ctx, dep); err != nil && !apierrors.IsNotFound(err) {
-		Expect(err).NotTo(HaveOccurred())
+	for _, media := range []string{"ssd", "hdd"} {
+		dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "revault-store-" + media + "-" + spare}}
+		if err := k.Delete(ctx, dep); err != nil && !apierrors.IsNotFound(err) {
+			Expect(err).NotTo(HaveOccurred())
+		}
 	}
 	labelNode(spare, "")
 	Eventually(func(g Gomega) {
