@@ -2,13 +2,11 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
-	"github.com/revault-io/revault/operator/internal/certs"
 )
 
 // ensureNamespaceToken makes the namespace's token Secret, which the series' Jobs mount to
@@ -16,19 +14,18 @@ import (
 // bundle no call to a worker can be verified either: the series says why in TokenReady and
 // waits, starting nothing.
 func (r *BackupSeriesReconciler) ensureNamespaceToken(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
-	err := r.Workers.GrantNamespace(ctx, s.bs.Namespace)
-	if err == nil {
-		return proceed()
-	}
-	w, ok := credentialsWait(err)
-	if !ok {
+	w, err := r.Workers.grantOrWait(ctx, s.bs.Namespace)
+	switch {
+	case err != nil:
 		return failed(err)
+	case w == nil:
+		return proceed()
 	}
 	s.o.waiting = true
 	if w.warn {
-		s.cs.setFalse(backupv1alpha1.ConditionTokenReady, w.reason, err.Error())
+		s.cs.setFalse(backupv1alpha1.ConditionTokenReady, w.reason, w.msg)
 	} else {
-		s.cs.waiting(backupv1alpha1.ConditionTokenReady, w.reason, err.Error())
+		s.cs.waiting(backupv1alpha1.ConditionTokenReady, w.reason, w.msg)
 	}
 	phase := s.bs.Status.Phase
 	if phase == "" {
@@ -36,26 +33,6 @@ func (r *BackupSeriesReconciler) ensureNamespaceToken(ctx context.Context, s *se
 	}
 	r.finishStatus(s, phase)
 	return stop(ctrl.Result{RequeueAfter: w.after}, r.commitStatus(ctx, s))
-}
-
-// credentialsWaitFor is how a series or restore waits for the workers' CA bundle.
-type credentialsWaitFor struct {
-	reason string
-	warn   bool
-	after  time.Duration
-}
-
-// credentialsWait tells a missing or unusable CA bundle (which a status can explain and only
-// an operator's or cert-manager's action fixes) from other errors (retried with backoff).
-func credentialsWait(err error) (credentialsWaitFor, bool) {
-	switch {
-	case errors.Is(err, certs.ErrNotIssued):
-		// Just after install, or while cert-manager issues tls.secret.
-		return credentialsWaitFor{reason: "CertificatePending", after: 15 * time.Second}, true
-	case errors.Is(err, certs.ErrBadBundle):
-		return credentialsWaitFor{reason: "CredentialsUnavailable", warn: true, after: 30 * time.Second}, true
-	}
-	return credentialsWaitFor{}, false
 }
 
 // checkToken sets TokenReady: the worker must know the namespace's token before a Job uses it.

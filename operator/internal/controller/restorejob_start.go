@@ -113,16 +113,15 @@ func (r *RestoreJobReconciler) findTarget(ctx context.Context, s *restoreStart) 
 // grant makes the namespace's token Secret and CA bundle, which the restore Job mounts; without
 // the bundle (tls.secret missing, not issued yet) the restore waits and says why.
 func (r *RestoreJobReconciler) grant(ctx context.Context, s *restoreStart) (ctrl.Result, bool, error) {
-	err := r.Workers.GrantNamespace(ctx, s.rj.Namespace)
-	if err == nil {
+	w, err := r.Workers.grantOrWait(ctx, s.rj.Namespace)
+	switch {
+	case err != nil:
+		return failed(err)
+	case w == nil:
 		return proceed()
 	}
-	w, ok := credentialsWait(err)
-	if !ok {
-		return failed(err)
-	}
 	s.o.waiting = true
-	s.cs.waiting(backupv1alpha1.ConditionComplete, w.reason, err.Error())
+	s.cs.waiting(backupv1alpha1.ConditionComplete, w.reason, w.msg)
 	return stop(ctrl.Result{RequeueAfter: w.after}, nil)
 }
 

@@ -198,6 +198,30 @@ func (w *Workers) GrantNamespace(ctx context.Context, ns string) error {
 	return nil
 }
 
+// credentialsWaitFor is how a series or restore waits for the workers' CA bundle.
+type credentialsWaitFor struct {
+	reason, msg string
+	warn        bool
+	after       time.Duration
+}
+
+// grantOrWait is GrantNamespace for a reconciler: nil, nil when granted; how to wait when the
+// CA bundle is missing or unusable (a status can explain it, and only an operator's or
+// cert-manager's action fixes it); or the error, retried with backoff.
+func (w *Workers) grantOrWait(ctx context.Context, ns string) (*credentialsWaitFor, error) {
+	err := w.GrantNamespace(ctx, ns)
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, certs.ErrNotIssued):
+		// Just after install, or while cert-manager issues tls.secret.
+		return &credentialsWaitFor{reason: "CertificatePending", msg: err.Error(), after: 15 * time.Second}, nil
+	case errors.Is(err, certs.ErrBadBundle):
+		return &credentialsWaitFor{reason: "CredentialsUnavailable", msg: err.Error(), warn: true, after: 30 * time.Second}, nil
+	}
+	return nil, err
+}
+
 // Holders finds the workers, of every pool, that hold version of series ns/name, asking every
 // ready worker (a worker may keep an empty record of a series, e.g. after a retention push, so a
 // record alone is not enough). unreachable names the workers that did not answer (the version

@@ -75,6 +75,38 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A store whose metadata is on a 64 MiB tmpfs and whose data directory is on a tmpfs of its
+/// own, `data_mib` large (`init --data-dir`); both unmounted when dropped.
+struct SplitStore {
+    store: PathBuf,
+    data: PathBuf,
+    _meta_fs: Tmpfs,
+    data_fs: Tmpfs,
+}
+
+impl SplitStore {
+    /// `None` (after a loud message) when this process may not mount.
+    fn make(dir: &Path, data_mib: u64) -> Option<SplitStore> {
+        let meta_fs = Tmpfs::mount(&dir.join("meta-fs"), 64)?;
+        let data_fs = Tmpfs::mount(&dir.join("data-fs"), data_mib)?;
+        let store = meta_fs.path.join("store");
+        let data = data_fs.path.join("data");
+        ok_json(&[
+            "init",
+            "--store",
+            store.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ]);
+        Some(SplitStore {
+            store,
+            data,
+            _meta_fs: meta_fs,
+            data_fs,
+        })
+    }
+}
+
 fn skipped(why: &str) {
     eprintln!(
         "\n*** SKIPPED: full_disk needs to mount tmpfs (run as root); mount said: {} ***\n",
@@ -409,21 +441,10 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
 fn a_full_data_directory_fails_writes_cleanly_and_needs_no_reopen() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let Some(meta_fs) = Tmpfs::mount(&dir.path().join("meta-fs"), 64) else {
+    let Some(split) = SplitStore::make(dir.path(), 40) else {
         return;
     };
-    let Some(data_fs) = Tmpfs::mount(&dir.path().join("data-fs"), 40) else {
-        return;
-    };
-    let store = meta_fs.path.join("store");
-    let data = data_fs.path.join("data");
-    ok_json(&[
-        "init",
-        "--store",
-        store.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let (store, data) = (split.store.clone(), split.data.clone());
     let srv = serve(dir.path(), &store, &[]);
     let mut acked = Acked::default();
     // Slides here happen by hand, once the disk is full (a new series would slide by itself).
@@ -465,7 +486,7 @@ fn a_full_data_directory_fails_writes_cleanly_and_needs_no_reopen() {
     let r = post(&srv, "/v1/series/ns/g/expire", r#"{"version": 1}"#);
     assert_eq!(r.status, 200, "{}", r.text());
 
-    let filler = data_fs.path.join("filler");
+    let filler = split.data_fs.path.join("filler");
     let before = data_files(&data);
     fill(&filler);
 
@@ -522,21 +543,10 @@ fn a_push_that_fills_the_disk_midway_says_the_disk_is_full() {
     // it); the worker now reads and discards the rest while its 507 goes out, so the client
     // shows the worker's message.
     let dir = tempfile::tempdir().unwrap();
-    let Some(meta_fs) = Tmpfs::mount(&dir.path().join("meta-fs"), 64) else {
+    let Some(split) = SplitStore::make(dir.path(), 24) else {
         return;
     };
-    let Some(data_fs) = Tmpfs::mount(&dir.path().join("data-fs"), 24) else {
-        return;
-    };
-    let store = meta_fs.path.join("store");
-    let data = data_fs.path.join("data");
-    ok_json(&[
-        "init",
-        "--store",
-        store.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let store = split.store.clone();
     let srv = serve(dir.path(), &store, &[]);
     let input = dir.path().join("big");
     std::fs::write(&input, random(96 << 20, 40)).unwrap();
