@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -35,9 +38,9 @@ func failedPodMessages(ns, job string) []string {
 	return out
 }
 
-// deleteSeriesOn deletes every BackupSeries placed on node's stores and waits until they are
-// gone (their finalizers ran against the node's workers).
-func deleteSeriesOn(node string) {
+// deleteSeriesOn deletes every BackupSeries placed on node's store of media and waits until
+// they are gone (their finalizers ran against that worker).
+func deleteSeriesOn(node string, media backupv1alpha1.Media) {
 	GinkgoHelper()
 	Eventually(func(g Gomega) {
 		var all backupv1alpha1.BackupSeriesList
@@ -45,14 +48,14 @@ func deleteSeriesOn(node string) {
 		var left []string
 		for i := range all.Items {
 			bs := &all.Items[i]
-			if w := bs.Status.Worker; w != nil && w.Node == node {
+			if w := bs.Status.Worker; w != nil && w.Node == node && w.Media == media {
 				left = append(left, bs.Namespace+"/"+bs.Name)
 				if bs.DeletionTimestamp == nil {
 					g.Expect(client.IgnoreNotFound(k.Delete(ctx, bs))).To(Succeed())
 				}
 			}
 		}
-		g.Expect(left).To(BeEmpty(), "series still on node %s", node)
+		g.Expect(left).To(BeEmpty(), "%s series still on node %s", media, node)
 	}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
 }
 
@@ -68,10 +71,15 @@ func diskFullSpecs() {
 			spare = mustEnv("E2E_SPARE_NODE")
 			By("giving the spare node " + spare + " a " + storeDisk + " store filesystem and labelling it hdd")
 			docker("exec", spare, "sh", "-c", "mkdir -p /var/lib/revault && mount -t tmpfs -o size="+storeDisk+" revault-small /var/lib/revault")
+			// Cleanups run last-registered first, each even if another failed, so that a
+			// failure anywhere leaves the spare as kind-up.sh made it for scenario 12.
+			DeferCleanup(func() { restoreSpare(spare) })
 			DeferCleanup(func() {
-				// Series placed on the spare's store go first: a labelled node that loses its
-				// label with series on its store counts as lost, and its store would be adopted.
-				deleteSeriesOn(spare)
+				if exec.Command("docker", "exec", spare, "umount", "/var/lib/revault").Run() != nil {
+					_ = exec.Command("docker", "exec", spare, "umount", "-l", "/var/lib/revault").Run()
+				}
+			})
+			DeferCleanup(func() {
 				labelNode(spare, "")
 				Eventually(func(g Gomega) {
 					var pods corev1.PodList
@@ -81,9 +89,13 @@ func diskFullSpecs() {
 						g.Expect(p.Spec.NodeName).NotTo(Equal(spare), "worker pod %s still on the spare", p.Name)
 					}
 				}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
-				docker("exec", spare, "umount", "/var/lib/revault")
-				restoreSpare(spare)
 			})
+			// Series placed on the spare's store go before its label: a labelled node that
+			// loses its label with series on its store counts as lost, and its store would be
+			// adopted. The disk is freed first (a spec that failed while it was full), so
+			// their deletion can reach the worker.
+			DeferCleanup(func() { deleteSeriesOn(spare, backupv1alpha1.MediaHDD) })
+			DeferCleanup(func() { _ = exec.Command("docker", "exec", spare, "rm", "-f", "/var/lib/revault/filler").Run() })
 			labelNode(spare, "hdd")
 			workerPod("hdd", spare)
 		})
@@ -111,7 +123,11 @@ func diskFullSpecs() {
 			waitStreaming("hdd", spare, m["revault_received_bytes_total"])
 
 			By("filling the worker's disk while the backup streams")
-			docker("exec", spare, "sh", "-c", "dd if=/dev/zero of=/var/lib/revault/filler bs=1M 2>/dev/null; df -B1 --output=avail /var/lib/revault | tail -1")
+			// dd stops when nothing is left ("No space left on device"), which is the point.
+			free := docker("exec", spare, "sh", "-c", "dd if=/dev/zero of=/var/lib/revault/filler bs=1M 2>/dev/null; df -B1 --output=avail /var/lib/revault | tail -1")
+			left, err := strconv.ParseInt(strings.TrimSpace(free), 10, 64)
+			Expect(err).NotTo(HaveOccurred(), "df said %q", free)
+			Expect(left).To(BeNumerically("<", 1<<20), "the store filesystem is not full: %d bytes free", left)
 			var running []string
 			for _, j := range backupJobs(ns, "db") {
 				if j.Status.Succeeded == 0 {
@@ -127,7 +143,7 @@ func diskFullSpecs() {
 			GinkgoWriter.Printf("the failed attempt said: %s\n", msgs[0])
 			// The worker's own words (507 no_space, or 503 once the store is degraded), not a
 			// broken pipe: it reads what the client still sends while its answer goes out.
-			Expect(msgs[0]).To(MatchRegexp(`disk is full|until space is freed`),
+			Expect(msgs[0]).To(MatchRegexp(`disk is full|until space is freed|full disk`),
 				"the failed backup does not say the disk is full")
 			Expect(msgs[0]).NotTo(ContainSubstring("Broken pipe"))
 			st := getSeries(ns, "db").Status

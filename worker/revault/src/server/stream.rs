@@ -28,8 +28,10 @@ const RESPONSE_CHUNK: usize = 1 << 20;
 /// this much more of the body, while the error response goes out, so the
 /// client reads the error rather than a reset connection (closing a socket
 /// with unread data resets it, and a client still sending sees a broken pipe).
-/// A backup that fails on a full disk may have hundreds of MiB still coming.
-const DRAIN_BYTES: u64 = 1 << 30;
+/// The answer goes out at once, and a client stops sending when it reads it,
+/// so what arrives is mostly what was already in flight; the bounds are for
+/// clients slow to read.
+const DRAIN_BYTES: u64 = 64 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(30);
 
 /// Why a body broke off when the server gave up on in-flight work.
@@ -77,10 +79,22 @@ impl BodyPump {
             let mut drained = 0u64;
             let mut drain_started = None;
             loop {
+                // The drain ends at its deadline even if the client sends nothing more.
+                let deadline = drain_started.map(|t: tokio::time::Instant| t + DRAIN_TIME);
                 let item = tokio::select! {
                     item = s.next() => item,
                     _ = async { abort.wait_for(|g| *g != started).await.map(|_| ()) } => {
                         let _ = tx.send(Frame::Failed(GAVE_UP.into())).await;
+                        return;
+                    }
+                    // The engine stopped reading (it failed): the drain clock starts now, not
+                    // when the next chunk happens to arrive.
+                    _ = tx.closed(), if !gone => {
+                        gone = true;
+                        drain_started = Some(tokio::time::Instant::now());
+                        continue;
+                    }
+                    _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => {
                         return;
                     }
                 };

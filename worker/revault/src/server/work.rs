@@ -57,8 +57,9 @@ pub(crate) fn retry_while_busy<T, E>(
 /// as in flight: `run` gets a reader of the request body and the flag that
 /// shutdown sets to cancel it.
 ///
-/// A failure is answered once the rest of the body was let in (bounded), so
-/// the client reads the error instead of a reset connection; an upload
+/// A failure is answered at once while the pump goes on reading the rest of
+/// the body (bounded), so the client reads the error instead of a reset
+/// connection; an upload
 /// cancelled by shutdown answers 503, and one whose body came too slowly
 /// 408, saying what was `lost`.
 pub(crate) async fn run_upload<T, E>(
