@@ -18,9 +18,10 @@ import (
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
 
-// One top-level container: Ginkgo shuffles top-level containers, never the ones inside, so the
-// scenarios run in this order (1-7, 7b, 8, 9, 9b, 13, 14, 11, 12: 13 and 14 before the remote outage and the lost node, which change the workers). Each scenario has its own namespace; 2-5 build on
-// each other (Ordered: a failure skips the rest of that scenario only).
+// One top-level container with the scenarios in the order. Ginkgo still shuffles the
+// Ordered containers (CI on 2026-11-29 ran 14 first and 7b after 13), so every scenario leaves
+// the workers, the spare node and the S3 server as it found them. Each scenario has its own
+// namespace; 2-5 build on each other (Ordered: a failure skips the rest of that scenario only).
 var _ = Describe("Revault on a 4-node kind cluster", func() {
 	installSpecs()
 	seriesSpecs()
