@@ -74,13 +74,12 @@ impl BodyPump {
         // pump does not stop it.
         tokio::spawn(async move {
             let mut s = body.into_data_stream();
-            let mut gone = false;
             let mut got = 0u64;
             let mut drained = 0u64;
-            let mut drain_started = None;
+            // Set once the engine stopped reading: from then the body is drained until then.
+            let mut drain_until: Option<tokio::time::Instant> = None;
+            let drain_deadline = || Some(tokio::time::Instant::now() + DRAIN_TIME);
             loop {
-                // The drain ends at its deadline even if the client sends nothing more.
-                let deadline = drain_started.map(|t: tokio::time::Instant| t + DRAIN_TIME);
                 let item = tokio::select! {
                     item = s.next() => item,
                     _ = async { abort.wait_for(|g| *g != started).await.map(|_| ()) } => {
@@ -89,12 +88,12 @@ impl BodyPump {
                     }
                     // The engine stopped reading (it failed): the drain clock starts now, not
                     // when the next chunk happens to arrive.
-                    _ = tx.closed(), if !gone => {
-                        gone = true;
-                        drain_started = Some(tokio::time::Instant::now());
+                    _ = tx.closed(), if drain_until.is_none() => {
+                        drain_until = drain_deadline();
                         continue;
                     }
-                    _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => {
+                    // The drain ends at its deadline even if the client sends nothing more.
+                    _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
                         return;
                     }
                 };
@@ -103,15 +102,12 @@ impl BodyPump {
                         let n = b.len() as u64;
                         got += n;
                         metrics.bytes_in.inc_by(n);
-                        if !gone && tx.send(Frame::Data(b)).await.is_err() {
-                            gone = true;
-                            drain_started = Some(tokio::time::Instant::now());
+                        if drain_until.is_none() && tx.send(Frame::Data(b)).await.is_err() {
+                            drain_until = drain_deadline();
                         }
-                        if gone {
+                        if drain_until.is_some() {
                             drained += n;
-                            if drained > DRAIN_BYTES
-                                || drain_started.is_some_and(|t| t.elapsed() > DRAIN_TIME)
-                            {
+                            if drained > DRAIN_BYTES {
                                 return;
                             }
                         }
