@@ -39,6 +39,7 @@ pub use index::SampledStats;
 // The sampled index's scale benchmark (`revault-bench index`): a tool's door, not an API.
 #[doc(hidden)]
 pub use scale::{bench_index, IndexBenchOptions, IndexBenchPoint, IndexBenchReport};
+pub use store::domain::{domain_tag, DedupDomain};
 pub use store::{
     check_series_name, now_unix, ColdTier, InitOptions, OpenMode, PauseHook, ReadView, Store,
     VersionSel, META_DIR,

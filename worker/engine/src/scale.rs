@@ -33,6 +33,7 @@ use crate::format::records::ContainerRecord;
 use crate::format::refcounts::Refs;
 use crate::format::unit::UnitRecord;
 use crate::store::commit::Txn;
+use crate::store::domain::DedupScope;
 use crate::store::Store;
 
 const TIB: f64 = (1u64 << 40) as f64;
@@ -210,7 +211,7 @@ fn back_up(
     for batch in ids.chunks(batch(kind)) {
         let fps: Vec<Fp> = batch.iter().map(|&c| fingerprint(c, seed)).collect();
         let t = Instant::now();
-        let found = store.lookup_pin(kind, &fps, &mut pinned)?;
+        let found = store.lookup_pin(kind, &fps, &DedupScope::Any, &mut pinned)?;
         tally.index_secs += t.elapsed().as_secs_f64();
         for (&content, fp) in batch.iter().zip(fps) {
             tally.lookups += 1;
@@ -267,6 +268,7 @@ fn commit_units(store: &Store, kind: DedupUnit, unit_bytes: u64, fps: &[Fp]) -> 
                 container,
                 vbase: i as u64 * unit_bytes,
                 trimmed: false,
+                domain: 0,
                 chunks: vec![ChunkEntry::new(0, unit_bytes as u32, *fp)],
             };
             txn.new_units.push((

@@ -19,6 +19,10 @@ pub struct UnitRecord {
     /// Set when chunks were removed (reverse dedup, compaction): an incomplete
     /// unit is no longer a dedup target.
     pub trimmed: bool,
+    /// The dedup domain it was written for (`store::domain`): a hash of the writer's
+    /// namespace, or 0 when written with domains off. Only a backup of that domain
+    /// (or of a series that references the unit) dedups against it.
+    pub domain: u64,
     pub chunks: Vec<ChunkEntry>,
 }
 
@@ -53,14 +57,19 @@ impl UnitRecord {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(64 + self.chunks.len() * 36);
-        v.push(1); // format
+        let mut v = Vec::with_capacity(72 + self.chunks.len() * 36);
+        // Format 1 has no domain: a store without domains keeps writing what every
+        // earlier release reads.
+        v.push(if self.domain == 0 { 1 } else { 2 });
         v.push(match self.kind {
             DedupUnit::Segment => 0,
             DedupUnit::Chunk => 1,
         });
         v.push(u8::from(self.trimmed));
         v.extend_from_slice(&self.fp.0);
+        if self.domain != 0 {
+            v.extend_from_slice(&self.domain.to_le_bytes());
+        }
         put_uvarint(&mut v, self.container.0);
         put_uvarint(&mut v, self.vbase);
         put_uvarint(&mut v, self.chunks.len() as u64);
@@ -75,14 +84,20 @@ impl UnitRecord {
     /// it is trimmed, and its fingerprint. The checksum is verified all the same.
     pub fn decode_key(id: u64, b: &[u8]) -> Result<(DedupUnit, bool, Fp)> {
         let mut r = Reader::new(open_crc(b).ok_or_else(|| bad_unit(id))?);
-        read_head(&mut r).ok_or_else(|| bad_unit(id))
+        let h = read_head(&mut r).ok_or_else(|| bad_unit(id))?;
+        Ok((h.kind, h.trimmed, h.fp))
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
         let bad = || bad_unit(id);
         let body = open_crc(b).ok_or_else(bad)?;
         let mut r = Reader::new(body);
-        let (kind, trimmed, fp) = read_head(&mut r).ok_or_else(bad)?;
+        let Head {
+            kind,
+            trimmed,
+            fp,
+            domain,
+        } = read_head(&mut r).ok_or_else(bad)?;
         let container = ContainerId(r.uvarint().ok_or_else(bad)?);
         let vbase = r.uvarint().ok_or_else(bad)?;
         let n = r.uvarint().ok_or_else(bad)? as usize;
@@ -99,6 +114,7 @@ impl UnitRecord {
             container,
             vbase,
             trimmed,
+            domain,
             chunks,
         })
     }
@@ -108,9 +124,17 @@ fn bad_unit(id: u64) -> crate::error::Error {
     corrupt_meta(format!("unit {id}"), "checksum or format mismatch")
 }
 
-/// A record's head: format, kind, trimmed flag and fingerprint.
-fn read_head(r: &mut Reader<'_>) -> Option<(DedupUnit, bool, Fp)> {
-    if r.u8()? != 1 {
+/// A record's head: kind, trimmed flag, fingerprint and (format 2) dedup domain.
+struct Head {
+    kind: DedupUnit,
+    trimmed: bool,
+    fp: Fp,
+    domain: u64,
+}
+
+fn read_head(r: &mut Reader<'_>) -> Option<Head> {
+    let format = r.u8()?;
+    if format != 1 && format != 2 {
         return None;
     }
     let kind = match r.u8()? {
@@ -119,7 +143,21 @@ fn read_head(r: &mut Reader<'_>) -> Option<(DedupUnit, bool, Fp)> {
         _ => return None,
     };
     let trimmed = r.u8()? != 0;
-    Some((kind, trimmed, Fp(r.array()?)))
+    let fp = Fp(r.array()?);
+    let domain = match format {
+        1 => 0,
+        _ => u64::from_le_bytes(r.array()?),
+    };
+    // Format 2 exists for a nonzero domain: a zero there is no record this code wrote.
+    if format == 2 && domain == 0 {
+        return None;
+    }
+    Some(Head {
+        kind,
+        trimmed,
+        fp,
+        domain,
+    })
 }
 
 #[cfg(test)]
@@ -134,6 +172,7 @@ mod tests {
             container: ContainerId::new(3, 9),
             vbase: 123_456,
             trimmed: false,
+            domain: 0,
             chunks: vec![
                 ChunkEntry::new(0, 8000, Fp::of(b"a")),
                 ChunkEntry::new(
@@ -155,5 +194,38 @@ mod tests {
         b[10] ^= 4;
         let e = UnitRecord::decode(1, &b).unwrap_err().to_string();
         assert!(e.contains("unit 1"), "{e}");
+    }
+
+    #[test]
+    fn a_domain_is_written_only_when_set_and_reads_back() {
+        let plain = UnitRecord {
+            kind: DedupUnit::Chunk,
+            fp: Fp::of(b"c"),
+            container: ContainerId::new(1, 2),
+            vbase: 0,
+            trimmed: true,
+            domain: 0,
+            chunks: vec![ChunkEntry::new(0, 10, Fp::of(b"c"))],
+        };
+        let b = plain.encode();
+        assert_eq!(b[0], 1, "a record without a domain keeps format 1");
+        let tagged = UnitRecord {
+            domain: 0xfeed_beef,
+            ..plain.clone()
+        };
+        let t = tagged.encode();
+        assert_eq!((t[0], t.len()), (2, b.len() + 8));
+        assert_eq!(UnitRecord::decode(4, &t).unwrap(), tagged);
+        assert_eq!(
+            UnitRecord::decode_key(4, &t).unwrap(),
+            (DedupUnit::Chunk, true, Fp::of(b"c"))
+        );
+        // Format 2 with a zero domain is no record the encoder writes.
+        let mut z = plain.encode();
+        z.truncate(z.len() - 4);
+        z[0] = 2;
+        z.splice(35..35, [0u8; 8]);
+        seal_crc(&mut z);
+        assert!(UnitRecord::decode(4, &z).is_err());
     }
 }

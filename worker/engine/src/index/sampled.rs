@@ -425,6 +425,7 @@ mod tests {
             container: ContainerId::new(1, id >> 9),
             vbase: 0,
             trimmed: false,
+            domain: 0,
             chunks: vec![ChunkEntry::new(0, 8192, fp(content))],
         };
         b.put_unit(id, &u);
@@ -490,7 +491,12 @@ mod tests {
             .forge(DedupUnit::Chunk, &stranger, unit);
         let mut pinned = Vec::new();
         let found = st
-            .lookup_pin(DedupUnit::Chunk, &[stranger], &mut pinned)
+            .lookup_pin(
+                DedupUnit::Chunk,
+                &[stranger],
+                &crate::store::domain::DedupScope::Any,
+                &mut pinned,
+            )
             .unwrap();
         assert!(
             found[&stranger].is_empty(),

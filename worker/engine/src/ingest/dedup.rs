@@ -21,6 +21,7 @@ use crate::ingest::chunker::Segmenter;
 use crate::ingest::rewrite::{Item, Policy};
 use crate::meta::MetaRead;
 use crate::store::commit::Txn;
+use crate::store::domain::DedupScope;
 use crate::store::pack::{PackChunk, PackWriter};
 use crate::store::{Store, UnitCopy};
 /// A chunk waiting in the current segment.
@@ -44,6 +45,8 @@ impl SegChunk {
 
 pub(super) struct Dedup<'s> {
     pub(super) store: &'s Store,
+    /// What this backup may deduplicate against, and the tag of the units it writes.
+    pub(super) scope: DedupScope,
     /// Bytes whose chunk boundaries were predicted rather than scanned.
     pub(super) predicted_bytes: u64,
     pub(super) kind: DedupUnit,
@@ -187,6 +190,7 @@ impl<'s> Dedup<'s> {
         let (unit_kind, rewrite, existing) = (target.unit, &target.rewrite, &target.existing);
         Dedup {
             store,
+            scope: target.scope.clone(),
             kind: unit_kind,
             segmenter: Segmenter::new(cfg.segment, cfg.chunk),
             recipe: RecipeBuilder::new(),
@@ -247,7 +251,8 @@ impl Dedup<'_> {
                     })
                     .map(|((fp, _), _)| *fp)
                     .collect();
-                self.store.lookup_pin(self.kind, &fps, &mut self.pinned)?
+                self.store
+                    .lookup_pin(self.kind, &fps, &self.scope, &mut self.pinned)?
             }
             DedupUnit::Segment => FxHashMap::default(),
         };
@@ -331,7 +336,7 @@ impl Dedup<'_> {
                 None => {
                     looked_up = self
                         .store
-                        .lookup_pin(self.kind, &[fp], &mut self.pinned)?
+                        .lookup_pin(self.kind, &[fp], &self.scope, &mut self.pinned)?
                         .remove(&fp)
                         .unwrap_or_default();
                     &looked_up
@@ -501,6 +506,7 @@ impl Dedup<'_> {
             container,
             vbase,
             trimmed: false,
+            domain: self.scope.tag(),
             chunks: pc.into_iter().map(|c| c.entry).collect(),
         };
         self.new_vbytes += unit.stored_vbytes();

@@ -43,6 +43,7 @@ use crate::format::records::{RecipeForm, SeriesRecord, VersionKind, VersionRecor
 use crate::ingest::predict::Loader;
 use crate::meta::MetaRead;
 use crate::source::Source;
+use crate::store::domain::DedupScope;
 use crate::store::pack::PackWriter;
 use crate::store::{check_series_name, now_unix, Store};
 
@@ -151,6 +152,8 @@ struct Target {
     series_id: u32,
     version: u32,
     rewrite: RewriteSettings,
+    /// What this backup may deduplicate against (the store's dedup domain).
+    scope: DedupScope,
 }
 
 /// Step 1: the series (new or not), its unit and the rewrite settings this backup uses.
@@ -191,6 +194,13 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
             .map(|s| s.rewrite.clone())
             .unwrap_or_default(),
     };
+    let scope = DedupScope::of(
+        store.dedup_domain(),
+        &store.meta,
+        series_name,
+        existing.as_ref(),
+        latest.as_ref(),
+    )?;
     Ok(Target {
         name: series_name.to_string(),
         existing,
@@ -199,6 +209,7 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
         series_id,
         version,
         rewrite,
+        scope,
     })
 }
 

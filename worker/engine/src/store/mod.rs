@@ -19,6 +19,7 @@
 
 mod cold;
 pub mod commit;
+pub mod domain;
 mod failpoints;
 pub mod lock;
 pub mod orphans;
@@ -49,6 +50,7 @@ use crate::format::records::{Counters, SessionRecord, Totals};
 use crate::index::{SampledIndex, SampledStats};
 use crate::meta::{Meta, MetaRead};
 use crate::store::lock::StoreLock;
+use domain::DedupDomain;
 
 const MARKER: &str = "revault.store";
 /// The metadata (RocksDB) directory, under the store root.
@@ -113,6 +115,8 @@ pub struct Store {
     /// Set by [`Store::use_sampled_index`]: backups look fingerprints up there instead of in
     /// the exact index.
     pub(crate) sampled: Option<Mutex<SampledIndex>>,
+    /// Set by [`Store::set_dedup_domain`]: what backups may deduplicate against.
+    dedup_domain: DedupDomain,
     _lock: Option<StoreLock>,
 }
 
@@ -252,6 +256,7 @@ impl Store {
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             unsettled: Arc::default(),
             sampled: None,
+            dedup_domain: DedupDomain::Store,
             _lock: Some(lock),
         };
         if mode == OpenMode::ReadWrite {
@@ -278,6 +283,16 @@ impl Store {
         let units = self.meta.totals()?.units;
         self.sampled = Some(Mutex::new(SampledIndex::open(&self.meta, budget, units)?));
         Ok(())
+    }
+
+    /// Backups from now on deduplicate within `d` (see the [`domain`] module). Units keep
+    /// the domain they were written for, so switching is safe at any time.
+    pub fn set_dedup_domain(&mut self, d: DedupDomain) {
+        self.dedup_domain = d;
+    }
+
+    pub fn dedup_domain(&self) -> DedupDomain {
+        self.dedup_domain
     }
 
     /// What the sampled index holds, when the store uses one.

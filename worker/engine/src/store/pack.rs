@@ -391,6 +391,7 @@ pub(crate) fn repack(
         container,
         vbase,
         trimmed,
+        domain: old.domain,
         chunks: entries,
     })
 }
@@ -414,6 +415,7 @@ mod tests {
             container,
             vbase,
             trimmed: false,
+            domain: 0,
             chunks: chunks.iter().map(|c| c.entry.clone()).collect(),
         };
         let data = store

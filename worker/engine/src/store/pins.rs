@@ -13,6 +13,7 @@ use crate::format::unit::UnitRecord;
 use crate::index::sampled::SampledLookup;
 use crate::index::{FingerprintIndex, FullIndex};
 use crate::meta::MetaRead;
+use crate::store::domain::DedupScope;
 use crate::store::Store;
 
 impl Store {
@@ -34,6 +35,7 @@ impl Store {
         &self,
         kind: DedupUnit,
         fps: &[Fp],
+        scope: &DedupScope,
         pinned: &mut Vec<u64>,
     ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
         let copies = match &self.sampled {
@@ -48,14 +50,17 @@ impl Store {
         ids.sort_unstable();
         ids.dedup();
         // A sampled index's hint is matched on 64 bits and may name a unit of another
-        // fingerprint or kind: such a unit is no copy, and is unpinned at once.
+        // fingerprint or kind: such a unit is no copy, and is unpinned at once. So is a
+        // copy outside the backup's dedup domain.
         let wanted: FxHashSet<&Fp> = fps.iter().collect();
         let first_new = pinned.len();
         let mut usable: FxHashMap<u64, (UnitCopy, Fp)> = FxHashMap::default();
         let mut wrong = FxHashSet::default();
         for (rec, copy) in self.pin_read(&ids, pinned)? {
             match (rec, copy) {
-                (Some(r), Some(c)) if r.kind == kind && wanted.contains(&r.fp) => {
+                (Some(r), Some(c))
+                    if r.kind == kind && wanted.contains(&r.fp) && scope.admits(c.id, &r) =>
+                {
                     usable.insert(c.id, (c, r.fp));
                 }
                 (_, Some(c)) => {

@@ -1,0 +1,198 @@
+//! Dedup domains (`Store::set_dedup_domain`): with `namespace`, a series deduplicates only
+//! within its namespace and against its own data, so what a backup stores and reports
+//! (`newBytes`) does not depend on what other namespaces hold; with `store` (the default)
+//! everything dedups against everything. Both units, with restores, slides, expiry and gc.
+
+mod common;
+
+use common::*;
+use revault_engine::{
+    check, expire, gc, slide, DedupDomain, DedupUnit, ExpireSel, GcOptions, OpenMode, Store,
+};
+
+const UNITS: [DedupUnit; 2] = [DedupUnit::Segment, DedupUnit::Chunk];
+const SIZE: usize = 2 << 20;
+
+fn store(domain: DedupDomain) -> (tempfile::TempDir, Store) {
+    let (d, mut st) = new_store(small_config());
+    st.set_dedup_domain(domain);
+    (d, st)
+}
+
+fn assert_clean(st: &Store) {
+    let c = check(st).unwrap();
+    assert!(c.ok, "check: {:?}", c.errors);
+}
+
+#[test]
+fn the_store_domain_dedups_across_namespaces() {
+    let data = random(SIZE, 1);
+    for unit in UNITS {
+        let (_d, st) = store(DedupDomain::Store);
+        backup_bytes(&st, "team-a/db", &data, unit);
+        let b = backup_bytes(&st, "team-b/db", &data, unit);
+        assert!(
+            b.new_vbytes < SIZE as u64 / 10,
+            "{unit}: team-b stored {} new bytes of content team-a holds",
+            b.new_vbytes
+        );
+        assert!(restore_bytes(&st, "team-b/db", 1).0 == data, "{unit}");
+    }
+}
+
+#[test]
+fn a_namespace_domain_stores_its_own_copy_and_dedups_within_the_namespace() {
+    let data = random(SIZE, 2);
+    for unit in UNITS {
+        let (_d, st) = store(DedupDomain::Namespace);
+        let a = backup_bytes(&st, "team-a/db", &data, unit);
+        let b = backup_bytes(&st, "team-b/db", &data, unit);
+        assert!(
+            b.new_vbytes >= SIZE as u64 * 95 / 100,
+            "{unit}: team-b stored only {} new bytes: it deduplicated against team-a",
+            b.new_vbytes
+        );
+        let a2 = backup_bytes(&st, "team-a/web", &data, unit);
+        assert!(
+            a2.new_vbytes < SIZE as u64 / 10,
+            "{unit}: a second series of team-a stored {} new bytes (first: {})",
+            a2.new_vbytes,
+            a.new_vbytes
+        );
+        for s in ["team-a/db", "team-b/db", "team-a/web"] {
+            assert!(restore_bytes(&st, s, 1).0 == data, "{unit}: {s}");
+        }
+        assert_clean(&st);
+    }
+}
+
+/// What a tenant can observe of a backup (its report) is the same whether or not another
+/// namespace holds the content.
+#[test]
+fn a_namespace_learns_nothing_from_another_namespaces_content() {
+    let secret = random(SIZE, 3);
+    let mut probe = random(SIZE / 2, 4);
+    probe.extend_from_slice(&secret[..SIZE / 2]);
+    for unit in UNITS {
+        let (_d1, with) = store(DedupDomain::Namespace);
+        backup_bytes(&with, "victim/db", &secret, unit);
+        let seen = backup_bytes(&with, "attacker/probe", &probe, unit);
+        let (_d2, without) = store(DedupDomain::Namespace);
+        let baseline = backup_bytes(&without, "attacker/probe", &probe, unit);
+        assert_eq!(
+            (seen.new_vbytes, seen.new_units),
+            (baseline.new_vbytes, baseline.new_units),
+            "{unit}: the probe's newBytes depend on the victim's data"
+        );
+        // storedBytes (container bytes written) carry unit and container ids as varints,
+        // so they move by a few bytes with how much the store wrote before; never by what.
+        let (s, b) = (seen.new_container_bytes, baseline.new_container_bytes);
+        assert!(
+            s.abs_diff(b) * 1000 < b,
+            "{unit}: the probe's storedBytes depend on the victim's data ({s} vs {b})"
+        );
+        assert!(
+            restore_bytes(&with, "attacker/probe", 1).0 == probe,
+            "{unit}"
+        );
+        assert!(restore_bytes(&with, "victim/db", 1).0 == secret, "{unit}");
+    }
+}
+
+/// Turning domains on later: a series keeps deduplicating against its own latest version,
+/// even where those units were written (untagged) by another namespace's series, and slides,
+/// expiry and gc keep every version whole.
+#[test]
+fn turning_namespace_domains_on_keeps_each_series_deduplicating_against_its_own_data() {
+    let v1 = random(SIZE, 5);
+    let mut v2 = v1.clone();
+    v2[SIZE / 3..SIZE / 3 + 4096].copy_from_slice(&random(4096, 6));
+    for unit in UNITS {
+        let (dir, st) = store(DedupDomain::Store);
+        backup_bytes(&st, "team-a/db", &v1, unit);
+        let shared = backup_bytes(&st, "team-b/db", &v1, unit);
+        assert!(
+            shared.new_vbytes < SIZE as u64 / 10,
+            "{unit}: shared in store mode"
+        );
+        drop(st);
+
+        let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+        st.set_dedup_domain(DedupDomain::Namespace);
+        let b2 = backup_bytes(&st, "team-b/db", &v2, unit);
+        assert!(
+            b2.new_vbytes < SIZE as u64 / 10,
+            "{unit}: team-b's next version stored {} new bytes: its own data is no dedup target",
+            b2.new_vbytes
+        );
+        let c = backup_bytes(&st, "team-c/db", &v1, unit);
+        assert!(
+            c.new_vbytes >= SIZE as u64 * 95 / 100,
+            "{unit}: a new namespace deduplicated ({} new bytes) against units written before",
+            c.new_vbytes
+        );
+        if unit == DedupUnit::Segment {
+            slide(&st, "team-b/db").unwrap();
+        }
+        // team-a goes; what team-b and team-c reference stays.
+        expire(&st, "team-a/db", &ExpireSel::Version(1)).unwrap();
+        gc(&st, &GcOptions::default()).unwrap();
+        assert!(
+            restore_bytes(&st, "team-b/db", 1).0 == v1,
+            "{unit}: team-b v1"
+        );
+        assert!(
+            restore_bytes(&st, "team-b/db", 2).0 == v2,
+            "{unit}: team-b v2"
+        );
+        assert!(
+            restore_bytes(&st, "team-c/db", 1).0 == v1,
+            "{unit}: team-c v1"
+        );
+        assert_clean(&st);
+    }
+}
+
+/// Units keep their domain through a slide's and gc's repacking, and across reopening.
+#[test]
+fn units_keep_their_domain_through_slides_gc_and_reopening() {
+    let mut vs = vec![random(SIZE, 7)];
+    for i in 0..3u64 {
+        let mut v = vs.last().unwrap().clone();
+        let at = (i as usize * 300_000) % (SIZE - 8192);
+        v[at..at + 8192].copy_from_slice(&random(8192, 10 + i));
+        vs.push(v);
+    }
+    let (dir, st) = store(DedupDomain::Namespace);
+    for v in &vs {
+        backup_bytes(&st, "team-a/db", v, DedupUnit::Segment);
+        slide(&st, "team-a/db").unwrap();
+    }
+    expire(&st, "team-a/db", &ExpireSel::Version(1)).unwrap();
+    expire(&st, "team-a/db", &ExpireSel::Version(2)).unwrap();
+    gc(&st, &GcOptions::default()).unwrap();
+    drop(st);
+    let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+    st.set_dedup_domain(DedupDomain::Namespace);
+    let last = vs.last().unwrap();
+    let same_ns = backup_bytes(&st, "team-a/copy", last, DedupUnit::Segment);
+    let other_ns = backup_bytes(&st, "team-b/copy", last, DedupUnit::Segment);
+    assert!(
+        same_ns.new_vbytes < SIZE as u64 / 10,
+        "team-a's units lost their domain: a new team-a series stored {} new bytes",
+        same_ns.new_vbytes
+    );
+    assert!(
+        other_ns.new_vbytes >= SIZE as u64 * 95 / 100,
+        "team-b deduplicated ({} new bytes) against team-a's repacked units",
+        other_ns.new_vbytes
+    );
+    for (i, v) in vs.iter().enumerate().skip(2) {
+        assert!(
+            restore_bytes(&st, "team-a/db", i as u32 + 1).0 == *v,
+            "version {}",
+            i + 1
+        );
+    }
+    assert_clean(&st);
+}
