@@ -267,6 +267,24 @@ func (e RestoreRunningState) Valid() bool {
 	}
 }
 
+// Defines values for StatsDedupDomain.
+const (
+	StatsDedupDomainNamespace StatsDedupDomain = "namespace"
+	StatsDedupDomainStore     StatsDedupDomain = "store"
+)
+
+// Valid indicates whether the value is a known member of the StatsDedupDomain enum.
+func (e StatsDedupDomain) Valid() bool {
+	switch e {
+	case StatsDedupDomainNamespace:
+		return true
+	case StatsDedupDomainStore:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for VersionForm.
 const (
 	VersionFormArchival VersionForm = "archival"
@@ -858,6 +876,9 @@ type Stats struct {
 	ContainerUncompressedBytes int64 `json:"containerUncompressedBytes"`
 	Containers                 int64 `json:"containers"`
 
+	// DedupDomain what backups deduplicate against (`revault serve --dedup-domain`): everything stored, or only data of series of the same namespace
+	DedupDomain StatsDedupDomain `json:"dedupDomain"`
+
 	// DedupRatio logicalBytes / uniqueBytes (0 when empty)
 	DedupRatio float64 `json:"dedupRatio"`
 
@@ -879,6 +900,9 @@ type Stats struct {
 	Units       int64 `json:"units"`
 	Versions    int64 `json:"versions"`
 }
+
+// StatsDedupDomain what backups deduplicate against (`revault serve --dedup-domain`): everything stored, or only data of series of the same namespace
+type StatsDedupDomain string
 
 // StoredObject an Object, with what its upload added
 type StoredObject struct {

@@ -1279,6 +1279,71 @@ fn a_new_server_waits_for_the_store_lock_of_an_exiting_one() {
 }
 
 #[test]
+fn a_worker_with_namespace_dedup_domains_keeps_namespaces_apart() {
+    // `--dedup-domain namespace`: a series finds what its namespace stored, never what
+    // another namespace stored, and `GET /v1/stats` says which mode the worker runs in.
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--dedup-domain", "namespace"]);
+    let url = srv.url();
+    let input = dir.path().join("in.bin");
+    let data = random(4 << 20, 11);
+    std::fs::write(&input, &data).unwrap();
+    let new_bytes = |series: &str| {
+        let out = client_ok(
+            &[
+                &push_args(&url, series, input.to_str().unwrap())[..],
+                &["--json"],
+            ]
+            .concat(),
+            None,
+        );
+        let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        rep["newBytes"].as_u64().unwrap()
+    };
+    let first = new_bytes("team-a/db");
+    let same_ns = new_bytes("team-a/web");
+    let other_ns = new_bytes("team-b/db");
+    assert!(
+        first >= 4 << 20,
+        "team-a's first backup stored {first} new bytes"
+    );
+    assert!(
+        same_ns < 1 << 20,
+        "team-a's second series stored {same_ns} new bytes of content team-a holds"
+    );
+    assert_eq!(
+        other_ns, first,
+        "team-b's backup of the same content stored {other_ns} new bytes, team-a's {first}"
+    );
+    let stats = srv.get("/v1/stats", None).json();
+    assert_eq!(stats["dedupDomain"], "namespace", "{stats}");
+    for series in ["team-a/db", "team-a/web", "team-b/db"] {
+        let got = dir.path().join("out.bin");
+        client_ok(&pull_to(&url, series, got.to_str().unwrap()), None);
+        assert!(
+            std::fs::read(&got).unwrap() == data,
+            "{series} restores byte-exact"
+        );
+    }
+    let bad = client(
+        &[
+            "serve",
+            "--store",
+            dir.path().join("x").to_str().unwrap(),
+            "--init",
+            "--dedup-domain",
+            "tenant",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("`store` or `namespace`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_worker_with_a_sampled_index_dedups_and_restores_byte_exact() {
     // `--index-mib`: backups look up in the sampled index; a second series with the same
     // content finds it there, and every version restores byte-exact.

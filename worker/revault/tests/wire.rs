@@ -95,6 +95,7 @@ const STATS: &[(&str, &str)] = &[
     // A store without a remote (server_remote.rs has one).
     ("remote", "null"),
     ("disk", "object"),
+    ("dedupDomain", "string"),
 ];
 
 const DISK: &[(&str, &str)] = &[

@@ -293,7 +293,7 @@ fn open_again(root: &Path) -> (Option<Store>, Result<(), String>) {
     let err = match Store::open(root, OpenMode::ReadWrite, "revault serve") {
         Ok(st) => {
             st.settle();
-            match st.probe_metadata().and_then(|()| super::with_index(st)) {
+            match st.probe_metadata().and_then(|()| super::with_settings(st)) {
                 Ok(st) => return (Some(st), Ok(())),
                 Err(e) => format!("the reopened store takes no writes ({e})"),
             }

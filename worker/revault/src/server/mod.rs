@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use revault_engine::{InitOptions, OpenMode, Store};
+use revault_engine::{DedupDomain, InitOptions, OpenMode, Store};
 use tokio::sync::{watch, Notify};
 
 use auth::Auth;
@@ -110,6 +110,12 @@ pub struct ServeArgs {
     /// index outgrows the node's memory. 0: the exact index.
     #[arg(long, env = "REVAULT_INDEX_MIB", default_value_t = 0)]
     pub index_mib: u64,
+    /// What backups deduplicate against: `store` (everything stored, the most space
+    /// saved) or `namespace` (only data of series of the same namespace, so a backup's
+    /// `newBytes` says nothing about other namespaces; docs/service.md, "Dedup domains").
+    /// Switching is safe at any time.
+    #[arg(long, env = "REVAULT_DEDUP_DOMAIN", default_value = "store")]
+    pub dedup_domain: DedupDomain,
     #[command(flatten)]
     pub limits: limits::LimitArgs,
     #[command(flatten)]
@@ -119,9 +125,15 @@ pub struct ServeArgs {
 /// `--index-mib`, for every open of the store in this process (the first and the reopens
 /// after a full metadata disk).
 static INDEX_MIB: AtomicU64 = AtomicU64::new(0);
+/// `--dedup-domain` (true: namespace), for every open alike.
+static NAMESPACE_DOMAINS: AtomicBool = AtomicBool::new(false);
 
-/// Gives a store opened read-write the sampled index `--index-mib` asks for.
-pub(crate) fn with_index(mut st: Store) -> revault_engine::Result<Store> {
+/// Gives a store opened read-write the settings of this process that are not stored with
+/// it: the sampled index `--index-mib` asks for and the `--dedup-domain`.
+pub(crate) fn with_settings(mut st: Store) -> revault_engine::Result<Store> {
+    if NAMESPACE_DOMAINS.load(Ordering::Relaxed) {
+        st.set_dedup_domain(DedupDomain::Namespace);
+    }
     let mib = INDEX_MIB.load(Ordering::Relaxed);
     if mib > 0 {
         st.use_sampled_index(usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX))?;
@@ -421,6 +433,8 @@ type ServerTask = tokio::task::JoinHandle<std::io::Result<()>>;
 async fn serve(a: ServeArgs) -> Result<()> {
     let auth = Auth::load(a.token_file.clone())?;
     INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
+    NAMESPACE_DOMAINS.store(a.dedup_domain == DedupDomain::Namespace, Ordering::Relaxed);
+    tracing::info!(dedup_domain = %a.dedup_domain, "backups deduplicate within the {}", a.dedup_domain);
     let app = App::new(
         auth,
         a.max_cache_mib.max(1),
@@ -543,7 +557,7 @@ fn open_store(
 ) -> Result<Opened> {
     if init && !root.join("revault.store").exists() {
         if let Some((store, remote)) = durable::recover_if_asked(root, ra)? {
-            return Ok((with_index(store)?, remote, None));
+            return Ok((with_settings(store)?, remote, None));
         }
         Store::init(root, &InitOptions::default())?;
         tracing::info!(store = %root.display(), "initialised a new store");
@@ -591,7 +605,7 @@ pub(crate) fn open_locked(root: &Path, lock_wait: Duration) -> Result<Store> {
             r => {
                 let st = r?;
                 st.settle();
-                return Ok(with_index(st)?);
+                return Ok(with_settings(st)?);
             }
         }
     }

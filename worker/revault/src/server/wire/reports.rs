@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use revault_engine::{
-    BackupReport as EngineBackup, ExpireReport as EngineExpire, GcReport as EngineGc,
+    BackupReport as EngineBackup, DedupDomain, ExpireReport as EngineExpire, GcReport as EngineGc,
     OrphanReport as EngineOrphans, RestoreReport as EngineRestore, SlideReport as EngineSlide,
     Totals,
 };
@@ -40,6 +40,8 @@ pub struct Stats {
     pub remote: Option<RemoteStats>,
     /// Room on the filesystems holding the store (None when it cannot be read).
     pub disk: Option<DiskSpace>,
+    /// What backups deduplicate against (`--dedup-domain`): `store` or `namespace`.
+    pub dedup_domain: String,
 }
 
 /// Size and free room of the filesystems holding a store's containers and its metadata (the
@@ -99,6 +101,7 @@ impl From<Totals> for Stats {
             total_ratio: t.total_ratio(),
             remote: None,
             disk: None,
+            dedup_domain: DedupDomain::default().to_string(),
         }
     }
 }
