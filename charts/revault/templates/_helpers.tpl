@@ -39,6 +39,7 @@ app.kubernetes.io/component: operator
   "port" .Values.worker.port
   "hostPath" .Values.worker.hostPath
   "logFormat" .Values.worker.logFormat
+  "dedupDomain" .Values.worker.dedupDomain
   "priorityClassName" .Values.worker.priorityClassName
   "imagePullSecrets" .Values.imagePullSecrets
   "env" .Values.worker.env -}}

@@ -122,6 +122,9 @@ type WorkerConfig struct {
 	HostPath string `json:"hostPath,omitempty"`
 	// LogFormat passed to `revault serve --log-format` when set (text or json).
 	LogFormat string `json:"logFormat,omitempty"`
+	// DedupDomain passed to `revault serve --dedup-domain` when set: store (backups dedup
+	// against everything on the worker) or namespace (only within their namespace).
+	DedupDomain string `json:"dedupDomain,omitempty"`
 	// PriorityClassName for worker pods.
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 	// ImagePullSecrets for worker pods.
@@ -262,6 +265,11 @@ func (c *Config) Validate() error {
 	case "", "text", "json":
 	default:
 		errs = append(errs, fmt.Sprintf("worker.logFormat %q must be text or json", c.Worker.LogFormat))
+	}
+	switch c.Worker.DedupDomain {
+	case "", "store", "namespace":
+	default:
+		errs = append(errs, fmt.Sprintf("worker.dedupDomain %q must be store or namespace", c.Worker.DedupDomain))
 	}
 	for i, e := range c.Worker.Env {
 		for _, m := range validation.IsEnvVarName(e.Name) {

@@ -47,6 +47,7 @@ func TestParseErrors(t *testing.T) {
 		"worker: {image: i, hostPath: data}\npools: [{media: ssd}]":                                              "must be absolute",
 		"worker: {image: i, port: 70000}\npools: [{media: ssd}]":                                                 "is not a port",
 		"worker: {image: i, logFormat: xml}\npools: [{media: ssd}]":                                              "must be text or json",
+		"worker: {image: i, dedupDomain: tenant}\npools: [{media: ssd}]":                                         "must be store or namespace",
 		"worker: {image: i, env: [{name: '1X', value: v}]}\npools: [{media: ssd}]":                               `worker.env[0].name "1X"`,
 		"worker: {image: i, env: [{value: v}]}\npools: [{media: ssd}]":                                           `worker.env[0].name ""`,
 		"worker: {image: i}\npools: [{media: ssd}]\njobs: {backoffLimit: -1}":                                    "must not be negative",

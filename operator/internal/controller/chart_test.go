@@ -99,6 +99,7 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 			"operator.syncPeriod=often":   "at '/operator/syncPeriod': 'often' does not match pattern",
 			"operator.minFreePercent=150": "at '/operator/minFreePercent': maximum: got 150, want 100",
 			"tls.certValidity=soon":       "at '/tls/certValidity': 'soon' does not match pattern",
+			"worker.dedupDomain=tenant":   "at '/worker/dedupDomain': value must be one of 'store', 'namespace'",
 			"surprise=1":                  "additional properties 'surprise' not allowed",
 		} {
 			out, errOut, err := run("", helm, "lint", chart, "--kube-version", "1.33.13", "--set", set)
@@ -223,6 +224,22 @@ var _ = Describe("Helm chart and kustomize manifests", Ordered, func() {
 		}
 		Expect(found).To(Equal(map[string]bool{"role": true, "binding": true, "flag": true}))
 		dryRun(rendered)
+	})
+
+	It("renders the dedup domain into the operator's config: store by default, namespace when asked", func() {
+		workerCfg := func(sets ...string) config.WorkerConfig {
+			for _, o := range splitDocs(template(newNamespace("dedup"), sets...)) {
+				if o.GetKind() == "ConfigMap" {
+					cfg, err := config.Parse([]byte(convert(o, &corev1.ConfigMap{}).Data["config.yaml"]))
+					Expect(err).NotTo(HaveOccurred())
+					return cfg.Worker
+				}
+			}
+			Fail("no ConfigMap rendered")
+			return config.WorkerConfig{}
+		}
+		Expect(workerCfg().DedupDomain).To(Equal("store"))
+		Expect(workerCfg("worker.dedupDomain=namespace").DedupDomain).To(Equal("namespace"))
 	})
 
 	It("renders the remote into the operator's config, and refuses a remote without its key Secret", func() {

@@ -203,6 +203,9 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 	if cfg.Worker.LogFormat != "" {
 		args = append(args, "--log-format", cfg.Worker.LogFormat)
 	}
+	if cfg.Worker.DedupDomain != "" {
+		args = append(args, "--dedup-domain", cfg.Worker.DedupDomain)
+	}
 	scheme := corev1.URISchemeHTTP
 	if cfg.TLSOn() {
 		scheme = corev1.URISchemeHTTPS

@@ -88,6 +88,20 @@ func TestWorkerDaemonSet(t *testing.T) {
 	}
 }
 
+func TestWorkerDedupDomain(t *testing.T) {
+	cfg := testConfig(t)
+	pool, _ := cfg.Pool(backupv1alpha1.MediaSSD)
+	args := WorkerDaemonSet(cfg, pool).Spec.Template.Spec.Containers[0].Args
+	if slices.Contains(args, "--dedup-domain") {
+		t.Errorf("no dedupDomain configured, yet args %v", args)
+	}
+	cfg.Worker.DedupDomain = "namespace"
+	args = WorkerDaemonSet(cfg, pool).Spec.Template.Spec.Containers[0].Args
+	if i := slices.Index(args, "--dedup-domain"); i < 0 || i+1 >= len(args) || args[i+1] != "namespace" {
+		t.Errorf("dedupDomain namespace, args %v", args)
+	}
+}
+
 func TestWorkerService(t *testing.T) {
 	cfg := testConfig(t)
 	svc := WorkerService(cfg, "hdd", "node-2")
