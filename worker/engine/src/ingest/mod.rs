@@ -23,6 +23,7 @@ pub mod chunker;
 mod dedup;
 mod predict;
 pub mod rewrite;
+mod scope;
 mod stages;
 
 use crate::ingest::dedup::Dedup;
@@ -194,7 +195,7 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
             .map(|s| s.rewrite.clone())
             .unwrap_or_default(),
     };
-    let scope = DedupScope::of(
+    let scope = scope::dedup_scope(
         store.dedup_domain(),
         &store.meta,
         series_name,

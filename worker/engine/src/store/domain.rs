@@ -20,10 +20,7 @@ use std::ops::Range;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::format::recipe::Entry;
-use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
 use crate::format::unit::UnitRecord;
-use crate::meta::MetaRead;
 
 /// The store-wide dedup setting (`revault serve --dedup-domain`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,32 +70,11 @@ pub(crate) enum DedupScope {
     #[default]
     Any,
     /// Units of this tag, or ids in `own` (sorted, disjoint ranges: the units the
-    /// series' latest version references).
+    /// series' latest version references; built by `ingest::scope`).
     Domain { tag: u64, own: Vec<Range<u64>> },
 }
 
 impl DedupScope {
-    /// The scope of a backup of `series` (its record and latest version, if any).
-    pub(crate) fn of(
-        domain: DedupDomain,
-        meta: &impl MetaRead,
-        name: &str,
-        series: Option<&SeriesRecord>,
-        latest: Option<&VersionRecord>,
-    ) -> Result<DedupScope> {
-        if domain == DedupDomain::Store {
-            return Ok(DedupScope::Any);
-        }
-        let mut own = Vec::new();
-        if let (Some(s), Some(v)) = (series, latest) {
-            own = own_units(meta, s, v)?;
-        }
-        Ok(DedupScope::Domain {
-            tag: domain_tag(name),
-            own,
-        })
-    }
-
     /// The tag new units of this backup carry.
     pub(crate) fn tag(&self) -> u64 {
         match self {
@@ -119,36 +95,6 @@ impl DedupScope {
             }
         }
     }
-}
-
-/// The unit ids a live version references, as sorted disjoint ranges (a live recipe is
-/// runs of consecutive ids, so this stays small). An archival version (not the latest of
-/// a series in practice) admits nothing extra.
-fn own_units(
-    meta: &impl MetaRead,
-    series: &SeriesRecord,
-    v: &VersionRecord,
-) -> Result<Vec<Range<u64>>> {
-    if v.form != RecipeForm::Live {
-        return Ok(Vec::new());
-    }
-    let mut runs: Vec<Range<u64>> = crate::recipe::recipe_entries(meta, series, v)?
-        .into_iter()
-        .flatten()
-        .filter_map(|e| match e {
-            Entry::Units { first, count } if count > 0 => Some(first..first + count),
-            _ => None,
-        })
-        .collect();
-    runs.sort_unstable_by_key(|r| r.start);
-    let mut out: Vec<Range<u64>> = Vec::with_capacity(runs.len());
-    for r in runs {
-        match out.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => out.push(r),
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
