@@ -83,6 +83,7 @@ const (
 	ErrorCodeNotEmpty             ErrorCode = "not_empty"
 	ErrorCodeNotFound             ErrorCode = "not_found"
 	ErrorCodeNotInitialised       ErrorCode = "not_initialised"
+	ErrorCodeQuotaExceeded        ErrorCode = "quota_exceeded"
 	ErrorCodeRemoteFenced         ErrorCode = "remote_fenced"
 	ErrorCodeRemoteUnavailable    ErrorCode = "remote_unavailable"
 	ErrorCodeRequestTimeout       ErrorCode = "request_timeout"
@@ -155,6 +156,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeNotFound:
 		return true
 	case ErrorCodeNotInitialised:
+		return true
+	case ErrorCodeQuotaExceeded:
 		return true
 	case ErrorCodeRemoteFenced:
 		return true

@@ -1344,6 +1344,126 @@ fn a_worker_with_namespace_dedup_domains_keeps_namespaces_apart() {
 }
 
 #[test]
+fn a_namespace_over_its_quota_takes_no_new_backup_until_versions_expire_or_the_quota_rises() {
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = dir.path().join("quotas");
+    std::fs::write(&quotas, "# bytes\nteam-a 3000000\n").unwrap();
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &[
+            "--quota-file",
+            quotas.to_str().unwrap(),
+            "--token-reload",
+            "100ms",
+        ],
+    );
+    let oct = [("Content-Type", "application/octet-stream")];
+    let put = |series: &str, seed: u64| {
+        let path = format!("/v1/series/{series}/versions");
+        srv.request("PUT", &path, &oct, &random(2 << 20, seed))
+    };
+    // Under the quota: admitted, even though it ends over it (2 × 2 MiB of random data).
+    assert_eq!(put("team-a/db", 1).status, 201);
+    assert_eq!(put("team-a/web", 2).status, 201);
+    let refused = put("team-a/db", 3);
+    refused.assert_error(403, "quota_exceeded");
+    let msg = refused.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("namespace team-a stores") && msg.contains("its quota is 3000000"),
+        "{msg}"
+    );
+    let listed = srv.get("/v1/series/team-a/db/versions", None).json();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    // Other namespaces are not affected.
+    assert_eq!(put("team-b/db", 4).status, 201);
+
+    // Expiring a version brings the namespace under its quota again.
+    let r = srv.request("DELETE", "/v1/series/team-a/web/versions/latest", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(put("team-a/db", 5).status, 201);
+    put("team-a/db", 6).assert_error(403, "quota_exceeded");
+
+    // A raised quota applies once the file is re-read; a file that no longer parses keeps it.
+    std::fs::write(&quotas, "team-a 100000000\n").unwrap();
+    srv.wait_for("the raised quota", Duration::from_secs(10), |s| {
+        let r = s.request(
+            "PUT",
+            "/v1/series/team-a/db/versions",
+            &oct,
+            &random(1 << 20, 7),
+        );
+        r.status == 201
+    });
+    std::fs::write(&quotas, "team-a lots\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(put("team-a/db", 8).status, 201);
+    assert!(srv
+        .log_text()
+        .contains("quota file changed but does not parse"));
+    for (series, v, seed) in [
+        ("team-a/db", 1, 1),
+        ("team-a/db", 2, 5),
+        ("team-b/db", 1, 4),
+    ] {
+        let r = srv.get(&format!("/v1/series/{series}/versions/{v}"), None);
+        assert!(
+            r.body == random(2 << 20, seed),
+            "{series} v{v} restores byte-exact"
+        );
+    }
+
+    // A quota file that does not exist yet (a Secret key the operator has not written) is
+    // no error: the quotas apply once it appears.
+    let later = dir.path().join("later");
+    let srv2 = Server::start(
+        &dir.path().join("store2"),
+        &[
+            "--quota-file",
+            later.to_str().unwrap(),
+            "--token-reload",
+            "100ms",
+        ],
+    );
+    let put2 = |seed: u64| {
+        srv2.request(
+            "PUT",
+            "/v1/series/team-c/db/versions",
+            &oct,
+            &random(1 << 20, seed),
+        )
+    };
+    assert_eq!(put2(9).status, 201);
+    std::fs::write(&later, "team-c 1000\n").unwrap();
+    srv2.wait_for(
+        "the quota file that appeared",
+        Duration::from_secs(10),
+        |_| put2(10).status == 403,
+    );
+    assert!(srv2
+        .log_text()
+        .contains("the quota file does not exist (yet)"));
+
+    // A quota file that does not parse stops the server at start.
+    std::fs::write(&quotas, "team-a 10Gi\n").unwrap();
+    let bad = client(
+        &[
+            "serve",
+            "--store",
+            dir.path().join("x").to_str().unwrap(),
+            "--init",
+            "--quota-file",
+            quotas.to_str().unwrap(),
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("\"10Gi\" is not a byte count"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_worker_with_a_sampled_index_dedups_and_restores_byte_exact() {
     // `--index-mib`: backups look up in the sampled index; a second series with the same
     // content finds it there, and every version restores byte-exact.

@@ -301,9 +301,9 @@ impl Auth {
     }
 }
 
-/// Polls the token file every `every` until the process stops.
+/// Polls the token file (and the quota file) every `every` until the process stops.
 pub fn spawn_reloader(app: Arc<App>, every: Duration) {
-    if !app.auth.enabled() {
+    if !app.auth.enabled() && !app.quotas.enabled() {
         return;
     }
     tokio::spawn(async move {
@@ -316,6 +316,7 @@ pub fn spawn_reloader(app: Arc<App>, every: Duration) {
                 if a.auth.poll() {
                     a.metrics.tokens.set(a.auth.count() as i64);
                 }
+                a.quotas.poll();
             })
             .await;
         }

@@ -105,6 +105,7 @@ pub async fn put_version(
 ) -> ApiResult<Response> {
     let req = parse_backup(&p, path, q, &headers)?;
     refuse_buckets(&app.store()?, &req.name).await?;
+    refuse_over_quota(&app, &req.name).await?;
     let claim = WriterClaim::take(&app, &req.name)?;
     let slot = app
         .backup_slots
@@ -185,6 +186,28 @@ async fn refuse_buckets(store: &Arc<Store>, name: &str) -> ApiResult<()> {
         ));
     }
     Ok(())
+}
+
+/// A namespace that stores its quota already takes no new backup (403 quota_exceeded).
+async fn refuse_over_quota(app: &App, name: &str) -> ApiResult<()> {
+    let ns = name.split_once('/').map_or(name, |(ns, _)| ns).to_string();
+    let Some(limit) = app.quotas.limit(&ns) else {
+        return Ok(());
+    };
+    let store = app.store()?;
+    let n = ns.clone();
+    let used = blocking(move || Ok(super::quota::usage(&store, &n)?)).await?;
+    if used < limit {
+        return Ok(());
+    }
+    tracing::info!(namespace = %ns, used, limit, series = %name, "backup refused: namespace over its quota");
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        ApiCode::QuotaExceeded,
+        format!(
+            "namespace {ns} stores {used} bytes, its quota is {limit}: no new backup of {name} until versions expire or the quota is raised"
+        ),
+    ))
 }
 
 /// Backs the body up (on the blocking pool), waiting while a slide or

@@ -16,6 +16,7 @@ pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod objects;
+pub mod quota;
 pub mod request;
 pub mod restore;
 pub mod routes;
@@ -116,6 +117,11 @@ pub struct ServeArgs {
     /// Switching is safe at any time.
     #[arg(long, env = "REVAULT_DEDUP_DOMAIN", default_value = "store")]
     pub dedup_domain: DedupDomain,
+    /// Per-namespace quotas, `NAMESPACE BYTES` per line (docs/service.md, "Quotas"):
+    /// a namespace whose versions store that much takes no new backup. Re-read when it
+    /// changes, like the token file.
+    #[arg(long, env = "REVAULT_QUOTA_FILE")]
+    pub quota_file: Option<PathBuf>,
     #[command(flatten)]
     pub limits: limits::LimitArgs,
     #[command(flatten)]
@@ -251,6 +257,7 @@ pub struct App {
     /// Whether the store takes writes (see [`health`]).
     pub health: health::Health,
     pub auth: Auth,
+    pub quotas: quota::Quotas,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     pub draining: AtomicBool,
@@ -273,11 +280,17 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(auth: Auth, max_cache_mib: u64, max_backups: usize) -> Arc<App> {
+    pub fn new(
+        auth: Auth,
+        quotas: quota::Quotas,
+        max_cache_mib: u64,
+        max_backups: usize,
+    ) -> Arc<App> {
         Arc::new(App {
             store: RwLock::new(None),
             health: health::Health::default(),
             auth,
+            quotas,
             metrics: Arc::new(Metrics::new()),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -435,8 +448,10 @@ async fn serve(a: ServeArgs) -> Result<()> {
     INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
     NAMESPACE_DOMAINS.store(a.dedup_domain == DedupDomain::Namespace, Ordering::Relaxed);
     tracing::info!(dedup_domain = %a.dedup_domain, "backups deduplicate within the {}", a.dedup_domain);
+    let quotas = quota::Quotas::load(a.quota_file.clone())?;
     let app = App::new(
         auth,
+        quotas,
         a.max_cache_mib.max(1),
         usize::from(a.limits.max_backups),
     );

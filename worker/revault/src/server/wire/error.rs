@@ -55,6 +55,7 @@ api_codes! {
     UnknownRestore => "unknown_restore",
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",
+    QuotaExceeded => "quota_exceeded",
     Unavailable => "unavailable",
     Starting => "starting",
     RequestTimeout => "request_timeout",
