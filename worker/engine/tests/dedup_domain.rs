@@ -15,7 +15,7 @@ const SIZE: usize = 2 << 20;
 
 fn store(domain: DedupDomain) -> (tempfile::TempDir, Store) {
     let (d, mut st) = new_store(small_config());
-    st.set_dedup_domain(domain);
+    st.set_dedup_domain(domain).unwrap();
     (d, st)
 }
 
@@ -118,7 +118,7 @@ fn turning_namespace_domains_on_keeps_each_series_deduplicating_against_its_own_
         drop(st);
 
         let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
-        st.set_dedup_domain(DedupDomain::Namespace);
+        st.set_dedup_domain(DedupDomain::Namespace).unwrap();
         let b2 = backup_bytes(&st, "team-b/db", &v2, unit);
         assert!(
             b2.new_vbytes < SIZE as u64 / 10,
@@ -173,7 +173,7 @@ fn units_keep_their_domain_through_slides_gc_and_reopening() {
     gc(&st, &GcOptions::default()).unwrap();
     drop(st);
     let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
-    st.set_dedup_domain(DedupDomain::Namespace);
+    st.set_dedup_domain(DedupDomain::Namespace).unwrap();
     let last = vs.last().unwrap();
     let same_ns = backup_bytes(&st, "team-a/copy", last, DedupUnit::Segment);
     let other_ns = backup_bytes(&st, "team-b/copy", last, DedupUnit::Segment);
@@ -195,4 +195,71 @@ fn units_keep_their_domain_through_slides_gc_and_reopening() {
         );
     }
     assert_clean(&st);
+}
+
+/// Each domain has its own copy lists in the index: however many namespaces store the same
+/// content after one did (more than the copies the index keeps of one fingerprint, or the one
+/// hint the sampled index keeps), that namespace's next series finds its own copy, and its
+/// report is what it would be had nobody else stored the content.
+#[test]
+fn other_namespaces_copies_never_crowd_a_namespaces_own_out_of_the_index() {
+    let data = random(SIZE, 12);
+    for unit in UNITS {
+        for sampled in [false, true] {
+            let open = || {
+                let (d, mut st) = if sampled {
+                    new_sampled_store(small_config(), 64 << 20)
+                } else {
+                    new_store(small_config())
+                };
+                st.set_dedup_domain(DedupDomain::Namespace).unwrap();
+                (d, st)
+            };
+            let (_d1, crowded) = open();
+            backup_bytes(&crowded, "a/first", &data, unit);
+            for ns in ["b", "c", "d", "e", "f", "g"] {
+                backup_bytes(&crowded, &format!("{ns}/x"), &data, unit);
+            }
+            let seen = backup_bytes(&crowded, "a/second", &data, unit);
+            let (_d2, alone) = open();
+            backup_bytes(&alone, "a/first", &data, unit);
+            let baseline = backup_bytes(&alone, "a/second", &data, unit);
+            assert!(
+                seen.new_vbytes < SIZE as u64 / 10,
+                "{unit} (sampled: {sampled}): a's second series stored {} new bytes: six other namespaces' copies hid a's own",
+                seen.new_vbytes
+            );
+            assert_eq!(
+                (seen.new_vbytes, seen.new_units),
+                (baseline.new_vbytes, baseline.new_units),
+                "{unit} (sampled: {sampled}): a's report depends on what other namespaces stored"
+            );
+            assert!(restore_bytes(&crowded, "a/second", 1).0 == data);
+            assert_clean(&crowded);
+        }
+    }
+}
+
+/// A store that namespace domains were turned on for is marked format 3, so that a release
+/// from before domains refuses to open it (instead of reporting its tagged units corrupt); a
+/// store that never used them stays at format 2, which those releases read.
+#[test]
+fn turning_namespace_domains_on_marks_the_store_for_releases_that_cannot_read_domains() {
+    let format = |dir: &std::path::Path| -> u64 {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("revault.store")).unwrap()).unwrap();
+        m["format"].as_u64().unwrap()
+    };
+    let (plain, st) = store(DedupDomain::Store);
+    backup_bytes(&st, "a/db", &random(1 << 20, 13), DedupUnit::Segment);
+    drop(st);
+    assert_eq!(format(plain.path()), 2);
+    let (dir, st) = store(DedupDomain::Namespace);
+    let data = random(1 << 20, 14);
+    backup_bytes(&st, "a/db", &data, DedupUnit::Segment);
+    drop(st);
+    assert_eq!(format(dir.path()), 3);
+    // This release reads it, read-only too, and restores what it holds.
+    let ro = Store::open(dir.path(), OpenMode::ReadOnly, "test").unwrap();
+    assert!(restore_bytes(&ro, "a/db", 1).0 == data);
 }

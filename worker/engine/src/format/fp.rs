@@ -24,6 +24,20 @@ impl Fp {
         Fp(*h.finalize().as_bytes())
     }
 
+    /// The fingerprint a unit of dedup domain `domain` is indexed under: its own for domain 0
+    /// (no domains), otherwise a keyed hash of it, so that each domain has its own copy lists
+    /// in the index: another domain's copies neither crowd a domain's out of a list nor show
+    /// up in its lookups (see `store::domain`).
+    pub fn in_domain(&self, domain: u64) -> Fp {
+        if domain == 0 {
+            return *self;
+        }
+        let mut h = blake3::Hasher::new_derive_key("revault dedup domain index v1");
+        h.update(&domain.to_le_bytes());
+        h.update(&self.0);
+        Fp(*h.finalize().as_bytes())
+    }
+
     /// The first 8 bytes as an integer: uniformly distributed, used for the
     /// segment-boundary test and for hashing in memory.
     #[inline]

@@ -80,12 +80,18 @@ impl UnitRecord {
         v
     }
 
+    /// The fingerprint the index lists this unit under ([`Fp::in_domain`]).
+    pub fn index_fp(&self) -> Fp {
+        self.fp.in_domain(self.domain)
+    }
+
     /// What the index needs of a stored record, without its chunk list: its kind, whether
-    /// it is trimmed, and its fingerprint. The checksum is verified all the same.
+    /// it is trimmed, and the fingerprint it is indexed under. The checksum is verified all
+    /// the same.
     pub fn decode_key(id: u64, b: &[u8]) -> Result<(DedupUnit, bool, Fp)> {
         let mut r = Reader::new(open_crc(b).ok_or_else(|| bad_unit(id))?);
         let h = read_head(&mut r).ok_or_else(|| bad_unit(id))?;
-        Ok((h.kind, h.trimmed, h.fp))
+        Ok((h.kind, h.trimmed, h.fp.in_domain(h.domain)))
     }
 
     pub fn decode(id: u64, b: &[u8]) -> Result<Self> {
@@ -218,8 +224,10 @@ mod tests {
         assert_eq!(UnitRecord::decode(4, &t).unwrap(), tagged);
         assert_eq!(
             UnitRecord::decode_key(4, &t).unwrap(),
-            (DedupUnit::Chunk, true, Fp::of(b"c"))
+            (DedupUnit::Chunk, true, Fp::of(b"c").in_domain(0xfeed_beef))
         );
+        assert_eq!(UnitRecord::decode_key(4, &b).unwrap().2, Fp::of(b"c"));
+        assert_ne!(Fp::of(b"c").in_domain(1), Fp::of(b"c").in_domain(2));
         // Format 2 with a zero domain is no record the encoder writes.
         let mut z = plain.encode();
         z.truncate(z.len() - 4);

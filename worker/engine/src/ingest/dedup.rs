@@ -515,7 +515,7 @@ impl Dedup<'_> {
         }
         self.new_by_fp.insert(fp, id);
         self.resolved.insert(fp, id);
-        self.txn.index_puts.push(((self.kind, fp), id));
+        self.txn.index_puts.push(((self.kind, unit.index_fp()), id));
         self.txn.new_units.push((
             id,
             unit,

@@ -339,7 +339,7 @@ fn check_index(
         };
         for id in copies {
             match units.get(&id) {
-                Some(u) if u.fp == fp && !u.trimmed => {}
+                Some(u) if u.index_fp() == fp && !u.trimmed => {}
                 _ => rep.errors.push(format!(
                     "index entry {fp} names unit {id}, which is missing, trimmed or different"
                 )),

@@ -35,6 +35,7 @@ pub(crate) struct Txn {
     /// (live, archival, links) reference deltas by unit id.
     pub ref_deltas: FxHashMap<u64, [i64; 3]>,
     pub new_containers: Vec<(ContainerId, ContainerRecord)>,
+    /// New copies, by the fingerprint they are indexed under (`UnitRecord::index_fp`).
     pub index_puts: Vec<((DedupUnit, Fp), u64)>,
     pub puts: Vec<(&'static str, Vec<u8>, Vec<u8>)>,
     pub deletes: Vec<(&'static str, Vec<u8>)>,
@@ -196,7 +197,8 @@ impl<'m> Ledger<'m> {
     fn free_unit(&mut self, b: &mut Batch<'_>, id: u64, unit: &UnitRecord) -> Result<()> {
         b.delete(CF_UNITS, &id.to_be_bytes());
         self.refs.set(self.meta, id, Refs::default())?;
-        self.copies(unit.kind, &unit.fp)?.retain(|c| *c != id);
+        self.copies(unit.kind, &unit.index_fp())?
+            .retain(|c| *c != id);
         let c = self.container(unit.container)?;
         c.live_vbytes -= unit.stored_vbytes();
         c.live_units -= 1;
@@ -430,7 +432,7 @@ impl<'m> Ledger<'m> {
                 self.totals.unit_vbytes - old.stored_vbytes() + new.stored_vbytes();
             if new.trimmed && !old.trimmed {
                 // An incomplete unit is no longer a copy new data can use.
-                self.copies(old.kind, &old.fp)?.retain(|c| c != id);
+                self.copies(old.kind, &old.index_fp())?.retain(|c| c != id);
             }
             // Links a move keeps cost nothing; links a trim drops release their targets.
             let (before, after) = (old.link_targets(*id), new.link_targets(*id));

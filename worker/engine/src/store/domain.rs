@@ -83,15 +83,24 @@ impl DedupScope {
         }
     }
 
+    /// With a domain whose series references units already (its latest version): whether an
+    /// id is one of them.
+    pub(crate) fn own_ids(&self) -> Option<impl Fn(u64) -> bool + '_> {
+        match self {
+            DedupScope::Domain { own, .. } if !own.is_empty() => Some(move |id: u64| {
+                let i = own.partition_point(|r| r.end <= id);
+                own.get(i).is_some_and(|r| r.contains(&id))
+            }),
+            _ => None,
+        }
+    }
+
     /// Whether unit `id` (its record `u`) may serve as a copy.
     pub(crate) fn admits(&self, id: u64, u: &UnitRecord) -> bool {
         match self {
             DedupScope::Any => true,
-            DedupScope::Domain { tag, own } => {
-                u.domain == *tag || {
-                    let i = own.partition_point(|r| r.end <= id);
-                    own.get(i).is_some_and(|r| r.contains(&id))
-                }
+            DedupScope::Domain { tag, .. } => {
+                u.domain == *tag || self.own_ids().is_some_and(|own| own(id))
             }
         }
     }

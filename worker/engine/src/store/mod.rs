@@ -204,9 +204,9 @@ impl Store {
                 })
             }
         };
-        if marker.format > FORMAT {
+        if marker.format > FORMAT_DOMAINS {
             return Err(Error::Invalid(format!(
-                "{} is a store of format {}; this revault reads formats up to {FORMAT}",
+                "{} is a store of format {}; this revault reads formats up to {FORMAT_DOMAINS}",
                 root.display(),
                 marker.format
             )));
@@ -286,9 +286,26 @@ impl Store {
     }
 
     /// Backups from now on deduplicate within `d` (see the [`domain`] module). Units keep
-    /// the domain they were written for, so switching is safe at any time.
-    pub fn set_dedup_domain(&mut self, d: DedupDomain) {
+    /// the domain they were written for, so switching is safe at any time. Namespace domains
+    /// on a store opened read-write mark it [`FORMAT_DOMAINS`] first.
+    pub fn set_dedup_domain(&mut self, d: DedupDomain) -> Result<()> {
+        if d == DedupDomain::Namespace && self.mode == OpenMode::ReadWrite {
+            let path = self.root.join(MARKER);
+            let bytes = std::fs::read(&path).ctx(|| format!("reading {}", path.display()))?;
+            let marker: Marker = serde_json::from_slice(&bytes)
+                .map_err(|e| corrupt_meta(path.display().to_string(), e.to_string()))?;
+            if marker.format < FORMAT_DOMAINS {
+                write_marker(
+                    &self.root,
+                    &Marker {
+                        format: FORMAT_DOMAINS,
+                        ..marker
+                    },
+                )?;
+            }
+        }
         self.dedup_domain = d;
+        Ok(())
     }
 
     pub fn dedup_domain(&self) -> DedupDomain {
@@ -572,6 +589,12 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// blocks stops them instead, see [`crate::format::keys::CF_REFCOUNTS`]); builds
 /// from this one on refuse a newer format instead of misreading it.
 const FORMAT: u32 = 2;
+/// 3: unit records may carry a dedup domain (unit record format 2, `domain`). A store is
+/// marked so when it is first opened read-write with namespace domains
+/// ([`Store::set_dedup_domain`]), so that releases before domains refuse it with this
+/// message rather than report its tagged units corrupt; a store that never used domains
+/// stays at [`FORMAT`], which they read.
+const FORMAT_DOMAINS: u32 = 3;
 
 /// Writes the marker whole or not at all (a new file renamed over it): a
 /// crash while rewriting it must not leave a store that cannot be opened.
@@ -750,11 +773,14 @@ mod tests {
         assert_eq!(format(), 1, "a reader changes nothing");
         drop(Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap());
         assert_eq!(format(), FORMAT, "a writer upgrades");
-        set(FORMAT + 1);
+        set(FORMAT_DOMAINS);
+        drop(Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap());
+        assert_eq!(format(), FORMAT_DOMAINS, "a store that used dedup domains stays marked");
+        set(FORMAT_DOMAINS + 1);
         let e = Store::open(dir.path(), OpenMode::ReadOnly, "t")
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains(&format!("format {}", FORMAT + 1)), "{e}");
+        assert!(e.contains(&format!("format {}", FORMAT_DOMAINS + 1)), "{e}");
     }
 }

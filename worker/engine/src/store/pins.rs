@@ -38,14 +38,21 @@ impl Store {
         scope: &DedupScope,
         pinned: &mut Vec<u64>,
     ) -> Result<FxHashMap<Fp, Vec<UnitCopy>>> {
-        let copies = match &self.sampled {
-            None => FullIndex(&self.meta).copies_many(kind, fps)?,
-            Some(index) => SampledLookup {
-                index,
-                meta: &self.meta,
+        // A dedup domain's copies are listed under their own keys (`Fp::in_domain`), so the
+        // lookup sees no other domain's. The series' own latest version may reference units
+        // of another domain (written before domains were on): those are looked up under the
+        // plain fingerprint, and only ids the scope admits by id are kept, unread.
+        let keys: Vec<Fp> = fps.iter().map(|f| f.in_domain(scope.tag())).collect();
+        let mut copies = self.index_copies(kind, &keys)?;
+        if let Some(own) = scope.own_ids() {
+            for (mine, plain) in copies.iter_mut().zip(self.index_copies(kind, fps)?) {
+                for id in plain {
+                    if own(id) && !mine.contains(&id) {
+                        mine.push(id);
+                    }
+                }
             }
-            .copies_many(kind, fps)?,
-        };
+        }
         let mut ids: Vec<u64> = copies.iter().flatten().copied().collect();
         ids.sort_unstable();
         ids.dedup();
@@ -90,6 +97,18 @@ impl Store {
                 (*fp, cands)
             })
             .collect())
+    }
+
+    /// The index's copies of each of `keys` (exact or sampled), in `keys` order.
+    fn index_copies(&self, kind: DedupUnit, keys: &[Fp]) -> Result<Vec<Vec<u64>>> {
+        match &self.sampled {
+            None => FullIndex(&self.meta).copies_many(kind, keys),
+            Some(index) => SampledLookup {
+                index,
+                meta: &self.meta,
+            }
+            .copies_many(kind, keys),
+        }
     }
 
     /// Pins the units of a version a backup reads anyway (the previous one,

@@ -139,7 +139,9 @@ pub async fn metrics(State(app): AppState, p: Option<Principal>) -> Response {
 pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     p.check_all("store totals")?;
     let store = app.store_to_read()?;
-    let domain = store.dedup_domain();
+    // The process's setting: a read-only store served while the metadata disk is full has
+    // none of its own.
+    let domain = super::dedup_domain();
     let (t, disk) = blocking(move || Ok((store.totals()?, disk_space(&store)))).await?;
     let mut stats = wire::Stats::from(t);
     stats.remote = app.durable.stats();

@@ -134,11 +134,20 @@ static INDEX_MIB: AtomicU64 = AtomicU64::new(0);
 /// `--dedup-domain` (true: namespace), for every open alike.
 static NAMESPACE_DOMAINS: AtomicBool = AtomicBool::new(false);
 
+/// What backups deduplicate against in this process (`--dedup-domain`).
+pub(crate) fn dedup_domain() -> DedupDomain {
+    if NAMESPACE_DOMAINS.load(Ordering::Relaxed) {
+        DedupDomain::Namespace
+    } else {
+        DedupDomain::Store
+    }
+}
+
 /// Gives a store opened read-write the settings of this process that are not stored with
 /// it: the sampled index `--index-mib` asks for and the `--dedup-domain`.
 pub(crate) fn with_settings(mut st: Store) -> revault_engine::Result<Store> {
     if NAMESPACE_DOMAINS.load(Ordering::Relaxed) {
-        st.set_dedup_domain(DedupDomain::Namespace);
+        st.set_dedup_domain(DedupDomain::Namespace)?;
     }
     let mib = INDEX_MIB.load(Ordering::Relaxed);
     if mib > 0 {
