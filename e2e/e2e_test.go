@@ -448,7 +448,49 @@ func isolationSpecs() {
 			Expect(own[0].Status).To(Equal(200), own[0].Body)
 			Expect(own[0].Body).To(ContainSubstring(`"versions":1`))
 		})
+
+		It("a namespace at its revault.io/quota: its series say so, and the shared worker refuses its uploads only", func() {
+			setNamespaceQuota(nsB, "1")
+			DeferCleanup(func() { setNamespaceQuota(nsB, "") })
+			Eventually(func(g Gomega) {
+				c := condition(getSeries(nsB, series).Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
+				g.Expect(c).NotTo(BeNil())
+				g.Expect(c.Status).To(Equal(metav1.ConditionTrue), c.Message)
+				g.Expect(c.Reason).To(Equal("OverQuota"))
+			}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+			// The operator writes the quota into the workers' token Secret; the kubelet
+			// refreshes the mounted file within about a minute, and the worker re-reads it.
+			probe := "PUT /v1/series/" + nsB + "/quota-probe/versions"
+			Eventually(func(g Gomega) {
+				c := workerAPI(nsB, bsB.Status.Worker.Endpoint, probe)[0]
+				g.Expect(c.Status).To(Equal(403), "%s: %s", probe, c.Body)
+				g.Expect(c.Code).To(Equal("quota_exceeded"))
+				g.Expect(c.Body).To(ContainSubstring("namespace " + nsB + " stores"))
+			}).WithTimeout(3 * time.Minute).WithPolling(5 * time.Second).Should(Succeed())
+			c := workerAPI(nsA, bsA.Status.Worker.Endpoint, "PUT /v1/series/"+nsA+"/quota-probe/versions")[0]
+			Expect(c.Status).To(Equal(201), "a namespace without a quota: %s", c.Body)
+		})
 	})
+}
+
+// setNamespaceQuota sets (or, with "", removes) the revault.io/quota annotation of ns.
+func setNamespaceQuota(ns, quota string) {
+	GinkgoHelper()
+	Eventually(func() error {
+		cur := &corev1.Namespace{}
+		if err := k.Get(ctx, client.ObjectKey{Name: ns}, cur); err != nil {
+			return err
+		}
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		if quota == "" {
+			delete(cur.Annotations, backupv1alpha1.QuotaAnnotation)
+		} else {
+			cur.Annotations[backupv1alpha1.QuotaAnnotation] = quota
+		}
+		return k.Update(ctx, cur)
+	}).Should(Succeed())
 }
 
 // 9. Deleting a BackupSeries with deletionPolicy: Delete removes its data from the worker.

@@ -7,6 +7,12 @@ const (
 	// status.lastBackupNow instead of removing the annotation, so GitOps tools see no drift.
 	BackupNowAnnotation = "revault.io/backup-now"
 
+	// QuotaAnnotation, on a Namespace, limits what its series may store: a quantity of bytes
+	// ("500Gi"), charged as the sum of their versions' storedBytes. A namespace at or over it
+	// takes no new backup (the operator suspends its schedules and the workers refuse uploads)
+	// until versions expire or the quota is raised.
+	QuotaAnnotation = "revault.io/quota"
+
 	// PlacementAnnotation records, as MEDIA/NODE, the worker a BackupSeries was placed on. The
 	// operator writes it when it places the series and follows it when status.worker is gone
 	// (a BackupSeries restored without its status, e.g. by Velero): the series goes back to
@@ -67,6 +73,10 @@ const (
 	// series, and this one's backups fail once the disk is full. Absent until the worker reports
 	// its room.
 	ConditionDiskPressure = "DiskPressure"
+	// ConditionQuotaExceeded: True while the series' namespace stores at least its quota
+	// (QuotaAnnotation): its scheduled backups are suspended and backup-now requests fail.
+	// Absent when the namespace has no quota.
+	ConditionQuotaExceeded = "QuotaExceeded"
 	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
 	ConditionRetentionPolicyFound = "RetentionPolicyFound"
 	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.

@@ -6,6 +6,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -27,14 +28,22 @@ func (r *BackupSeriesReconciler) startBackupNow(ctx context.Context, s *seriesRu
 		return proceed()
 	}
 	now := metav1.Now()
-	if bs.Spec.Source.PVC == nil {
+	switch {
+	case s.overQuota && bs.Spec.Source.PVC != nil:
+		msg := "the namespace is over its quota (" + backupv1alpha1.QuotaAnnotation + "): " +
+			apimeta.FindStatusCondition(st.Conditions, backupv1alpha1.ConditionQuotaExceeded).Message
+		r.Recorder.Event(bs, "Warning", "BackupNowRefused", truncate(msg, 1024))
+		st.BackupNow = appendBackupNow(st.BackupNow, backupv1alpha1.BackupNowResult{
+			Request: req, Phase: backupv1alpha1.BackupNowFailed, StartTime: &now, CompletionTime: &now, Message: truncate(msg, 1024),
+		})
+	case bs.Spec.Source.PVC == nil:
 		r.Recorder.Event(bs, "Warning", "BackupNowIgnored",
 			"external series are pushed by their producer; the backup-now annotation is ignored")
 		st.BackupNow = appendBackupNow(st.BackupNow, backupv1alpha1.BackupNowResult{
 			Request: req, Phase: backupv1alpha1.BackupNowFailed, StartTime: &now, CompletionTime: &now,
 			Message: "external series are pushed by their producer: the backup-now annotation is ignored",
 		})
-	} else {
+	default:
 		job := plan.BackupNowJob(r.Config, bs, st.Worker.Endpoint, req)
 		if err := controllerutil.SetControllerReference(bs, job, r.Scheme); err != nil {
 			return failed(err)

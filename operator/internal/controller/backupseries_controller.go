@@ -11,9 +11,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -79,6 +81,8 @@ type seriesRun struct {
 	next       time.Time
 	// tokenReady: the worker accepts the namespace's token, so Jobs may start.
 	tokenReady bool
+	// overQuota: the namespace stores its quota already; no backup starts (checkQuota).
+	overQuota bool
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).
 	startedNow string
 	// active counts the backup Jobs still running.
@@ -113,6 +117,7 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.ensureNamespaceToken, // the token Secret the namespace's Jobs mount
 		r.placement,            // choose a worker once (and end here to record it), then follow it
 		r.checkToken,           // TokenReady: the worker accepts the namespace's token
+		r.checkQuota,           // QuotaExceeded: the namespace's revault.io/quota
 		r.schedule,             // the CronJob of scheduled backups
 		r.startBackupNow,       // a Job for a new revault.io/backup-now request
 		r.trackBackupNow,       // the on-demand backups under way
@@ -179,6 +184,18 @@ func (r *BackupSeriesReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return reqs
 		})).
+		// A namespace whose quota annotation changed: its series.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var list backupv1alpha1.BackupSeriesList
+			if err := r.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
+				return nil
+			}
+			reqs := make([]reconcile.Request, 0, len(list.Items))
+			for _, bs := range list.Items {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&bs)})
+			}
+			return reqs
+		}), builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
 		Watches(&backupv1alpha1.RetentionPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			var list backupv1alpha1.BackupSeriesList
 			if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),

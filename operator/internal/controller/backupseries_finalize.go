@@ -87,7 +87,7 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 // stopBackups deletes the series' CronJob and its running backup Jobs: no new backup may start
 // while its data goes.
 func (r *BackupSeriesReconciler) stopBackups(ctx context.Context, bs *backupv1alpha1.BackupSeries) error {
-	if err := r.reconcileCronJob(ctx, bs, bs.Status.Worker.Endpoint, false); err != nil {
+	if err := r.reconcileCronJob(ctx, bs, bs.Status.Worker.Endpoint, false, false); err != nil {
 		return err
 	}
 	jobs, err := r.backupJobs(ctx, bs)

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -82,17 +83,21 @@ func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (
 // schedule keeps the CronJob of scheduled backups, which exists only for a PVC series with a
 // valid schedule.
 func (r *BackupSeriesReconciler) schedule(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
-	if err := r.reconcileCronJob(ctx, s.bs, s.bs.Status.Worker.Endpoint, s.scheduleOK); err != nil {
+	if err := r.reconcileCronJob(ctx, s.bs, s.bs.Status.Worker.Endpoint, s.scheduleOK, s.overQuota); err != nil {
 		return failed(err)
 	}
 	return proceed()
 }
 
 // reconcileCronJob applies the series' CronJob when it should have one (scheduleOK: its schedule
-// parses), and otherwise deletes the CronJob of that name if the series owns it.
-func (r *BackupSeriesReconciler) reconcileCronJob(ctx context.Context, bs *backupv1alpha1.BackupSeries, endpoint string, scheduleOK bool) error {
+// parses), suspended while the namespace is over its quota, and otherwise deletes the CronJob of
+// that name if the series owns it.
+func (r *BackupSeriesReconciler) reconcileCronJob(ctx context.Context, bs *backupv1alpha1.BackupSeries, endpoint string, scheduleOK, overQuota bool) error {
 	want := bs.Spec.Source.PVC != nil && bs.Spec.Schedule != "" && scheduleOK
 	cj := plan.BackupCronJob(r.Config, bs, endpoint)
+	if overQuota {
+		cj.Spec.Suspend = ptr.To(true)
+	}
 	if !want {
 		existing := &batchv1.CronJob{}
 		err := r.Get(ctx, client.ObjectKeyFromObject(cj), existing)

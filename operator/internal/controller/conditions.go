@@ -14,7 +14,7 @@ import (
 
 // negativeConditions are the condition types whose True is bad news.
 var negativeConditions = map[string]bool{backupv1alpha1.ConditionFailed: true, backupv1alpha1.ConditionBackupOverdue: true,
-	backupv1alpha1.ConditionDiskPressure: true}
+	backupv1alpha1.ConditionDiskPressure: true, backupv1alpha1.ConditionQuotaExceeded: true}
 
 // conditionSetter sets conditions on one object and records an event for every transition (a
 // new condition, or a change of status or reason), so `kubectl describe` tells the story.

@@ -13,9 +13,12 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -94,12 +97,15 @@ func (r *WorkerPoolReconciler) tokens(ctx context.Context, _ *poolsRun) (ctrl.Re
 	if err := r.Tokens.EnsureWorkerSecret(ctx); err != nil {
 		return failed(fmt.Errorf("worker token secret: %w", err))
 	}
-	removed, err := r.Tokens.Prune(ctx)
+	removed, invalid, err := r.Tokens.Prune(ctx)
 	if err != nil {
 		return failed(fmt.Errorf("pruning worker tokens: %w", err))
 	}
 	if len(removed) > 0 {
 		logf.FromContext(ctx).Info("revoked the tokens of deleted namespaces", "namespaces", removed)
+	}
+	for ns, err := range invalid {
+		logf.FromContext(ctx).Info("a namespace's quota annotation does not parse; it has no quota", "namespace", ns, "error", err.Error())
 	}
 	return proceed()
 }
@@ -209,6 +215,16 @@ func (r *WorkerPoolReconciler) services(ctx context.Context, p *poolsRun) (ctrl.
 }
 
 // SetupWithManager watches what the pools consist of; every event maps to the one request.
+// deletedOnly passes deletions only.
+func deletedOnly() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
 func (r *WorkerPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{r.request()}
@@ -235,6 +251,10 @@ func (r *WorkerPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return []reconcile.Request{r.request()}
 		})).
 		Watches(&corev1.Node{}, one).
+		// A namespace's quota annotation changed, or the namespace went: the quota file and
+		// the tokens (Prune).
+		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.Or(
+			predicate.AnnotationChangedPredicate{}, deletedOnly()))).
 		Watches(&appsv1.Deployment{}, one).
 		Watches(&backupv1alpha1.BackupSeries{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			// A series placed on a node: that node's store matters if the node is lost.

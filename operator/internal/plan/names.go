@@ -61,6 +61,8 @@ const (
 	// WorkerTokensSecret (operator namespace) holds the workers' token file under key "tokens".
 	WorkerTokensSecret = "revault-worker-tokens"
 	WorkerTokensKey    = "tokens"
+	// WorkerQuotasKey (same Secret) holds the workers' quota file (revault serve --quota-file).
+	WorkerQuotasKey = "quotas"
 	// NamespaceTokenSecret is the Secret in each user namespace that Job pods mount; its key
 	// "token" holds a token scoped to that namespace.
 	NamespaceTokenSecret = "revault-token"

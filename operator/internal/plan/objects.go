@@ -195,6 +195,7 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 		"--init",
 		"--listen", "0.0.0.0:" + strconv.Itoa(int(port)),
 		"--token-file", path.Join(WorkerTokensDir, WorkerTokensKey),
+		"--quota-file", path.Join(WorkerTokensDir, WorkerQuotasKey),
 		// On SIGTERM keep answering (with /readyz failing) while the Service drops the pod,
 		// then let in-flight backups finish within the pod's grace period.
 		"--shutdown-delay", "5s",

@@ -52,7 +52,7 @@ func TestWorkerDaemonSet(t *testing.T) {
 	}
 	c := pod.Containers[0]
 	wantArgs := []string{"serve", "--store", "/var/lib/revault", "--init", "--listen", "0.0.0.0:8420",
-		"--token-file", "/etc/revault/tokens/tokens", "--shutdown-delay", "5s", "--grace-period", "100s"}
+		"--token-file", "/etc/revault/tokens/tokens", "--quota-file", "/etc/revault/tokens/quotas", "--shutdown-delay", "5s", "--grace-period", "100s"}
 	if !reflect.DeepEqual(c.Args, wantArgs) || !reflect.DeepEqual(c.Command, []string{"revault"}) {
 		t.Errorf("command %v args %v", c.Command, c.Args)
 	}

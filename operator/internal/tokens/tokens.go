@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 	"github.com/revault-io/revault/operator/internal/plan"
 )
 
@@ -114,6 +115,16 @@ func labels() map[string]string {
 // update applies fn to the worker token entries and writes them back when they changed,
 // creating the Secret (with a new admin token) when it does not exist.
 func (m *Manager) update(ctx context.Context, fn func([]Entry) ([]Entry, error)) ([]Entry, error) {
+	return m.updateWithQuotas(ctx, func(e []Entry) ([]Entry, *string, error) {
+		e, err := fn(e)
+		return e, nil, err
+	})
+}
+
+// updateWithQuotas is update whose fn may also give the workers' quota file (key "quotas"; nil:
+// as it is). The Secret always has that key, empty at first, so every worker's --quota-file
+// exists.
+func (m *Manager) updateWithQuotas(ctx context.Context, fn func([]Entry) ([]Entry, *string, error)) ([]Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var result []Entry
@@ -136,26 +147,36 @@ func (m *Manager) update(ctx context.Context, fn func([]Entry) ([]Entry, error))
 			}
 			entries = append(entries, Entry{Token: t, Scope: AdminScope})
 		}
-		if entries, err = fn(entries); err != nil {
+		entries, quotas, err := fn(entries)
+		if err != nil {
 			return err
 		}
 		result = entries
 		data := []byte(Format(entries))
+		oldQuotas, hadQuotas := sec.Data[plan.WorkerQuotasKey]
+		q := oldQuotas
+		if quotas != nil {
+			q = []byte(*quotas)
+		}
+		if q == nil {
+			q = []byte{}
+		}
 		if create {
 			sec = &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: plan.WorkerTokensSecret, Namespace: m.Namespace, Labels: labels()},
 				Type:       corev1.SecretTypeOpaque,
-				Data:       map[string][]byte{plan.WorkerTokensKey: data},
+				Data:       map[string][]byte{plan.WorkerTokensKey: data, plan.WorkerQuotasKey: q},
 			}
 			return m.Client.Create(ctx, sec)
 		}
-		if string(sec.Data[plan.WorkerTokensKey]) == string(data) {
+		if string(sec.Data[plan.WorkerTokensKey]) == string(data) && hadQuotas && string(oldQuotas) == string(q) {
 			return nil
 		}
 		if sec.Data == nil {
 			sec.Data = map[string][]byte{}
 		}
 		sec.Data[plan.WorkerTokensKey] = data
+		sec.Data[plan.WorkerQuotasKey] = q
 		return m.Client.Update(ctx, sec)
 	})
 	return result, err
@@ -237,26 +258,37 @@ func (m *Manager) NamespaceToken(ctx context.Context, ns string) (string, bool, 
 	return t, ok, nil
 }
 
-// Prune revokes the tokens of namespaces that no longer exist.
-func (m *Manager) Prune(ctx context.Context) ([]string, error) {
-	var removed []string
-	_, err := m.update(ctx, func(e []Entry) ([]Entry, error) {
-		removed = removed[:0]
+// Prune revokes the tokens of namespaces that no longer exist, and writes the workers' quota
+// file from the revault.io/quota annotations of those that do (an annotation that does not
+// parse is left out, and reported in invalid: the series of that namespace say so too).
+func (m *Manager) Prune(ctx context.Context) (removed []string, invalid map[string]error, err error) {
+	_, err = m.updateWithQuotas(ctx, func(e []Entry) ([]Entry, *string, error) {
+		removed, invalid = removed[:0], map[string]error{}
+		quotas := map[string]int64{}
 		keep := e[:0:0]
 		for _, x := range e {
 			if x.Scope != AdminScope {
-				err := m.Reader.Get(ctx, types.NamespacedName{Name: x.Scope}, &corev1.Namespace{})
+				ns := &corev1.Namespace{}
+				err := m.Reader.Get(ctx, types.NamespacedName{Name: x.Scope}, ns)
 				if apierrors.IsNotFound(err) {
 					removed = append(removed, x.Scope)
 					continue
 				}
 				if err != nil {
-					return nil, err
+					return nil, nil, err
+				}
+				if v, ok := ns.Annotations[backupv1alpha1.QuotaAnnotation]; ok {
+					if q, err := plan.ParseQuota(v); err != nil {
+						invalid[x.Scope] = err
+					} else {
+						quotas[x.Scope] = q
+					}
 				}
 			}
 			keep = append(keep, x)
 		}
-		return keep, nil
+		file := plan.QuotaFile(quotas)
+		return keep, &file, nil
 	})
-	return removed, err
+	return removed, invalid, err
 }

@@ -1369,7 +1369,8 @@ fn a_namespace_over_its_quota_takes_no_new_backup_until_versions_expire_or_the_q
     refused.assert_error(403, "quota_exceeded");
     let msg = refused.json()["message"].as_str().unwrap().to_string();
     assert!(
-        msg.contains("namespace team-a stores") && msg.contains("its quota is 3000000"),
+        msg.contains("namespace team-a holds 4194304 logical bytes")
+            && msg.contains("its quota is 3000000"),
         "{msg}"
     );
     let listed = srv.get("/v1/series/team-a/db/versions", None).json();
@@ -1382,6 +1383,25 @@ fn a_namespace_over_its_quota_takes_no_new_backup_until_versions_expire_or_the_q
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(put("team-a/db", 5).status, 201);
     put("team-a/db", 6).assert_error(403, "quota_exceeded");
+    // Objects count and are refused alike: a bucket is no way around the quota.
+    srv.request(
+        "PUT",
+        "/v1/buckets/team-a/velero/object?key=backups%2Fx",
+        &oct,
+        b"metadata",
+    )
+    .assert_error(403, "quota_exceeded");
+    assert_eq!(
+        srv.request(
+            "PUT",
+            "/v1/buckets/team-b/velero/object?key=backups%2Fx",
+            &oct,
+            b"metadata"
+        )
+        .status,
+        201,
+        "a namespace without a quota stores objects"
+    );
 
     // A raised quota applies once the file is re-read; a file that no longer parses keeps it.
     std::fs::write(&quotas, "team-a 100000000\n").unwrap();
@@ -1443,24 +1463,25 @@ fn a_namespace_over_its_quota_takes_no_new_backup_until_versions_expire_or_the_q
         .log_text()
         .contains("the quota file does not exist (yet)"));
 
-    // A quota file that does not parse stops the server at start.
-    std::fs::write(&quotas, "team-a 10Gi\n").unwrap();
-    let bad = client(
-        &[
-            "serve",
-            "--store",
-            dir.path().join("x").to_str().unwrap(),
-            "--init",
-            "--quota-file",
-            quotas.to_str().unwrap(),
-        ],
-        None,
+    // A line that does not parse is left out, loudly; the server starts all the same (a
+    // worker that cannot start backs nothing up).
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, "team-d 10Gi\nteam-e 1000\n").unwrap();
+    let srv3 = Server::start(
+        &dir.path().join("store3"),
+        &["--quota-file", bad.to_str().unwrap()],
     );
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        !bad.status.success() && err.contains("\"10Gi\" is not a byte count"),
-        "{err}"
-    );
+    let put3 = |series: &str, seed: u64| {
+        let path = format!("/v1/series/{series}/versions");
+        srv3.request("PUT", &path, &oct, &random(4096, seed))
+    };
+    assert_eq!(put3("team-e/db", 11).status, 201);
+    put3("team-e/db", 12).assert_error(403, "quota_exceeded");
+    assert_eq!(put3("team-d/db", 13).status, 201);
+    assert_eq!(put3("team-d/db", 14).status, 201);
+    assert!(srv3
+        .log_text()
+        .contains("quota file line 1: \"10Gi\" is not a byte count: that line is left out"));
 }
 
 #[test]

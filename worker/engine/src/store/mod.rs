@@ -775,7 +775,11 @@ mod tests {
         assert_eq!(format(), FORMAT, "a writer upgrades");
         set(FORMAT_DOMAINS);
         drop(Store::open(dir.path(), OpenMode::ReadWrite, "t").unwrap());
-        assert_eq!(format(), FORMAT_DOMAINS, "a store that used dedup domains stays marked");
+        assert_eq!(
+            format(),
+            FORMAT_DOMAINS,
+            "a store that used dedup domains stays marked"
+        );
         set(FORMAT_DOMAINS + 1);
         let e = Store::open(dir.path(), OpenMode::ReadOnly, "t")
             .err()

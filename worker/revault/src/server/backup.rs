@@ -111,6 +111,8 @@ pub async fn put_version(
         .backup_slots
         .wait(&app, &req.name, &claim.progress)
         .await?;
+    // Asked again: backups that held the slots meanwhile may have filled the quota.
+    refuse_over_quota(&app, &req.name).await?;
     // Asked again after the wait: the store may have been reopened, or
     // refused writes (a full disk), meanwhile.
     let store = app.store()?;
@@ -188,8 +190,9 @@ async fn refuse_buckets(store: &Arc<Store>, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// A namespace that stores its quota already takes no new backup (403 quota_exceeded).
-async fn refuse_over_quota(app: &App, name: &str) -> ApiResult<()> {
+/// A namespace that stores its quota already takes no new backup or object (403
+/// quota_exceeded); `name` is the series or bucket (`NS/NAME`).
+pub(super) async fn refuse_over_quota(app: &App, name: &str) -> ApiResult<()> {
     let ns = name.split_once('/').map_or(name, |(ns, _)| ns).to_string();
     let Some(limit) = app.quotas.limit(&ns) else {
         return Ok(());
@@ -205,7 +208,7 @@ async fn refuse_over_quota(app: &App, name: &str) -> ApiResult<()> {
         StatusCode::FORBIDDEN,
         ApiCode::QuotaExceeded,
         format!(
-            "namespace {ns} stores {used} bytes, its quota is {limit}: no new backup of {name} until versions expire or the quota is raised"
+            "namespace {ns} holds {used} logical bytes of versions, its quota is {limit}: nothing new is stored in {name} until versions expire or the quota is raised"
         ),
     ))
 }

@@ -120,6 +120,7 @@ pub async fn put_object(
     let bucket = bucket_of(&p, path)?;
     let Query(q) = q.map_err(query_err)?;
     objects::check_key(&q.key)?;
+    super::backup::refuse_over_quota(&app, &bucket).await?;
     let encoding = match q.encoding.as_deref() {
         None => Encoding::Identity,
         Some(e) => e

@@ -6,18 +6,20 @@
 //! re-read when it changes, like the token file; one that does not parse keeps the quotas in
 //! force.
 //!
-//! What a namespace is charged is what its versions' listings show: the sum of `storedBytes`
-//! (container bytes each version wrote when it was backed up) over every version its series
-//! still hold. It is known to the tenant, does not depend on other namespaces' data beyond
-//! what `newBytes` already says, and is computed from the version records alone, so nothing
-//! extra is kept that a crash could leave wrong. The check runs when a backup is admitted,
-//! before its body is read: a backup that starts under the quota may end over it.
+//! What a namespace is charged is the logical size of everything its series hold: the sum
+//! of `logicalBytes` over every version still stored, backups and objects alike. Dedup and
+//! compression only make the bytes on disk fewer, so this bounds what a namespace's versions
+//! can keep on the worker, and nothing a tenant does lowers it but expiring versions (which is
+//! then what frees their data). It is computed from the version records at each check, so
+//! nothing extra is kept that a crash could leave wrong. The check runs when a backup or an
+//! object upload is admitted and again once a queued backup gets its slot, before its body is
+//! read: an upload that starts under the quota may end over it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use revault_engine::Store;
 
 use super::auth::{is_namespace, stamp, Stamp};
@@ -29,35 +31,46 @@ pub struct Quotas {
     stamp: RwLock<Option<Stamp>>,
 }
 
-pub fn parse_quota_file(text: &str) -> Result<HashMap<String, u64>> {
+/// The quotas of a quota file, and what is wrong with each line that does not parse.
+pub fn parse_quota_file(text: &str) -> (HashMap<String, u64>, Vec<String>) {
     let mut out = HashMap::new();
+    let mut bad = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let n = i + 1;
-        let mut f = line.split_whitespace();
-        let (Some(ns), Some(bytes), None) = (f.next(), f.next(), f.next()) else {
-            bail!("line {n}: expected `NAMESPACE BYTES`");
-        };
-        if !is_namespace(ns) {
-            bail!("line {n}: {ns:?} is not a namespace name");
-        }
-        let Ok(bytes) = bytes.parse::<u64>() else {
-            bail!("line {n}: {bytes:?} is not a byte count");
-        };
-        if out.insert(ns.to_string(), bytes).is_some() {
-            bail!("line {n}: namespace {ns} appears twice");
+        match parse_line(line) {
+            Ok((ns, bytes)) => {
+                if out.insert(ns.to_string(), bytes).is_some() {
+                    bad.push(format!("line {}: namespace {ns} appears twice", i + 1));
+                }
+            }
+            Err(why) => bad.push(format!("line {}: {why}", i + 1)),
         }
     }
-    Ok(out)
+    (out, bad)
+}
+
+fn parse_line(line: &str) -> Result<(&str, u64), String> {
+    let mut f = line.split_whitespace();
+    let (Some(ns), Some(bytes), None) = (f.next(), f.next(), f.next()) else {
+        return Err("expected `NAMESPACE BYTES`".into());
+    };
+    if !is_namespace(ns) {
+        return Err(format!("{ns:?} is not a namespace name"));
+    }
+    let bytes = bytes
+        .parse::<u64>()
+        .map_err(|_| format!("{bytes:?} is not a byte count"))?;
+    Ok((ns, bytes))
 }
 
 impl Quotas {
-    /// Loads the quota file; without one, no namespace has a quota. A file that does not
-    /// parse is an error at start. One that does not exist yet is not (a Secret key the
-    /// operator adds after the pod started): no quotas until it appears, loudly.
+    /// Loads the quota file; without one, no namespace has a quota. Nothing in it stops the
+    /// server (a worker that cannot start backs nothing up): lines that do not parse are
+    /// logged and left out, and a file that does not exist yet (a Secret key the operator adds
+    /// after the pod started) applies once it appears.
     pub fn load(file: Option<PathBuf>) -> Result<Quotas> {
         let q = Quotas {
             file,
@@ -70,9 +83,13 @@ impl Quotas {
                 tracing::warn!(file = %f.display(), "the quota file does not exist (yet): no namespace has a quota until it does");
                 return Ok(q);
             }
-            let n = q.reload_from(f)?;
+            let (limits, bad) = read_quota_file(f)?;
+            for why in &bad {
+                tracing::error!(file = %f.display(), "quota file {why}: that line is left out");
+            }
+            tracing::info!(file = %f.display(), namespaces = limits.len(), "loaded namespace quotas");
+            *q.limits.write().unwrap() = limits;
             *q.stamp.write().unwrap() = st;
-            tracing::info!(file = %f.display(), namespaces = n, "loaded namespace quotas");
         }
         Ok(q)
     }
@@ -81,18 +98,8 @@ impl Quotas {
         self.file.is_some()
     }
 
-    fn reload_from(&self, f: &Path) -> Result<usize> {
-        let text = std::fs::read_to_string(f)
-            .with_context(|| format!("cannot read quota file {}", f.display()))?;
-        let parsed =
-            parse_quota_file(&text).with_context(|| format!("quota file {}", f.display()))?;
-        let n = parsed.len();
-        *self.limits.write().unwrap() = parsed;
-        Ok(n)
-    }
-
-    /// Reloads the file if it changed since the last look; keeps the quotas in force when it
-    /// does not parse (and logs why).
+    /// Reloads the file if it changed since the last look; keeps the quotas in force when a
+    /// line does not parse (and logs why): a typo must not lift a namespace's quota.
     pub fn poll(&self) {
         let Some(f) = &self.file else { return };
         let st = stamp(f);
@@ -100,12 +107,16 @@ impl Quotas {
             return;
         }
         *self.stamp.write().unwrap() = st;
-        match self.reload_from(f) {
-            Ok(n) => {
-                tracing::info!(file = %f.display(), namespaces = n, "quota file changed: reloaded")
+        match read_quota_file(f) {
+            Ok((limits, bad)) if bad.is_empty() => {
+                tracing::info!(file = %f.display(), namespaces = limits.len(), "quota file changed: reloaded");
+                *self.limits.write().unwrap() = limits;
+            }
+            Ok((_, bad)) => {
+                tracing::error!(file = %f.display(), errors = %bad.join("; "), "quota file changed but does not parse; keeping the quotas in force")
             }
             Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "quota file changed but does not parse; keeping the quotas in force")
+                tracing::error!(error = %format!("{e:#}"), "quota file changed but cannot be read; keeping the quotas in force")
             }
         }
     }
@@ -116,7 +127,14 @@ impl Quotas {
     }
 }
 
-/// What namespace `ns` is charged: `storedBytes` summed over every version of its series.
+fn read_quota_file(f: &Path) -> Result<(HashMap<String, u64>, Vec<String>)> {
+    let text = std::fs::read_to_string(f)
+        .with_context(|| format!("cannot read quota file {}", f.display()))?;
+    Ok(parse_quota_file(&text))
+}
+
+/// What namespace `ns` is charged: `logicalBytes` summed over every version of its series
+/// (object buckets included).
 pub fn usage(store: &Store, ns: &str) -> revault_engine::Result<u64> {
     let prefix = format!("{ns}/");
     let mut total = 0u64;
@@ -125,7 +143,7 @@ pub fn usage(store: &Store, ns: &str) -> revault_engine::Result<u64> {
             total = store
                 .versions(&s)?
                 .iter()
-                .fold(total, |t, v| t.saturating_add(v.new_container_bytes));
+                .fold(total, |t, v| t.saturating_add(v.logical_bytes));
         }
     }
     Ok(total)
@@ -137,9 +155,10 @@ mod tests {
 
     #[test]
     fn the_quota_file_names_namespaces_and_byte_counts() {
-        let q = parse_quota_file("# team quotas\n\nteam-a 1073741824\n  team-b   5 \n").unwrap();
+        let (q, bad) = parse_quota_file("# team quotas\n\nteam-a 1073741824\n  team-b   5 \n");
         assert_eq!(q.get("team-a"), Some(&(1 << 30)));
         assert_eq!(q.get("team-b"), Some(&5));
+        assert!(bad.is_empty(), "{bad:?}");
         for (bad, why) in [
             ("team-a", "line 1: expected `NAMESPACE BYTES`"),
             ("team-a 1 2", "line 1: expected"),
@@ -151,7 +170,7 @@ mod tests {
                 "line 2: namespace team-a appears twice",
             ),
         ] {
-            let e = format!("{:#}", parse_quota_file(bad).unwrap_err());
+            let e = parse_quota_file(bad).1.join("; ");
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
