@@ -465,7 +465,7 @@ func isolationSpecs() {
 				c := workerAPI(nsB, bsB.Status.Worker.Endpoint, probe)[0]
 				g.Expect(c.Status).To(Equal(403), "%s: %s", probe, c.Body)
 				g.Expect(c.Code).To(Equal("quota_exceeded"))
-				g.Expect(c.Body).To(ContainSubstring("namespace " + nsB + " stores"))
+				g.Expect(c.Body).To(ContainSubstring("namespace " + nsB + " holds"))
 			}).WithTimeout(3 * time.Minute).WithPolling(5 * time.Second).Should(Succeed())
 			c := workerAPI(nsA, bsA.Status.Worker.Endpoint, "PUT /v1/series/"+nsA+"/quota-probe/versions")[0]
 			Expect(c.Status).To(Equal(201), "a namespace without a quota: %s", c.Body)

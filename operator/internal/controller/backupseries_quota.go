@@ -19,14 +19,18 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 
 // checkQuota sets QuotaExceeded from the namespace's revault.io/quota and what all its series
-// store (plan.NamespaceUse, over every worker). A namespace at or over its quota gets no new
-// backup: overQuota suspends the schedule and fails backup-now requests. The workers refuse such
-// uploads too (each counting the series it holds), so a stale view here lets nothing through.
+// hold (plan.NamespaceUse, over every worker, as of their last sync). A namespace at or over its
+// quota gets no new backup from the operator: overQuota suspends the schedule and fails
+// backup-now requests. The workers refuse such uploads too, each counting the series it holds,
+// objects included. A Namespace that cannot be read leaves the quota Unknown and the series
+// going: the workers still enforce what they were told.
 func (r *BackupSeriesReconciler) checkQuota(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	st := &s.bs.Status
 	ns := &corev1.Namespace{}
 	if err := r.Get(ctx, types.NamespacedName{Name: s.bs.Namespace}, ns); err != nil {
-		return failed(fmt.Errorf("namespace %s: %w", s.bs.Namespace, err))
+		s.cs.set(backupv1alpha1.ConditionQuotaExceeded, metav1.ConditionUnknown, "NamespaceUnreadable",
+			fmt.Sprintf("cannot read namespace %s for its quota: %v", s.bs.Namespace, err))
+		return proceed()
 	}
 	v, ok := ns.Annotations[backupv1alpha1.QuotaAnnotation]
 	if !ok {
@@ -43,19 +47,13 @@ func (r *BackupSeriesReconciler) checkQuota(ctx context.Context, s *seriesRun) (
 	if err := r.List(ctx, &list, client.InNamespace(s.bs.Namespace)); err != nil {
 		return failed(err)
 	}
-	// This reconcile's own status may be newer than the cache's copy of it.
-	for i := range list.Items {
-		if list.Items[i].Name == s.bs.Name {
-			list.Items[i].Status.StoredBytes = st.StoredBytes
-		}
-	}
 	used := plan.NamespaceUse(list.Items)
-	story := fmt.Sprintf("namespace %s stores %s of its quota %s (%s, %d series)", s.bs.Namespace,
-		bytesQ(used), bytesQ(quota), backupv1alpha1.QuotaAnnotation, len(list.Items))
+	story := fmt.Sprintf("namespace %s holds %s of versions (logical bytes) of its quota %s (%s, %d series)",
+		s.bs.Namespace, bytesQ(used), bytesQ(quota), backupv1alpha1.QuotaAnnotation, len(list.Items))
 	if used >= quota {
 		s.overQuota = true
 		s.cs.setTrue(backupv1alpha1.ConditionQuotaExceeded, "OverQuota",
-			story+": scheduled backups are suspended and backup-now requests fail until versions expire or the quota is raised")
+			story+": no new backup starts until versions expire or the quota is raised")
 		return proceed()
 	}
 	s.cs.setFalse(backupv1alpha1.ConditionQuotaExceeded, "WithinQuota", story)

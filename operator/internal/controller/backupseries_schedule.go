@@ -51,7 +51,8 @@ func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) 
 // counts from its creation.
 func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	bs, st := s.bs, &s.bs.Status
-	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || bs.Spec.Source.PVC == nil {
+	// A schedule suspended for the namespace's quota is not overdue either: QuotaExceeded says why.
+	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || s.overQuota || bs.Spec.Source.PVC == nil {
 		st.NextBackup = nil
 		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionBackupOverdue)
 		return proceed()

@@ -47,14 +47,16 @@ var _ = Describe("Namespace quotas", func() {
 		var stored int64
 		Eventually(func(g Gomega) {
 			st := getSeries(ns, "db").Status
-			g.Expect(st.StoredBytes).To(BeNumerically(">", 0))
+			g.Expect(st.LogicalBytes).To(BeNumerically(">", 0))
 			g.Expect(condition(st.Conditions, backupv1alpha1.ConditionQuotaExceeded).Status).To(BeEquivalentTo("Absent"),
 				"no quota, no condition")
-			stored = st.StoredBytes
+			stored = st.LogicalBytes
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		cronSuspended := func() bool {
 			cj := &batchv1.CronJob{}
-			Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, cj)).To(Succeed())
+			if err := k8sClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "db-backup"}, cj); err != nil {
+				return false
+			}
 			return cj.Spec.Suspend != nil && *cj.Spec.Suspend
 		}
 		Expect(cronSuspended()).To(BeFalse())
@@ -65,10 +67,11 @@ var _ = Describe("Namespace quotas", func() {
 			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(c.Reason).To(Equal("OverQuota"))
-			g.Expect(c.Message).To(ContainSubstring("namespace " + ns + " stores"))
-			g.Expect(c.Message).To(ContainSubstring("scheduled backups are suspended"))
+			g.Expect(c.Message).To(ContainSubstring("namespace " + ns + " holds"))
+			g.Expect(c.Message).To(ContainSubstring("no new backup starts"))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		Eventually(cronSuspended).Should(BeTrue())
+		Expect(getSeries(ns, "db").Status.NextBackup).To(BeNil(), "a schedule suspended for the quota has no next backup")
 		Eventually(func(g Gomega) {
 			sec := &corev1.Secret{}
 			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())

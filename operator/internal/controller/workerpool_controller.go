@@ -15,7 +15,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -215,16 +214,6 @@ func (r *WorkerPoolReconciler) services(ctx context.Context, p *poolsRun) (ctrl.
 }
 
 // SetupWithManager watches what the pools consist of; every event maps to the one request.
-// deletedOnly passes deletions only.
-func deletedOnly() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		UpdateFunc:  func(event.UpdateEvent) bool { return false },
-		DeleteFunc:  func(event.DeleteEvent) bool { return true },
-		GenericFunc: func(event.GenericEvent) bool { return false },
-	}
-}
-
 func (r *WorkerPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{r.request()}
@@ -251,10 +240,9 @@ func (r *WorkerPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return []reconcile.Request{r.request()}
 		})).
 		Watches(&corev1.Node{}, one).
-		// A namespace's quota annotation changed, or the namespace went: the quota file and
-		// the tokens (Prune).
-		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.Or(
-			predicate.AnnotationChangedPredicate{}, deletedOnly()))).
+		// A namespace's quota annotation changed, or a namespace came or went (the predicate
+		// passes those too): the quota file and the tokens (Prune).
+		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
 		Watches(&appsv1.Deployment{}, one).
 		Watches(&backupv1alpha1.BackupSeries{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			// A series placed on a node: that node's store matters if the node is lost.

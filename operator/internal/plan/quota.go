@@ -11,7 +11,7 @@ import (
 )
 
 // ParseQuota reads the revault.io/quota annotation of a Namespace: a Kubernetes quantity of
-// bytes ("500Gi", "2T"), zero or more. A fraction of a byte rounds up.
+// whole bytes ("500Gi", "2T", "1.5Ki"), zero or more, below 8Ei.
 func ParseQuota(v string) (int64, error) {
 	q, err := resource.ParseQuantity(strings.TrimSpace(v))
 	if err != nil {
@@ -20,7 +20,13 @@ func ParseQuota(v string) (int64, error) {
 	if q.Sign() < 0 {
 		return 0, fmt.Errorf("%s %q is negative", backupv1alpha1.QuotaAnnotation, v)
 	}
-	return q.Value(), nil
+	// Value() rounds a fraction up and wraps what does not fit in 64 bits: only a value that
+	// is exactly what it reads is taken.
+	n := q.Value()
+	if n < 0 || resource.NewQuantity(n, resource.BinarySI).Cmp(q) != 0 {
+		return 0, fmt.Errorf("%s %q is not a whole number of bytes below 8Ei", backupv1alpha1.QuotaAnnotation, v)
+	}
+	return n, nil
 }
 
 // QuotaFile is the workers' quota file (revault serve --quota-file): "NAMESPACE BYTES" per
@@ -38,13 +44,13 @@ func QuotaFile(quotas map[string]int64) string {
 	return b.String()
 }
 
-// NamespaceUse is what a namespace is charged against its quota: the storedBytes of every
-// version of its series, as their statuses report them (the workers charge the same sum, each
-// for the series it holds).
+// NamespaceUse is what a namespace is charged against its quota: the logical bytes of every
+// version of its series, as their statuses report them. The workers charge the same sum, each
+// for the series it holds, object buckets included.
 func NamespaceUse(series []backupv1alpha1.BackupSeries) int64 {
 	var total int64
 	for i := range series {
-		total += series[i].Status.StoredBytes
+		total += series[i].Status.LogicalBytes
 	}
 	return total
 }

@@ -14,7 +14,8 @@ func TestParseQuota(t *testing.T) {
 			t.Errorf("ParseQuota(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for in, want := range map[string]string{"lots": "is not a quantity of bytes", "-1Gi": "is negative", "": "is not a quantity"} {
+	for in, want := range map[string]string{"lots": "is not a quantity of bytes", "-1Gi": "is negative", "": "is not a quantity",
+		"10E": "below 8Ei", "99999999999999999999": "below 8Ei", "100m": "not a whole number", "0.5": "not a whole number"} {
 		if _, err := ParseQuota(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseQuota(%q): %v, want an error saying %q", in, err, want)
 		}
@@ -29,7 +30,7 @@ func TestQuotaFileAndUse(t *testing.T) {
 		t.Errorf("no quotas: %q", got)
 	}
 	s := []backupv1alpha1.BackupSeries{{}, {}}
-	s[0].Status.StoredBytes, s[1].Status.StoredBytes = 100, 23
+	s[0].Status.LogicalBytes, s[1].Status.LogicalBytes = 100, 23
 	if got := NamespaceUse(s); got != 123 {
 		t.Errorf("NamespaceUse = %d", got)
 	}
