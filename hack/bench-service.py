@@ -18,6 +18,11 @@
    by repetition;
    reported: when the first, the median and the last push finished, and the
    server's peak RSS.
+4. Dedup domains (--domains, run alone): every version pushed in turn into
+   one series in each of 4 namespaces, against a server with
+   --dedup-domain store and one with namespace, alternating repetition by
+   repetition; reported: push MiB/s of the later versions (all but each
+   series' first), and what each store holds on disk.
 
 Data: the kube tars in $REVAULT_CACHE/datasets/kube if present (make demo
 DATA=kube fetches them), else a synthetic series from `revault-bench gen-series`
@@ -26,6 +31,7 @@ Nothing is asserted; the numbers go to docs/service.md. Loopback only.
 
     python3 hack/bench-service.py [--versions 5] [--rounds 3] [--reps 3] [--json]
     python3 hack/bench-service.py --slots [--reps 3]
+    python3 hack/bench-service.py --domains [--reps 3] [--versions 5]
 """
 
 import argparse
@@ -296,6 +302,45 @@ def slots(work, files, reps, width=8, limits=(8, 4, 2)):
     }
 
 
+def domains(work, files, reps, namespaces=4):
+    """Later-version push speed and stored bytes, store vs namespace dedup domains."""
+    runs = {m: {"later_s": [], "stored": []} for m in ("store", "namespace")}
+    for rep in range(reps):
+        for mode in runs:
+            store = os.path.join(work, f"domains-{mode}-{rep}")
+            srv = Server(work, store, ["--dedup-domain", mode])
+            later = 0.0
+            for f in files:
+                for n in range(namespaces):
+                    t = time.perf_counter()
+                    run(["push", "--server", srv.url, "--series", f"ns{n}/db", f, "-q"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    if f is not files[0]:
+                        later += time.perf_counter() - t
+            with urllib.request.urlopen(f"{srv.url}/v1/stats", timeout=30) as r:
+                runs[mode]["stored"].append(json.load(r)["containerBytes"])
+            srv.stop()
+            shutil.rmtree(store, ignore_errors=True)
+            runs[mode]["later_s"].append(later)
+    later_mib = namespaces * sum(os.path.getsize(f) for f in files[1:]) / MIB
+    out = {"namespaces": namespaces, "versions": len(files), "repetitions": reps}
+    for mode, r in runs.items():
+        out[mode] = {"later_push_mibs": round(later_mib / min(r["later_s"]), 1),
+                     "stored_mib": round(min(r["stored"]) / MIB, 1)}
+    out["namespace_vs_store_speed"] = round(out["namespace"]["later_push_mibs"] / out["store"]["later_push_mibs"], 3)
+    out["namespace_vs_store_stored"] = round(out["namespace"]["stored_mib"] / out["store"]["stored_mib"], 3)
+    return out
+
+
+def print_domains(d):
+    print(f"dedup domains: {d['versions']} versions into a series in each of {d['namespaces']} namespaces, "
+          f"best of {d['repetitions']} alternating repetitions")
+    for mode in ("store", "namespace"):
+        print(f"  --dedup-domain {mode:9s}: later versions pushed at {d[mode]['later_push_mibs']:7.1f} MiB/s, "
+              f"{d[mode]['stored_mib']:7.1f} MiB on disk")
+    print(f"  namespace / store: speed {d['namespace_vs_store_speed']:.3f}, stored {d['namespace_vs_store_stored']:.3f}")
+
+
 def print_slots(s):
     print(f"backup slots: {s['pushes']} pushes started together, {s['mib']} MiB in all, "
           f"medians of {s['repetitions']} alternating repetitions")
@@ -322,12 +367,21 @@ def main():
                     help="how pulls receive the version (revault pull --transfer)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--slots", action="store_true", help="only the backup-slots comparison")
+    ap.add_argument("--domains", action="store_true", help="only the dedup-domains comparison")
     a = ap.parse_args()
     if not os.path.exists(BIN):
         raise SystemExit(f"{BIN} not found: run `make build` first")
     work = tempfile.mkdtemp(prefix="revault-bench-service-")
     try:
         name, files = dataset(work, a.versions)
+        if a.domains:
+            d = domains(work, files, a.reps)
+            if a.json:
+                print(json.dumps({"dataset": name, "domains": d}, indent=2))
+            else:
+                print(f"dataset {name}")
+                print_domains(d)
+            return
         if a.slots:
             s = slots(work, files, a.reps)
             if a.json:

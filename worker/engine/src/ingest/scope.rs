@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use crate::config::DedupUnit;
 use crate::error::Result;
 use crate::format::recipe::Entry;
 use crate::format::records::{RecipeForm, SeriesRecord, VersionRecord};
@@ -20,8 +21,16 @@ pub(super) fn dedup_scope(
     if domain == DedupDomain::Store {
         return Ok(DedupScope::Any);
     }
+    // Only segment mode needs the list: in chunk mode the chunk predictor hands the dedup
+    // stage the previous version's units, pinned, without a lookup, and a chunk-mode recipe
+    // is runs of one unit (its list would take memory in proportion to the version). A
+    // recipe that cannot be read costs dedup against old units, not the backup.
     let own = match (series, latest) {
-        (Some(s), Some(v)) => own_units(meta, s, v)?,
+        (Some(s), Some(v)) if s.unit == DedupUnit::Segment => own_units(meta, s, v)
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "the latest recipe is unreadable: no dedup against the series' own older units");
+                Vec::new()
+            }),
         _ => Vec::new(),
     };
     Ok(DedupScope::Domain {
