@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 )
 
@@ -76,10 +77,8 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	for {
 		wait := Retry
-		next, err := m.Ensure(ctx)
-		if err != nil {
-			log.FromContext(ctx).Error(err, "worker TLS certificates")
-		} else {
+		next, err := m.ensure(ctx)
+		if err == nil {
 			wait = min(max(next.Sub(m.now()), time.Second), maxSleep)
 		}
 		select {
@@ -89,6 +88,19 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// ensure is Ensure for the renewal loop: a failure is logged and shown on the
+// revault_operator_worker_tls_failing gauge until an attempt succeeds.
+func (m *Manager) ensure(ctx context.Context) (time.Time, error) {
+	next, err := m.Ensure(ctx)
+	if err != nil {
+		metrics.TLSFailing.Set(1)
+		log.FromContext(ctx).Error(err, "worker TLS certificates")
+		return next, err
+	}
+	metrics.TLSFailing.Set(0)
+	return next, nil
 }
 
 // watch sends on wake when the CA Secret or the workers' Secret is changed or deleted by

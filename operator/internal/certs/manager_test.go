@@ -6,12 +6,14 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/revault-io/revault/operator/internal/metrics"
 	"github.com/revault-io/revault/operator/internal/plan"
 )
 
@@ -190,9 +192,12 @@ func TestManagerRefusesToReplaceAnUnreadableCA(t *testing.T) {
 	if err := c.Update(ctx, ca); err != nil {
 		t.Fatal(err)
 	}
-	_, err := newManager(c, &now).Ensure(ctx)
+	_, err := newManager(c, &now).ensure(ctx)
 	if err == nil || !strings.Contains(err.Error(), "holds no usable CA") || !strings.Contains(err.Error(), "delete the Secret") {
 		t.Fatalf("got %v, want an error saying the CA is unusable and how to replace it", err)
+	}
+	if v := gaugeValue(t, metrics.TLSFailing); v != 1 {
+		t.Errorf("revault_operator_worker_tls_failing is %v while the CA is unusable, want 1", v)
 	}
 	if string(secret(t, c, plan.WorkerTLSSecret).Data[KeyCert]) != string(before) ||
 		string(secret(t, c, plan.CASecret).Data[KeyKey]) != "not a key" {
@@ -202,8 +207,11 @@ func TestManagerRefusesToReplaceAnUnreadableCA(t *testing.T) {
 	if err := c.Delete(ctx, ca); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newManager(c, &now).Ensure(ctx); err != nil {
+	if _, err := newManager(c, &now).ensure(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if v := gaugeValue(t, metrics.TLSFailing); v != 0 {
+		t.Errorf("revault_operator_worker_tls_failing is %v once certificates are issued again, want 0", v)
 	}
 
 	// An unusable CA Secret from which no certificate was issued (made empty before the first
@@ -276,4 +284,14 @@ func TestManagerWithoutTheRotationTimeKeepsThePreviousSigning(t *testing.T) {
 	if signer() != nil {
 		t.Fatal("after the delay the serving certificate is still signed by the previous CA")
 	}
+}
+
+// gaugeValue reads a gauge as Prometheus would.
+func gaugeValue(t *testing.T, g interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

@@ -42,6 +42,14 @@ var (
 		Help: "Operator calls to worker APIs by operation and outcome (ok, error; skipped: not made, the worker did not answer in time a moment ago).",
 	}, []string{"operation", "outcome"})
 
+	// TLSFailing is 1 while the operator cannot keep the workers' certificates (its last
+	// attempt failed), 0 once it can: the signal to alert on, since nothing else shows a CA
+	// that cannot be renewed until certificates expire.
+	TLSFailing = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "revault_operator_worker_tls_failing",
+		Help: "1 while the operator's last attempt to issue or renew the workers' TLS certificates failed (see its log), else 0.",
+	})
+
 	// BytesReclaimed counts bytes freed by the slides and expiries the operator ran.
 	BytesReclaimed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "revault_operator_retention_bytes_reclaimed_total",
@@ -53,7 +61,7 @@ var (
 var Phases = []string{"Pending", "Ready", "Queued", "BackingUp", "Failed", "Deleting"}
 
 func init() {
-	crmetrics.Registry.MustRegister(ReconcileOutcomes, SeriesByPhase, BackupJobs, Restores, WorkerRequests, BytesReclaimed)
+	crmetrics.Registry.MustRegister(ReconcileOutcomes, SeriesByPhase, BackupJobs, Restores, WorkerRequests, BytesReclaimed, TLSFailing)
 	for _, p := range Phases {
 		SeriesByPhase.WithLabelValues(p).Set(0)
 	}
