@@ -62,7 +62,12 @@ pub trait MetaRead {
     }
 
     fn all_series(&self) -> Result<Vec<SeriesRecord>> {
-        self.scan(CF_SERIES, b"")?
+        self.series_with_prefix(b"")
+    }
+
+    /// The series whose names start with `prefix` (`b"ns/"`: a namespace's).
+    fn series_with_prefix(&self, prefix: &[u8]) -> Result<Vec<SeriesRecord>> {
+        self.scan(CF_SERIES, prefix)?
             .into_iter()
             .map(|(k, v)| {
                 serde_json::from_slice(&v).map_err(|e| {

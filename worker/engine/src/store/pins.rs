@@ -42,8 +42,14 @@ impl Store {
         // lookup sees no other domain's. The series' own latest version may reference units
         // of another domain (written before domains were on): those are looked up under the
         // plain fingerprint, and only ids the scope admits by id are kept, unread.
-        let keys: Vec<Fp> = fps.iter().map(|f| f.in_domain(scope.tag())).collect();
-        let mut copies = self.index_copies(kind, &keys)?;
+        let mut copies = match scope.tag() {
+            // Without domains the keys are the fingerprints: no copy of the batch.
+            0 => self.index_copies(kind, fps)?,
+            tag => {
+                let keys: Vec<Fp> = fps.iter().map(|f| f.in_domain(tag)).collect();
+                self.index_copies(kind, &keys)?
+            }
+        };
         if let Some(own) = scope.own_ids() {
             for (mine, plain) in copies.iter_mut().zip(self.index_copies(kind, fps)?) {
                 for id in plain {

@@ -75,6 +75,11 @@ impl Store {
         self.meta.all_series()
     }
 
+    /// The series of namespace `ns` (named `ns/…`).
+    pub fn series_in_namespace(&self, ns: &str) -> Result<Vec<SeriesRecord>> {
+        self.meta.series_with_prefix(format!("{ns}/").as_bytes())
+    }
+
     pub fn versions(&self, series: &SeriesRecord) -> Result<Vec<VersionRecord>> {
         self.meta.versions(series)
     }
