@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use axum::extract::{FromRequestParts, OptionalFromRequestParts};
@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
+use super::watched::WatchedFile;
 use super::App;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,9 +71,8 @@ impl Principal {
 }
 
 pub struct Auth {
-    file: Option<PathBuf>,
+    file: Option<WatchedFile>,
     tokens: RwLock<Vec<TokenEntry>>,
-    stamp: RwLock<Option<Stamp>>,
     /// Signs URLs when auth is disabled (random per process).
     anon_key: [u8; 32],
 }
@@ -99,24 +99,6 @@ pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
 /// that signed it without revealing anything about the token.
 fn key_id(key: &[u8; 32]) -> String {
     hex::encode(&hmac_sha256(key, b"revault signed-url key id")[..8])
-}
-
-/// A file's identity for polling it: a file replaced (new inode), rewritten or touched differs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) struct Stamp {
-    mtime: Option<SystemTime>,
-    len: u64,
-    ino: u64,
-}
-
-pub(super) fn stamp(p: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(p).ok()?;
-    Some(Stamp {
-        mtime: m.modified().ok(),
-        len: m.len(),
-        ino: m.ino(),
-    })
 }
 
 /// A namespace name: the first half of a series name (a DNS label).
@@ -170,15 +152,14 @@ impl Auth {
     /// Loads the token file; without one, auth is disabled.
     pub fn load(file: Option<PathBuf>) -> Result<Auth> {
         let auth = Auth {
-            file,
+            file: file.map(WatchedFile::new),
             tokens: RwLock::new(Vec::new()),
-            stamp: RwLock::new(None),
             anon_key: rand::random(),
         };
-        if let Some(f) = &auth.file {
-            let st = stamp(f);
+        if let Some(w) = &auth.file {
+            w.changed();
+            let f = w.path();
             let n = auth.reload_from(f)?;
-            *auth.stamp.write().unwrap() = st;
             tracing::info!(file = %f.display(), tokens = n, "loaded bearer tokens");
         } else {
             tracing::warn!("no --token-file: authentication is disabled, every request may access every namespace");
@@ -214,12 +195,10 @@ impl Auth {
     /// Reloads the file if it changed since the last look. A file that does
     /// not parse keeps the tokens in force (and logs why).
     pub fn poll(&self) -> bool {
-        let Some(f) = &self.file else { return false };
-        let st = stamp(f);
-        if st.is_none() || *self.stamp.read().unwrap() == st {
+        let Some(w) = self.file.as_ref().filter(|w| w.changed()) else {
             return false;
-        }
-        *self.stamp.write().unwrap() = st;
+        };
+        let f = w.path();
         match self.reload_from(f) {
             Ok(n) => {
                 tracing::info!(file = %f.display(), tokens = n, "token file changed: reloaded");

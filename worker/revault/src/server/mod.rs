@@ -24,6 +24,7 @@ pub mod scheduler;
 pub mod slots;
 pub mod stream;
 pub mod tls;
+mod watched;
 pub mod wire;
 pub mod work;
 
@@ -457,7 +458,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
     INDEX_MIB.store(a.index_mib, Ordering::Relaxed);
     NAMESPACE_DOMAINS.store(a.dedup_domain == DedupDomain::Namespace, Ordering::Relaxed);
     tracing::info!(dedup_domain = %a.dedup_domain, "backups deduplicate within the {}", a.dedup_domain);
-    let quotas = quota::Quotas::load(a.quota_file.clone())?;
+    let quotas = quota::Quotas::load(a.quota_file.clone());
     let app = App::new(
         auth,
         quotas,

@@ -22,13 +22,13 @@ use std::sync::RwLock;
 use anyhow::{Context, Result};
 use revault_engine::Store;
 
-use super::auth::{is_namespace, stamp, Stamp};
+use super::auth::is_namespace;
+use super::watched::WatchedFile;
 
 /// The quotas in force, and where they come from.
 pub struct Quotas {
-    file: Option<PathBuf>,
+    file: Option<WatchedFile>,
     limits: RwLock<HashMap<String, u64>>,
-    stamp: RwLock<Option<Stamp>>,
 }
 
 /// The quotas of a quota file, and what is wrong with each line that does not parse.
@@ -70,28 +70,31 @@ impl Quotas {
     /// Loads the quota file; without one, no namespace has a quota. Nothing in it stops the
     /// server (a worker that cannot start backs nothing up): lines that do not parse are
     /// logged and left out, and a file that does not exist yet (a Secret key the operator adds
-    /// after the pod started) applies once it appears.
-    pub fn load(file: Option<PathBuf>) -> Result<Quotas> {
+    /// after the pod started) or cannot be read applies once it appears or changes.
+    pub fn load(file: Option<PathBuf>) -> Quotas {
         let q = Quotas {
-            file,
+            file: file.map(WatchedFile::new),
             limits: RwLock::new(HashMap::new()),
-            stamp: RwLock::new(None),
         };
-        if let Some(f) = &q.file {
-            let st = stamp(f);
-            if st.is_none() && !f.exists() {
-                tracing::warn!(file = %f.display(), "the quota file does not exist (yet): no namespace has a quota until it does");
-                return Ok(q);
-            }
-            let (limits, bad) = read_quota_file(f)?;
-            for why in &bad {
-                tracing::error!(file = %f.display(), "quota file {why}: that line is left out");
-            }
-            tracing::info!(file = %f.display(), namespaces = limits.len(), "loaded namespace quotas");
-            *q.limits.write().unwrap() = limits;
-            *q.stamp.write().unwrap() = st;
+        let Some(w) = &q.file else { return q };
+        let f = w.path();
+        if !w.changed() {
+            tracing::warn!(file = %f.display(), "the quota file does not exist (yet): no namespace has a quota until it does");
+            return q;
         }
-        Ok(q)
+        match read_quota_file(f) {
+            Ok((limits, bad)) => {
+                for why in &bad {
+                    tracing::error!(file = %f.display(), "quota file {why}: that line is left out");
+                }
+                tracing::info!(file = %f.display(), namespaces = limits.len(), "loaded namespace quotas");
+                *q.limits.write().unwrap() = limits;
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "no namespace has a quota until the quota file changes")
+            }
+        }
+        q
     }
 
     pub fn enabled(&self) -> bool {
@@ -101,12 +104,10 @@ impl Quotas {
     /// Reloads the file if it changed since the last look; keeps the quotas in force when a
     /// line does not parse (and logs why): a typo must not lift a namespace's quota.
     pub fn poll(&self) {
-        let Some(f) = &self.file else { return };
-        let st = stamp(f);
-        if st.is_none() || *self.stamp.read().unwrap() == st {
+        let Some(w) = self.file.as_ref().filter(|w| w.changed()) else {
             return;
-        }
-        *self.stamp.write().unwrap() = st;
+        };
+        let f = w.path();
         match read_quota_file(f) {
             Ok((limits, bad)) if bad.is_empty() => {
                 tracing::info!(file = %f.display(), namespaces = limits.len(), "quota file changed: reloaded");
@@ -136,15 +137,12 @@ fn read_quota_file(f: &Path) -> Result<(HashMap<String, u64>, Vec<String>)> {
 /// What namespace `ns` is charged: `logicalBytes` summed over every version of its series
 /// (object buckets included).
 pub fn usage(store: &Store, ns: &str) -> revault_engine::Result<u64> {
-    let prefix = format!("{ns}/");
     let mut total = 0u64;
-    for s in store.list_series()? {
-        if s.name.starts_with(&prefix) {
-            total = store
-                .versions(&s)?
-                .iter()
-                .fold(total, |t, v| t.saturating_add(v.logical_bytes));
-        }
+    for s in store.series_in_namespace(ns)? {
+        total = store
+            .versions(&s)?
+            .iter()
+            .fold(total, |t, v| t.saturating_add(v.logical_bytes));
     }
     Ok(total)
 }

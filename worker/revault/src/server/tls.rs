@@ -19,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use super::auth::{stamp, Stamp};
+use super::watched::{stamp, Stamp};
 
 /// The server's TLS settings: TLS 1.2 and 1.3 with the *ring* provider, HTTP/1.1 only, the
 /// certificate from `files`.
