@@ -240,26 +240,104 @@ fn other_namespaces_copies_never_crowd_a_namespaces_own_out_of_the_index() {
     }
 }
 
+fn marker_format(dir: &std::path::Path) -> u64 {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("revault.store")).unwrap()).unwrap();
+    m["format"].as_u64().unwrap()
+}
+
+fn set_marker_format(dir: &std::path::Path, format: u64) {
+    let path = dir.join("revault.store");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m["format"] = format.into();
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+}
+
 /// A store that namespace domains were turned on for is marked format 3, so that a release
 /// from before domains refuses to open it (instead of reporting its tagged units corrupt); a
-/// store that never used them stays at format 2, which those releases read.
+/// store that never used them stays at format 2, which those releases read. The mark follows
+/// the metadata: a crash before the marker was rewritten is finished by the next read-write
+/// open, and a store rebuilt from its metadata alone (the durable tier) is marked too.
 #[test]
 fn turning_namespace_domains_on_marks_the_store_for_releases_that_cannot_read_domains() {
-    let format = |dir: &std::path::Path| -> u64 {
-        let m: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("revault.store")).unwrap()).unwrap();
-        m["format"].as_u64().unwrap()
-    };
     let (plain, st) = store(DedupDomain::Store);
     backup_bytes(&st, "a/db", &random(1 << 20, 13), DedupUnit::Segment);
     drop(st);
-    assert_eq!(format(plain.path()), 2);
+    assert_eq!(marker_format(plain.path()), 2);
     let (dir, st) = store(DedupDomain::Namespace);
     let data = random(1 << 20, 14);
     backup_bytes(&st, "a/db", &data, DedupUnit::Segment);
     drop(st);
-    assert_eq!(format(dir.path()), 3);
+    assert_eq!(marker_format(dir.path()), 3);
     // This release reads it, read-only too, and restores what it holds.
     let ro = Store::open(dir.path(), OpenMode::ReadOnly, "test").unwrap();
     assert!(restore_bytes(&ro, "a/db", 1).0 == data);
+    drop(ro);
+
+    // The marker rewrite lost (a crash after the metadata recorded domains): a read-write
+    // open, in either mode, marks it again.
+    set_marker_format(dir.path(), 2);
+    drop(Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap());
+    assert_eq!(
+        marker_format(dir.path()),
+        3,
+        "the next read-write open marks the store"
+    );
+
+    // A store rebuilt around a copy of its metadata (what `revault recover` does).
+    let rebuilt = tempfile::tempdir().unwrap();
+    copy_dir(&dir.path().join("meta"), &rebuilt.path().join("meta"));
+    Store::init_recovered(rebuilt.path(), None).unwrap();
+    assert_eq!(
+        marker_format(rebuilt.path()),
+        3,
+        "a rebuilt store keeps the mark"
+    );
+    let plain_rebuilt = tempfile::tempdir().unwrap();
+    copy_dir(
+        &plain.path().join("meta"),
+        &plain_rebuilt.path().join("meta"),
+    );
+    Store::init_recovered(plain_rebuilt.path(), None).unwrap();
+    assert_eq!(marker_format(plain_rebuilt.path()), 2);
+}
+
+/// gc compacting every container while a namespace-mode backup that deduplicated against its
+/// series' own units from before domains (written by another namespace's series) waits to
+/// commit: those units are pinned, so they stay whole, and every version restores.
+#[test]
+fn gc_during_a_namespace_backup_keeps_the_own_units_it_found() {
+    let v1 = random(SIZE, 15);
+    let mut v2 = v1.clone();
+    v2[SIZE / 2..SIZE / 2 + 4096].copy_from_slice(&random(4096, 16));
+    let (dir, st) = store(DedupDomain::Store);
+    backup_bytes(&st, "team-a/db", &v1, DedupUnit::Segment);
+    backup_bytes(&st, "team-b/db", &v1, DedupUnit::Segment);
+    drop(st);
+    let mut st = Store::open(dir.path(), OpenMode::ReadWrite, "test").unwrap();
+    st.set_dedup_domain(DedupDomain::Namespace).unwrap();
+    let ran = at(&st, "backup.before_commit", |st| {
+        // team-a's version goes: team-b's v1 still references the units, and its backup
+        // in flight has them pinned.
+        expire(st, "team-a/db", &ExpireSel::Version(1)).unwrap();
+        gc(
+            st,
+            &GcOptions {
+                compact_below: 1.0,
+                full: true,
+            },
+        )
+        .unwrap();
+    });
+    let rep = backup_bytes(&st, "team-b/db", &v2, DedupUnit::Segment);
+    reached(&ran, "backup.before_commit");
+    assert!(
+        rep.new_vbytes < SIZE as u64 / 10,
+        "team-b's v2 stored {} new bytes: its own older units were no dedup target",
+        rep.new_vbytes
+    );
+    gc(&st, &GcOptions::default()).unwrap();
+    assert!(restore_bytes(&st, "team-b/db", 1).0 == v1, "team-b v1");
+    assert!(restore_bytes(&st, "team-b/db", 2).0 == v2, "team-b v2");
+    assert_clean(&st);
 }

@@ -8,6 +8,7 @@
 //! |               | [`TOTALS_KEY`] "totals"            | store-wide sums (`records::Totals`, JSON) |
 //! |               | [`MARKS_KEPT_KEY`] "marks-kept"    | present once `F` and `Z` keys are kept    |
 //! |               |                                    | (see `orphans::adopt_untracked`)          |
+//! |               | [`DOMAINS_KEY`] "domains"          | present once dedup domains were used      |
 //! |               | [`PROBE_KEY`] "probe"              | never stored: a health probe deletes it   |
 //! |               | [`BUCKET_PREFIX`] "objects/b/"     | a bucket of the object API (JSON)         |
 //! |               | bucket                             |                                           |
@@ -119,6 +120,10 @@ pub fn prefixed_id(k: &[u8]) -> Option<u64> {
 /// read-write open (`orphans::adopt_untracked`).
 pub const MARKS_KEPT_KEY: &[u8] = b"marks-kept";
 
+/// In the default family: the store was opened with namespace dedup domains, so its unit
+/// records may carry a domain (the store marker says format 3; `Store::set_dedup_domain`).
+pub const DOMAINS_KEY: &[u8] = b"domains";
+
 /// The key [`Meta::probe_write`](crate::meta::Meta::probe_write) deletes, in the default family; never stored.
 pub const PROBE_KEY: &[u8] = b"probe";
 
@@ -128,6 +133,7 @@ pub const DEFAULT_KEYS: &[&[u8]] = &[
     COUNTERS_KEY,
     TOTALS_KEY,
     MARKS_KEPT_KEY,
+    DOMAINS_KEY,
     PROBE_KEY,
     BUCKET_PREFIX,
     OBJECT_PREFIX,

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::StoreConfig;
 use crate::error::{corrupt_meta, Error, IoContext, Result};
 use crate::format::container::session_dir_name;
-use crate::format::keys::CF_SESSIONS;
+use crate::format::keys::{CF_SESSIONS, DOMAINS_KEY};
 use crate::format::records::{Counters, SessionRecord, Totals};
 use crate::index::{SampledIndex, SampledStats};
 use crate::meta::{Meta, MetaRead};
@@ -177,13 +177,19 @@ impl Store {
             Meta::open(&root.join(META_DIR), true).map_err(|e| explain_meta_open(root, e))?;
         meta.config()?
             .ok_or_else(|| corrupt_meta("store config", "missing"))?;
-        drop(meta);
         create_dir_durable(&data)?;
         sync_dir(&root.join(META_DIR))?;
+        // Metadata that recorded dedup domains may hold tagged units: the marker says so.
+        let format = if meta.get_raw("default", DOMAINS_KEY)?.is_some() {
+            FORMAT_DOMAINS
+        } else {
+            FORMAT
+        };
+        drop(meta);
         write_marker(
             root,
             &Marker {
-                format: FORMAT,
+                format,
                 data_dir: data_rel,
             },
         )
@@ -225,6 +231,10 @@ impl Store {
                     ..marker.clone()
                 },
             )?;
+        }
+        if mode == OpenMode::ReadWrite {
+            // A crash between recording domains and the marker: finish it.
+            mark_domains(root, &meta, &read_marker(root)?)?;
         }
         let config = meta
             .config()?
@@ -287,22 +297,18 @@ impl Store {
 
     /// Backups from now on deduplicate within `d` (see the [`domain`] module). Units keep
     /// the domain they were written for, so switching is safe at any time. Namespace domains
-    /// on a store opened read-write mark it [`FORMAT_DOMAINS`] first.
+    /// on a store opened read-write record that in the metadata ([`DOMAINS_KEY`], which the
+    /// durable tier's checkpoints carry), then mark the store [`FORMAT_DOMAINS`], before any
+    /// tagged unit is written.
     pub fn set_dedup_domain(&mut self, d: DedupDomain) -> Result<()> {
         if d == DedupDomain::Namespace && self.mode == OpenMode::ReadWrite {
-            let path = self.root.join(MARKER);
-            let bytes = std::fs::read(&path).ctx(|| format!("reading {}", path.display()))?;
-            let marker: Marker = serde_json::from_slice(&bytes)
-                .map_err(|e| corrupt_meta(path.display().to_string(), e.to_string()))?;
-            if marker.format < FORMAT_DOMAINS {
-                write_marker(
-                    &self.root,
-                    &Marker {
-                        format: FORMAT_DOMAINS,
-                        ..marker
-                    },
-                )?;
+            if self.meta.get_raw("default", DOMAINS_KEY)?.is_none() {
+                let mut b = self.meta.batch();
+                b.put("default", DOMAINS_KEY, b"");
+                self.meta.write(b, true)?;
             }
+            let marker = read_marker(&self.root)?;
+            mark_domains(&self.root, &self.meta, &marker)?;
         }
         self.dedup_domain = d;
         Ok(())
@@ -590,11 +596,34 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// from this one on refuse a newer format instead of misreading it.
 const FORMAT: u32 = 2;
 /// 3: unit records may carry a dedup domain (unit record format 2, `domain`). A store is
-/// marked so when it is first opened read-write with namespace domains
-/// ([`Store::set_dedup_domain`]), so that releases before domains refuse it with this
-/// message rather than report its tagged units corrupt; a store that never used domains
-/// stays at [`FORMAT`], which they read.
+/// marked so once its metadata holds [`DOMAINS_KEY`] (written when it is first opened
+/// read-write with namespace domains, [`Store::set_dedup_domain`]; a store rebuilt from the
+/// durable tier gets the mark from its metadata), so that releases before domains refuse it
+/// with this message rather than report its tagged units corrupt; a store that never used
+/// domains stays at [`FORMAT`], which they read.
 const FORMAT_DOMAINS: u32 = 3;
+
+/// The marker as stored.
+fn read_marker(root: &Path) -> Result<Marker> {
+    let path = root.join(MARKER);
+    let bytes = std::fs::read(&path).ctx(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| corrupt_meta(path.display().to_string(), e.to_string()))
+}
+
+/// Marks the store [`FORMAT_DOMAINS`] when its metadata recorded dedup domains.
+fn mark_domains(root: &Path, meta: &Meta, marker: &Marker) -> Result<()> {
+    if marker.format >= FORMAT_DOMAINS || meta.get_raw("default", DOMAINS_KEY)?.is_none() {
+        return Ok(());
+    }
+    write_marker(
+        root,
+        &Marker {
+            format: FORMAT_DOMAINS,
+            ..marker.clone()
+        },
+    )
+}
 
 /// Writes the marker whole or not at all (a new file renamed over it): a
 /// crash while rewriting it must not leave a store that cannot be opened.
