@@ -34,6 +34,30 @@ func setNamespaceQuota(ns, quota string) {
 	}).Should(Succeed())
 }
 
+// waitQuotaCondition waits until ns's series db says QuotaExceeded with this status and reason,
+// its message holding each of msgs.
+func waitQuotaCondition(ns string, status metav1.ConditionStatus, reason string, msgs ...string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
+		g.Expect(c.Status).To(Equal(status))
+		g.Expect(c.Reason).To(Equal(reason))
+		for _, m := range msgs {
+			g.Expect(c.Message).To(ContainSubstring(m))
+		}
+	}).WithTimeout(20 * time.Second).Should(Succeed())
+}
+
+// waitQuotaLine waits until the workers' quota file holds line.
+func waitQuotaLine(line string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		sec := &corev1.Secret{}
+		g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
+		g.Expect(string(sec.Data[plan.WorkerQuotasKey])).To(ContainSubstring(line))
+	}).WithTimeout(20 * time.Second).Should(Succeed())
+}
+
 var _ = Describe("Namespace quotas", func() {
 	BeforeEach(requireWorkers)
 
@@ -63,20 +87,10 @@ var _ = Describe("Namespace quotas", func() {
 
 		By("a quota the namespace's series already store")
 		setNamespaceQuota(ns, fmt.Sprint(stored))
-		Eventually(func(g Gomega) {
-			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-			g.Expect(c.Reason).To(Equal("OverQuota"))
-			g.Expect(c.Message).To(ContainSubstring("namespace " + ns + " holds"))
-			g.Expect(c.Message).To(ContainSubstring("no new backup starts"))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		waitQuotaCondition(ns, metav1.ConditionTrue, "OverQuota", "namespace "+ns+" holds", "no new backup starts")
 		Eventually(cronSuspended).Should(BeTrue())
 		Expect(getSeries(ns, "db").Status.NextBackup).To(BeNil(), "a schedule suspended for the quota has no next backup")
-		Eventually(func(g Gomega) {
-			sec := &corev1.Secret{}
-			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
-			g.Expect(string(sec.Data[plan.WorkerQuotasKey])).To(ContainSubstring(fmt.Sprintf("%s %d\n", ns, stored)))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		waitQuotaLine(fmt.Sprintf("%s %d\n", ns, stored))
 		Expect(eventReasons(bs)).To(ContainElement("OverQuota"))
 
 		By("a backup-now request fails at once, and no Job starts")
@@ -93,28 +107,14 @@ var _ = Describe("Namespace quotas", func() {
 
 		By("a quota that does not parse: no quota, and the series says why")
 		setNamespaceQuota(ns, "lots")
-		Eventually(func(g Gomega) {
-			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
-			g.Expect(c.Status).To(Equal(metav1.ConditionUnknown))
-			g.Expect(c.Reason).To(Equal("InvalidQuota"))
-			g.Expect(c.Message).To(ContainSubstring(`"lots" is not a quantity of bytes`))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		waitQuotaCondition(ns, metav1.ConditionUnknown, "InvalidQuota", `"lots" is not a quantity of bytes`)
 		Eventually(cronSuspended).Should(BeFalse())
 
 		By("a raised quota resumes the schedule")
 		setNamespaceQuota(ns, "10Gi")
-		Eventually(func(g Gomega) {
-			c := condition(getSeries(ns, "db").Status.Conditions, backupv1alpha1.ConditionQuotaExceeded)
-			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-			g.Expect(c.Reason).To(Equal("WithinQuota"))
-			g.Expect(c.Message).To(ContainSubstring("of its quota 10Gi"))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		waitQuotaCondition(ns, metav1.ConditionFalse, "WithinQuota", "of its quota 10Gi")
 		Expect(cronSuspended()).To(BeFalse())
-		Eventually(func(g Gomega) {
-			sec := &corev1.Secret{}
-			g.Expect(k8sClient.Get(ctx, types.NamespacedName{Namespace: operatorNS, Name: plan.WorkerTokensSecret}, sec)).To(Succeed())
-			g.Expect(string(sec.Data[plan.WorkerQuotasKey])).To(ContainSubstring(fmt.Sprintf("%s %d\n", ns, int64(10)<<30)))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		waitQuotaLine(fmt.Sprintf("%s %d\n", ns, int64(10)<<30))
 
 		By("no quota: no condition")
 		setNamespaceQuota(ns, "")

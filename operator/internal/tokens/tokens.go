@@ -9,10 +9,12 @@
 package tokens
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -112,19 +114,17 @@ func labels() map[string]string {
 	}
 }
 
-// update applies fn to the worker token entries and writes them back when they changed,
-// creating the Secret (with a new admin token) when it does not exist.
-func (m *Manager) update(ctx context.Context, fn func([]Entry) ([]Entry, error)) ([]Entry, error) {
-	return m.updateWithQuotas(ctx, func(e []Entry) ([]Entry, *string, error) {
-		e, err := fn(e)
-		return e, nil, err
-	})
+// workerFiles is what the workers' token Secret holds: the token file and the quota file
+// (revault serve --quota-file; empty when no namespace has a quota).
+type workerFiles struct {
+	entries []Entry
+	quotas  string
 }
 
-// updateWithQuotas is update whose fn may also give the workers' quota file (key "quotas"; nil:
-// as it is). The Secret always has that key, empty at first, so every worker's --quota-file
-// exists.
-func (m *Manager) updateWithQuotas(ctx context.Context, fn func([]Entry) ([]Entry, *string, error)) ([]Entry, error) {
+// update applies fn to the worker Secret's files and writes them back when they changed,
+// creating the Secret (with a new admin token) when it does not exist. Both keys are always
+// written, so every worker's --quota-file exists.
+func (m *Manager) update(ctx context.Context, fn func(*workerFiles) error) ([]Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var result []Entry
@@ -147,50 +147,54 @@ func (m *Manager) updateWithQuotas(ctx context.Context, fn func([]Entry) ([]Entr
 			}
 			entries = append(entries, Entry{Token: t, Scope: AdminScope})
 		}
-		entries, quotas, err := fn(entries)
-		if err != nil {
+		files := workerFiles{entries: entries, quotas: string(sec.Data[plan.WorkerQuotasKey])}
+		if err := fn(&files); err != nil {
 			return err
 		}
-		result = entries
-		data := []byte(Format(entries))
-		oldQuotas, hadQuotas := sec.Data[plan.WorkerQuotasKey]
-		q := oldQuotas
-		if quotas != nil {
-			q = []byte(*quotas)
-		}
-		if q == nil {
-			q = []byte{}
+		result = files.entries
+		data := map[string][]byte{
+			plan.WorkerTokensKey: []byte(Format(files.entries)),
+			plan.WorkerQuotasKey: []byte(files.quotas),
 		}
 		if create {
 			sec = &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: plan.WorkerTokensSecret, Namespace: m.Namespace, Labels: labels()},
 				Type:       corev1.SecretTypeOpaque,
-				Data:       map[string][]byte{plan.WorkerTokensKey: data, plan.WorkerQuotasKey: q},
+				Data:       data,
 			}
 			return m.Client.Create(ctx, sec)
 		}
-		if string(sec.Data[plan.WorkerTokensKey]) == string(data) && hadQuotas && string(oldQuotas) == string(q) {
+		if holds(sec.Data, data) {
 			return nil
 		}
 		if sec.Data == nil {
 			sec.Data = map[string][]byte{}
 		}
-		sec.Data[plan.WorkerTokensKey] = data
-		sec.Data[plan.WorkerQuotasKey] = q
+		maps.Copy(sec.Data, data)
 		return m.Client.Update(ctx, sec)
 	})
 	return result, err
 }
 
+// holds says whether have has every key of want, with the same bytes.
+func holds(have, want map[string][]byte) bool {
+	for k, v := range want {
+		if old, ok := have[k]; !ok || !bytes.Equal(old, v) {
+			return false
+		}
+	}
+	return true
+}
+
 // EnsureWorkerSecret makes sure the worker token Secret exists and holds an admin token.
 func (m *Manager) EnsureWorkerSecret(ctx context.Context) error {
-	_, err := m.update(ctx, func(e []Entry) ([]Entry, error) { return e, nil })
+	_, err := m.update(ctx, func(*workerFiles) error { return nil })
 	return err
 }
 
 // AdminToken returns the operator's own token, creating it if needed.
 func (m *Manager) AdminToken(ctx context.Context) (string, error) {
-	entries, err := m.update(ctx, func(e []Entry) ([]Entry, error) { return e, nil })
+	entries, err := m.update(ctx, func(*workerFiles) error { return nil })
 	if err != nil {
 		return "", err
 	}
@@ -201,15 +205,16 @@ func (m *Manager) AdminToken(ctx context.Context) (string, error) {
 // EnsureNamespace gives namespace ns a scoped token: an entry in the worker token file and the
 // Secret revault-token in ns that its Job pods mount.
 func (m *Manager) EnsureNamespace(ctx context.Context, ns string) error {
-	entries, err := m.update(ctx, func(e []Entry) ([]Entry, error) {
-		if _, ok := Lookup(e, ns); ok {
-			return e, nil
+	entries, err := m.update(ctx, func(f *workerFiles) error {
+		if _, ok := Lookup(f.entries, ns); ok {
+			return nil
 		}
 		t, err := Generate()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return append(e, Entry{Token: t, Scope: ns}), nil
+		f.entries = append(f.entries, Entry{Token: t, Scope: ns})
+		return nil
 	})
 	if err != nil {
 		return err
@@ -262,11 +267,11 @@ func (m *Manager) NamespaceToken(ctx context.Context, ns string) (string, bool, 
 // file from the revault.io/quota annotations of those that do (an annotation that does not
 // parse is left out, and reported in invalid: the series of that namespace say so too).
 func (m *Manager) Prune(ctx context.Context) (removed []string, invalid map[string]error, err error) {
-	_, err = m.updateWithQuotas(ctx, func(e []Entry) ([]Entry, *string, error) {
+	_, err = m.update(ctx, func(f *workerFiles) error {
 		removed, invalid = removed[:0], map[string]error{}
 		quotas := map[string]int64{}
-		keep := e[:0:0]
-		for _, x := range e {
+		keep := f.entries[:0:0]
+		for _, x := range f.entries {
 			if x.Scope != AdminScope {
 				ns := &corev1.Namespace{}
 				err := m.Reader.Get(ctx, types.NamespacedName{Name: x.Scope}, ns)
@@ -275,7 +280,7 @@ func (m *Manager) Prune(ctx context.Context) (removed []string, invalid map[stri
 					continue
 				}
 				if err != nil {
-					return nil, nil, err
+					return err
 				}
 				if v, ok := ns.Annotations[backupv1alpha1.QuotaAnnotation]; ok {
 					if q, err := plan.ParseQuota(v); err != nil {
@@ -287,8 +292,8 @@ func (m *Manager) Prune(ctx context.Context) (removed []string, invalid map[stri
 			}
 			keep = append(keep, x)
 		}
-		file := plan.QuotaFile(quotas)
-		return keep, &file, nil
+		f.entries, f.quotas = keep, plan.QuotaFile(quotas)
+		return nil
 	})
 	return removed, invalid, err
 }
