@@ -95,6 +95,9 @@ fn backup_while_the_shared_series_is_deleted(
     mine.extend(random(1 << 20, 12));
 
     let (rep, e) = backup_interrupted(&st, "team/a", unit, &mine, at, move |st| {
+        if sampled && at >= 6 << 20 {
+            wait_for_a_sample_hit(st);
+        }
         let e = expire(st, "team/b", &ExpireSel::Version(1)).unwrap();
         if collect {
             gc(st, &GcOptions::default()).unwrap();
@@ -129,6 +132,25 @@ fn backup_while_the_shared_series_is_deleted(
         .is_some_and(|ix| ix.sample_hits + ix.cache_hits > 0)
 }
 
+/// Holds the reading thread until the backup's lookups (on another thread, behind the
+/// reader by as much as the pipeline's channels hold) have hit the sampled index, so the
+/// late cut deletes b only once the backup has been led to b's copies. On a loaded machine
+/// the reader may be several MiB ahead of the first lookup; without this the cut can come
+/// before any lookup and the test proves nothing about stale hints. Bounded, so a backup
+/// that never hits fails the caller's assertion instead of hanging.
+fn wait_for_a_sample_hit(st: &Store) {
+    let hit = |st: &Store| {
+        st.sampled_index_stats()
+            .is_some_and(|ix| ix.sample_hits + ix.cache_hits > 0)
+    };
+    for _ in 0..3000 {
+        if hit(st) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 // The interleavings differ from run to run; each case checks what must hold
 // for all of them, at a few points of the backup.
 #[test]
@@ -152,7 +174,7 @@ fn a_backup_through_the_sampled_index_survives_expiry_and_gc_of_the_series_it_de
         for (at, collect) in [(1 << 20, true), (4 << 20, false), (6 << 20, true)] {
             found |= backup_while_the_shared_series_is_deleted(unit, at, collect, true);
         }
-        // An early cut may come before the backup's first lookup; a later one does not.
+        // An early cut may come before the backup's first lookup; the last waits for one.
         assert!(
             found,
             "{unit}: no backup found b's data through the sampled index"
