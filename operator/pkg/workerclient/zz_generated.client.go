@@ -1021,6 +1021,9 @@ type PutVersionParams struct {
 
 	// Time backup time, RFC 3339
 	Time *time.Time `form:"time,omitempty" json:"time,omitempty"`
+
+	// Version the new version's number (default the series' next; at least that): a series copied from another worker keeps its numbers
+	Version *int32 `form:"version,omitempty" json:"version,omitempty"`
 }
 
 // PutVersionParamsUnit defines parameters for PutVersion.
@@ -3186,6 +3189,18 @@ func NewPutVersionRequestWithBody(server string, ns Ns, name Name, params *PutVe
 		if params.Time != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "time", *params.Time, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "date-time"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Version != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "version", *params.Version, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {

@@ -401,6 +401,7 @@ fn cmd_backup(a: BackupArgs, json: bool, quiet: bool) -> Result<()> {
         cancel: None,
         on_commit: None,
         new_series_retention: None,
+        version: None,
     };
     let rep = backup(&store, series, source, &opts);
     pb.finish_and_clear();

@@ -36,6 +36,9 @@ enum TopCmd {
     Push(client::push::PushArgs),
     /// Restore a version from a worker to a file, a directory or stdout.
     Pull(client::pull::PullArgs),
+    /// Move a series, every version with its number, from one worker to another (copied,
+    /// checked byte for byte, then deleted from the source).
+    Move(client::mover::MoveArgs),
 }
 
 pub struct Cli {
@@ -93,6 +96,11 @@ fn main() {
         TopCmd::Pull(a) => {
             init_cli_logging();
             exit_on_error(client::pull::pull(a, json, quiet || json), json);
+            return;
+        }
+        TopCmd::Move(a) => {
+            init_cli_logging();
+            exit_on_error(client::mover::move_series(a, json, quiet || json), json);
             return;
         }
     };

@@ -77,6 +77,10 @@ pub struct BackupOptions {
     /// (automatic slides). An object bucket's series, whose versions are other objects, is
     /// created without.
     pub new_series_retention: Option<crate::format::records::Retention>,
+    /// The new version's number; `None`: the series' next. A series copied from another store
+    /// (`revault move`) keeps its versions' numbers, gaps and all, so what restore requests,
+    /// Velero backups and retention name stays true. Must be at least the series' next number.
+    pub version: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -157,6 +161,23 @@ struct Target {
     scope: DedupScope,
 }
 
+/// The number the new version gets: the series' next, or `asked` when that is not below it.
+fn version_number(
+    series: &str,
+    existing: Option<&SeriesRecord>,
+    asked: Option<u32>,
+) -> Result<u32> {
+    let next = existing.map(|s| s.next_version).unwrap_or(1);
+    match asked {
+        None => Ok(next),
+        Some(v) if v >= next && v < u32::MAX => Ok(v),
+        Some(v) => Err(Error::Invalid(format!(
+            "version {v} of series {series}: the next version must be numbered {next} or higher \
+             (numbers are never reused)"
+        ))),
+    }
+}
+
 /// Step 1: the series (new or not), its unit and the rewrite settings this backup uses.
 fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result<Target> {
     let existing = store.meta.series(series_name)?;
@@ -184,7 +205,7 @@ fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result
         .as_ref()
         .map(|s| s.id)
         .unwrap_or_else(|| store.alloc_series());
-    let version = existing.as_ref().map(|s| s.next_version).unwrap_or(1);
+    let version = version_number(series_name, existing.as_ref(), opts.version)?;
     let rewrite = match &opts.rewrite {
         Some(r) => {
             r.validate()?;

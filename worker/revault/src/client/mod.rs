@@ -2,6 +2,7 @@
 //! against a `revault serve`. Bodies stream in both directions (bounded
 //! memory); a directory travels as a tar built or extracted on the fly.
 
+pub mod mover;
 pub mod pull;
 pub mod push;
 

@@ -39,6 +39,7 @@ struct BackupRequest {
     upload: Upload,
     unit: Option<DedupUnit>,
     time_unix: Option<i64>,
+    version: Option<u32>,
 }
 
 /// The server's one-backup-per-series claim (an entry of `App::backups`),
@@ -172,6 +173,7 @@ fn parse_backup(
         upload,
         unit,
         time_unix,
+        version: q.version,
     })
 }
 
@@ -227,6 +229,7 @@ fn run_backup(
     let opts = BackupOptions {
         unit: req.unit,
         time_unix: req.time_unix,
+        version: req.version,
         cancel: Some(cancel),
         progress: Some(Arc::new(move |n| {
             progress.logical_bytes.store(n, Ordering::Relaxed)

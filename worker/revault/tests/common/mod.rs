@@ -109,3 +109,4 @@ pub fn fifo_reader(path: &Path) -> std::thread::JoinHandle<Vec<u8>> {
 }
 
 pub mod server;
+pub mod tree;

@@ -224,6 +224,8 @@ pub struct GcRequest {
 pub struct PutVersionQuery {
     pub unit: Option<String>,
     pub time: Option<String>,
+    /// The new version's number (`revault move` keeps a series' numbers); default the next.
+    pub version: Option<u32>,
 }
 
 /// `GET …/versions/{version}?cache=&cacheMib=`.
