@@ -163,7 +163,7 @@ type BackupVersion struct {
 }
 
 // BackupSeriesPhase is a one-word summary of a series.
-// +kubebuilder:validation:Enum=Pending;Ready;Queued;BackingUp;Failed;Deleting
+// +kubebuilder:validation:Enum=Pending;Ready;Queued;BackingUp;Moving;Failed;Deleting
 type BackupSeriesPhase string
 
 const (
@@ -173,8 +173,11 @@ const (
 	// backup slots (the worker's --max-backups) is free.
 	SeriesQueued    BackupSeriesPhase = "Queued"
 	SeriesBackingUp BackupSeriesPhase = "BackingUp"
-	SeriesFailed    BackupSeriesPhase = "Failed"
-	SeriesDeleting  BackupSeriesPhase = "Deleting"
+	// SeriesMoving: the series is copied to another worker (revault.io/move-to, or its node
+	// drained); backups wait until it is there.
+	SeriesMoving   BackupSeriesPhase = "Moving"
+	SeriesFailed   BackupSeriesPhase = "Failed"
+	SeriesDeleting BackupSeriesPhase = "Deleting"
 )
 
 // JobRef records a finished backup Job.
@@ -240,7 +243,7 @@ type BackupSeriesStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// Phase: Pending (no worker yet), Ready, Queued (a backup waits for a slot on its worker),
-	// BackingUp, Failed (last backup failed), Deleting.
+	// BackingUp, Moving (copied to another worker), Failed (last backup failed), Deleting.
 	// +optional
 	Phase BackupSeriesPhase `json:"phase,omitempty"`
 

@@ -23,6 +23,23 @@ const (
 	// StorageLabel marks the nodes that run workers: revault.io/storage=ssd or =hdd.
 	StorageLabel = "revault.io/storage"
 
+	// MoveToAnnotation on a BackupSeries asks the operator to move the series, its whole
+	// history, to the worker of its media on the node it names, or to the one with the most
+	// room with the value "any". The operator removes it once the series is moved.
+	MoveToAnnotation = "revault.io/move-to"
+
+	// DrainAnnotation on a Node ("true") drains the node's workers: they take no new series,
+	// and every series placed on them is moved to another worker of its media.
+	DrainAnnotation = "revault.io/drain"
+
+	// MovingAnnotation, written by the operator, records a move under way as MEDIA/NODE (the
+	// destination) before its Job starts, so a lost status never starts a second copy elsewhere.
+	MovingAnnotation = "revault.io/moving-to"
+
+	// MovedFromAnnotation, written by the operator in the same write that moves the placement,
+	// names (MEDIA/NODE) the worker whose copy of a moved series is still to be deleted.
+	MovedFromAnnotation = "revault.io/moved-from"
+
 	// SeriesFinalizer lets the operator honour spec.deletionPolicy before a BackupSeries goes.
 	SeriesFinalizer = "backup.revault.io/series-data"
 )
@@ -77,6 +94,9 @@ const (
 	// (QuotaAnnotation): its scheduled backups are suspended and backup-now requests fail.
 	// Absent when the namespace has no quota.
 	ConditionQuotaExceeded = "QuotaExceeded"
+	// ConditionMoving: the series is being moved to another worker (True), or its last move
+	// failed or cannot start (False).
+	ConditionMoving = "Moving"
 	// ConditionRetentionPolicyFound: spec.retentionPolicyRef names an existing policy.
 	ConditionRetentionPolicyFound = "RetentionPolicyFound"
 	// ConditionApplied: a RetentionPolicy reached the worker of every series using it.

@@ -24,7 +24,8 @@ func (r *BackupSeriesReconciler) startBackupNow(ctx context.Context, s *seriesRu
 	bs, st := s.bs, &s.bs.Status
 	req := bs.Annotations[backupv1alpha1.BackupNowAnnotation]
 	isNew := req != "" && req != st.LastBackupNow
-	if !isNew || (bs.Spec.Source.PVC != nil && !s.tokenReady) {
+	// A request made while the series moves waits for the move to end, and then runs there.
+	if !isNew || (bs.Spec.Source.PVC != nil && (!s.tokenReady || s.moving)) {
 		return proceed()
 	}
 	now := metav1.Now()

@@ -83,6 +83,8 @@ type seriesRun struct {
 	tokenReady bool
 	// overQuota: the namespace stores its quota already; no backup starts (checkQuota).
 	overQuota bool
+	// moving: the series is being moved to another worker; no backup starts (move).
+	moving bool
 	// startedNow names the backup-now Job this reconcile created (the cache may not show it yet).
 	startedNow string
 	// active counts the backup Jobs still running.
@@ -118,6 +120,7 @@ func (r *BackupSeriesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.placement,            // choose a worker once (and end here to record it), then follow it
 		r.checkToken,           // TokenReady: the worker accepts the namespace's token
 		r.checkQuota,           // QuotaExceeded: the namespace's revault.io/quota
+		r.move,                 // Moving: to another worker (revault.io/move-to, a drained node)
 		r.schedule,             // the CronJob of scheduled backups
 		r.startBackupNow,       // a Job for a new revault.io/backup-now request
 		r.trackBackupNow,       // the on-demand backups under way
@@ -152,61 +155,75 @@ func (r *BackupSeriesReconciler) load(ctx context.Context, s *seriesRun) (ctrl.R
 	return proceed()
 }
 
-// SetupWithManager watches BackupSeries, their CronJobs and backup Jobs (CronJob-made Jobs are
-// owned by the CronJob, so Jobs map back by label), and RetentionPolicies they reference.
+// SetupWithManager watches BackupSeries, their CronJobs and backup and move Jobs (CronJob-made
+// Jobs are owned by the CronJob, so Jobs map back by annotation), worker pods, storage Nodes
+// (drained or not), Namespaces (quotas) and the RetentionPolicies series reference.
 func (r *BackupSeriesReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&backupv1alpha1.BackupSeries{}).
 		Owns(&batchv1.CronJob{}).
-		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			name := o.GetAnnotations()[plan.AnnotationSeries]
-			if name == "" || o.GetLabels()[plan.LabelComponent] != plan.ComponentBackup {
-				return nil
-			}
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
-		})).
-		// A worker pod that appears, becomes ready or goes: series waiting for a worker, and
-		// the series on that node.
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			pod, ok := o.(*corev1.Pod)
-			if !ok || pod.Namespace != r.Config.Namespace || pod.Labels[plan.LabelComponent] != plan.ComponentWorker {
-				return nil
-			}
-			var list backupv1alpha1.BackupSeriesList
-			if err := r.List(ctx, &list); err != nil {
-				return nil
-			}
-			var reqs []reconcile.Request
-			for _, bs := range list.Items {
-				if w := bs.Status.Worker; w == nil || w.Node == storeNode(pod) {
-					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&bs)})
-				}
-			}
-			return reqs
-		})).
-		// A namespace whose quota annotation changed: its series.
-		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var list backupv1alpha1.BackupSeriesList
-			if err := r.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
-				return nil
-			}
-			reqs := make([]reconcile.Request, 0, len(list.Items))
-			for _, bs := range list.Items {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&bs)})
-			}
-			return reqs
-		}), builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
-		Watches(&backupv1alpha1.RetentionPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			var list backupv1alpha1.BackupSeriesList
-			if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-				client.MatchingFields{indexRetentionRef: o.GetName()}); err != nil {
-				return nil
-			}
-			reqs := make([]reconcile.Request, 0, len(list.Items))
-			for _, bs := range list.Items {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&bs)})
-			}
-			return reqs
-		})).
+		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(seriesOfJob)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.seriesOfWorkerPod)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.seriesOnNode),
+			builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.seriesInNamespace),
+			builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
+		Watches(&backupv1alpha1.RetentionPolicy{}, handler.EnqueueRequestsFromMapFunc(r.seriesOfPolicy)).
 		Complete(r)
+}
+
+// seriesOfJob: a backup or move Job's series.
+func seriesOfJob(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetAnnotations()[plan.AnnotationSeries]
+	if c := o.GetLabels()[plan.LabelComponent]; name == "" || (c != plan.ComponentBackup && c != plan.ComponentMove) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// seriesWhere lists the series (of ns, or all with "") that keep says to look at again.
+func (r *BackupSeriesReconciler) seriesWhere(ctx context.Context, ns string, keep func(*backupv1alpha1.BackupSeries) bool,
+	opts ...client.ListOption) []reconcile.Request {
+	var list backupv1alpha1.BackupSeriesList
+	if err := r.List(ctx, &list, append(opts, client.InNamespace(ns))...); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if keep(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// seriesOfWorkerPod: a worker pod that appears, becomes ready or goes wakes the series waiting
+// for a worker, and the series on that node.
+func (r *BackupSeriesReconciler) seriesOfWorkerPod(ctx context.Context, o client.Object) []reconcile.Request {
+	pod, ok := o.(*corev1.Pod)
+	if !ok || pod.Namespace != r.Config.Namespace || pod.Labels[plan.LabelComponent] != plan.ComponentWorker {
+		return nil
+	}
+	return r.seriesWhere(ctx, "", func(bs *backupv1alpha1.BackupSeries) bool {
+		w := bs.Status.Worker
+		return w == nil || w.Node == storeNode(pod)
+	})
+}
+
+// seriesOnNode: a node drained (or no longer) wakes the series placed on its workers.
+func (r *BackupSeriesReconciler) seriesOnNode(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.seriesWhere(ctx, "", func(bs *backupv1alpha1.BackupSeries) bool {
+		return bs.Status.Worker != nil && bs.Status.Worker.Node == o.GetName()
+	})
+}
+
+// seriesInNamespace: a namespace whose quota annotation changed wakes its series.
+func (r *BackupSeriesReconciler) seriesInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.seriesWhere(ctx, o.GetName(), func(*backupv1alpha1.BackupSeries) bool { return true })
+}
+
+// seriesOfPolicy: a RetentionPolicy's change wakes the series that reference it.
+func (r *BackupSeriesReconciler) seriesOfPolicy(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.seriesWhere(ctx, o.GetNamespace(), func(*backupv1alpha1.BackupSeries) bool { return true },
+		client.MatchingFields{indexRetentionRef: o.GetName()})
 }

@@ -198,24 +198,7 @@ func recordedNode(bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media) (
 
 // recordPlacement writes the placement annotation (a metadata patch; the spec is untouched).
 func (r *BackupSeriesReconciler) recordPlacement(ctx context.Context, bs *backupv1alpha1.BackupSeries, p *backupv1alpha1.WorkerPlacement) error {
-	want := string(p.Media) + "/" + p.Node
-	if bs.Annotations[backupv1alpha1.PlacementAnnotation] == want {
-		return nil
-	}
-	// A copy: the answer carries the status as stored, not as this reconcile has changed it.
-	// Under the resourceVersion read, so that taking the new one back below hides no one
-	// else's change from the status write's own check.
-	cp := bs.DeepCopy()
-	patch := client.MergeFromWithOptions(bs.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if cp.Annotations == nil {
-		cp.Annotations = map[string]string{}
-	}
-	cp.Annotations[backupv1alpha1.PlacementAnnotation] = want
-	if err := r.Patch(ctx, cp, patch); err != nil {
-		return err
-	}
-	bs.Annotations, bs.ResourceVersion = cp.Annotations, cp.ResourceVersion
-	return nil
+	return r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.PlacementAnnotation: string(p.Media) + "/" + p.Node})
 }
 
 // noWorkerReason is NoSpace when reachable workers exist and every one is nearly full.
@@ -295,22 +278,31 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		_, err = api.Series(ctx, bs.Namespace, bs.Name)
-		if err == nil {
+		d, err := api.Series(ctx, bs.Namespace, bs.Name)
+		if err == nil && d.Versions > 0 {
 			return &ws[i], nil, nil, nil
 		}
+		// Not there, or only the record of a series that left (moved away, or every version
+		// deleted): no data to follow there.
+		absent := err == nil || workerclient.IsNotFound(err)
 		if w.Host != w.Node {
 			// An adopted store (a lost node's, rebuilt on w.Host) serves the series it holds
 			// until it is given back; a new series goes to a node's own worker, so nothing
 			// new is tied to a node that is gone.
-			if !workerclient.IsNotFound(err) {
+			if !absent {
 				problems = append(problems, fmt.Sprintf("%s (adopted on %s): %v", w.Node, w.Host, err))
 			}
 			continue
 		}
-		if !workerclient.IsNotFound(err) {
+		if !absent {
 			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
 			cands = append(cands, plan.Candidate{Node: w.Node, Pod: w.Pod})
+			continue
+		}
+		if d, err := r.draining(ctx, w.Node); err != nil {
+			return nil, nil, nil, err
+		} else if d {
+			problems = append(problems, fmt.Sprintf("%s: drained (annotation %s)", w.Node, backupv1alpha1.DrainAnnotation))
 			continue
 		}
 		s, err := api.Stats(ctx)

@@ -51,8 +51,9 @@ func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) 
 // counts from its creation.
 func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	bs, st := s.bs, &s.bs.Status
-	// A schedule suspended for the namespace's quota is not overdue either: QuotaExceeded says why.
-	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || s.overQuota || bs.Spec.Source.PVC == nil {
+	// A schedule suspended for the namespace's quota or a move is not overdue either:
+	// QuotaExceeded or Moving says why.
+	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || s.overQuota || s.moving || bs.Spec.Source.PVC == nil {
 		st.NextBackup = nil
 		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionBackupOverdue)
 		return proceed()
@@ -84,14 +85,14 @@ func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (
 // schedule keeps the CronJob of scheduled backups, which exists only for a PVC series with a
 // valid schedule.
 func (r *BackupSeriesReconciler) schedule(ctx context.Context, s *seriesRun) (ctrl.Result, bool, error) {
-	if err := r.reconcileCronJob(ctx, s.bs, s.bs.Status.Worker.Endpoint, s.scheduleOK, s.overQuota); err != nil {
+	if err := r.reconcileCronJob(ctx, s.bs, s.bs.Status.Worker.Endpoint, s.scheduleOK, s.overQuota || s.moving); err != nil {
 		return failed(err)
 	}
 	return proceed()
 }
 
 // reconcileCronJob applies the series' CronJob when it should have one (scheduleOK: its schedule
-// parses), suspended while the namespace is over its quota, and otherwise deletes the CronJob of
+// parses), suspended while the namespace is over its quota or the series moves, and otherwise deletes the CronJob of
 // that name if the series owns it.
 func (r *BackupSeriesReconciler) reconcileCronJob(ctx context.Context, bs *backupv1alpha1.BackupSeries, endpoint string, scheduleOK, overQuota bool) error {
 	want := bs.Spec.Source.PVC != nil && bs.Spec.Schedule != "" && scheduleOK

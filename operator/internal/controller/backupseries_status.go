@@ -24,11 +24,13 @@ func (r *BackupSeriesReconciler) finish(ctx context.Context, s *seriesRun) (ctrl
 	switch {
 	case s.active > 0:
 		phase = r.backingUpPhase(ctx, s)
+	case s.moving:
+		phase = backupv1alpha1.SeriesMoving
 	case st.LastJob != nil && !st.LastJob.Succeeded:
 		phase = backupv1alpha1.SeriesFailed
 	}
 	r.finishStatus(s, phase)
-	if s.active > 0 {
+	if s.active > 0 || s.moving {
 		s.requeue = min(s.requeue, 10*time.Second)
 	}
 	return stop(ctrl.Result{RequeueAfter: s.requeue}, r.commitStatus(ctx, s))

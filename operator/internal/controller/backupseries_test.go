@@ -29,20 +29,6 @@ func backupJobs(ns, series string) []batchv1.Job {
 	return jobs.Items
 }
 
-func annotate(bs *backupv1alpha1.BackupSeries, key, value string) {
-	Eventually(func() error {
-		cur := &backupv1alpha1.BackupSeries{}
-		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), cur); err != nil {
-			return err
-		}
-		if cur.Annotations == nil {
-			cur.Annotations = map[string]string{}
-		}
-		cur.Annotations[key] = value
-		return k8sClient.Update(ctx, cur)
-	}).Should(Succeed())
-}
-
 // expectNoData checks that node's worker holds no version of ns/name.
 func expectNoData(node, ns, name string) {
 	s, err := adminClient(node).Series(ctx, ns, name)

@@ -296,3 +296,24 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 	}
 	return metav1.Condition{Type: typ, Status: "Absent"}
 }
+
+// annotate sets (or with "" removes) an annotation of obj, retrying on conflicts.
+func annotate(obj client.Object, key, value string) {
+	GinkgoHelper()
+	Eventually(func() error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		a := obj.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		if value == "" {
+			delete(a, key)
+		} else {
+			a[key] = value
+		}
+		obj.SetAnnotations(a)
+		return k8sClient.Update(ctx, obj)
+	}).Should(Succeed())
+}

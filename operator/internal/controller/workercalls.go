@@ -153,6 +153,13 @@ func (i *instrumented) DeleteSeries(ctx context.Context, ns, name string) (*work
 	})
 }
 
+// DeleteVersion expires one version of a series.
+func (i *instrumented) DeleteVersion(ctx context.Context, ns, name string, version int64) (*workerclient.ExpireReport, error) {
+	return call(ctx, i.at, "delete_version", func(ctx context.Context) (*workerclient.ExpireReport, error) {
+		return workerclient.JSON(i.c.DeleteVersionWithResponse(ctx, ns, name, fmt.Sprint(version)))
+	})
+}
+
 // PutRetention stores a series' retention, creating the series if needed.
 func (i *instrumented) PutRetention(ctx context.Context, ns, name string, r workerclient.Retention) error {
 	_, err := call(ctx, i.at, "put_retention", func(ctx context.Context) (struct{}, error) {

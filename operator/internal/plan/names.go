@@ -45,6 +45,8 @@ const (
 	// AnnotationHost holds, on an adopted store's Deployment, the node that rebuilt the store
 	// and keeps it: the pod is pinned there.
 	AnnotationHost = "revault.io/host"
+	// AnnotationMoveTo holds, on a move Job, the MEDIA/NODE it copies the series to.
+	AnnotationMoveTo = "revault.io/move-to"
 
 	PartOf    = "revault"
 	ManagedBy = "revault-operator"
@@ -52,6 +54,8 @@ const (
 	ComponentWorker  = "worker"
 	ComponentBackup  = "backup"
 	ComponentRestore = "restore"
+	// ComponentMove: the Job that copies a series to another worker.
+	ComponentMove = "move"
 )
 
 // Names of the operator's fixed objects.
@@ -181,6 +185,11 @@ func CronJobName(series string) string { return fitName(series, "-backup", maxCr
 // BackupNowJobName is the Job for one value of the backup-now annotation.
 func BackupNowJobName(series, request string) string {
 	return fitName(series, "-now-"+Hash8(request), maxLabel)
+}
+
+// MoveJobName is the Job that moves a series to the worker at dest (MEDIA/NODE).
+func MoveJobName(series, dest string) string {
+	return fitName(series, "-move-"+Hash8(dest), maxLabel)
 }
 
 // RestoreJobName is the Job of a RestoreJob.

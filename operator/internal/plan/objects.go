@@ -577,3 +577,45 @@ func RestoreBatchJob(cfg *config.Config, rj *backupv1alpha1.RestoreJob, endpoint
 		Spec: spec,
 	}
 }
+
+// MoveArgs are the arguments of a move pod: copy the series from one worker to the other and
+// check every version there; the operator deletes the source's copy itself, once the series'
+// placement names the destination.
+func MoveArgs(cfg *config.Config, bs *backupv1alpha1.BackupSeries, from, to string) []string {
+	args := []string{"--json", "--quiet", "move", SeriesID(bs.Namespace, bs.Name),
+		"--from", JobEndpoint(cfg, from), "--to", JobEndpoint(cfg, to), "--token-file", JobTokenFile, "--keep-source"}
+	if cfg.TLSOn() {
+		args = append(args, "--ca-cert", JobCAFile)
+	}
+	return args
+}
+
+// MoveLabels are the labels of a series' move Jobs and pods.
+func MoveLabels(series string) map[string]string {
+	l := commonLabels(ComponentMove)
+	l[LabelSeries] = LabelValue(series)
+	return l
+}
+
+// MoveJob copies a series to the worker at to (dest is its MEDIA/NODE). It runs in the series'
+// namespace with the namespace's token, which both workers accept; it mounts no volume (the
+// data goes from worker to worker through it) and needs no capability.
+func MoveJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, from, to, dest string) *batchv1.Job {
+	spec := batchv1.JobSpec{
+		BackoffLimit: cfg.Jobs.BackoffLimit,
+		Template: jobPodSpec(cfg, MoveLabels(bs.Name), MoveArgs(cfg, bs, from, to),
+			corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}, true, nil),
+	}
+	if cfg.Jobs.ActiveDeadlineSeconds > 0 {
+		spec.ActiveDeadlineSeconds = ptr.To(cfg.Jobs.ActiveDeadlineSeconds)
+	}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        MoveJobName(bs.Name, dest),
+			Namespace:   bs.Namespace,
+			Labels:      MoveLabels(bs.Name),
+			Annotations: map[string]string{AnnotationSeries: bs.Name, AnnotationMoveTo: dest},
+		},
+		Spec: spec,
+	}
+}

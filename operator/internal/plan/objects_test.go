@@ -249,3 +249,35 @@ func TestTLSWorkersAndJobs(t *testing.T) {
 		t.Errorf("TLS off: %s", got)
 	}
 }
+
+// A move Job copies between two workers with the namespace's token, keeps the source's copy (the
+// operator deletes it after the switch), mounts no data and adds no capability; with TLS both
+// endpoints are https and the CA is trusted.
+func TestMoveJob(t *testing.T) {
+	cfg := testConfig(t)
+	bs := series()
+	from, to := "http://revault-worker-ssd-n1.revault-system.svc:8420", "http://revault-worker-ssd-n2.revault-system.svc:8420"
+	job := MoveJob(cfg, bs, from, to, "ssd/n2")
+	c := job.Spec.Template.Spec.Containers[0]
+	want := "--json --quiet move team-a/db --from " + from + " --to " + to + " --token-file /etc/revault/token --keep-source"
+	if got := strings.Join(c.Args, " "); got != want {
+		t.Errorf("args:\n got %s\nwant %s", got, want)
+	}
+	if job.Name != MoveJobName("db", "ssd/n2") || job.Name == MoveJobName("db", "ssd/n3") || job.Namespace != "team-a" {
+		t.Errorf("job %s/%s", job.Namespace, job.Name)
+	}
+	if job.Labels[LabelComponent] != ComponentMove || job.Annotations[AnnotationSeries] != "db" || job.Annotations[AnnotationMoveTo] != "ssd/n2" {
+		t.Errorf("labels %v annotations %v", job.Labels, job.Annotations)
+	}
+	if len(c.SecurityContext.Capabilities.Add) != 0 || job.Spec.Template.Spec.Volumes[0].EmptyDir == nil {
+		t.Errorf("a move needs no capability and no data volume: %v %+v", c.SecurityContext.Capabilities.Add, job.Spec.Template.Spec.Volumes[0])
+	}
+	cfg.TLS = &config.TLSConfig{}
+	cfg.Default()
+	args := strings.Join(MoveJob(cfg, bs, from, to, "ssd/n2").Spec.Template.Spec.Containers[0].Args, " ")
+	for _, w := range []string{"--from https://revault-worker-ssd-n1", "--to https://revault-worker-ssd-n2", "--ca-cert /etc/revault/ca.crt"} {
+		if !strings.Contains(args, w) {
+			t.Errorf("TLS args %q lack %q", args, w)
+		}
+	}
+}
