@@ -35,6 +35,7 @@ var _ = Describe("Revault on a 4-node kind cluster", func() {
 	diskFullSpecs()
 	remoteOutageSpecs()
 	lostNodeSpecs()
+	drainSpecs()
 })
 
 // 1. Install with Helm; the operator becomes Ready; worker pods run on both labelled nodes.
