@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,8 +39,12 @@ func (r *BackupSeriesReconciler) finalize(ctx context.Context, bs *backupv1alpha
 				return res, err
 			}
 		} else {
-			r.Recorder.Eventf(bs, "Normal", "DataRetained", "deletionPolicy Retain: series %s stays on the %s worker on node %s",
-				plan.SeriesID(bs.Namespace, bs.Name), st.Worker.Media, st.Worker.Node)
+			var where []string
+			for _, at := range copiesOf(bs) {
+				where = append(where, fmt.Sprintf("the %s worker on node %s", at.Media, at.Node))
+			}
+			r.Recorder.Eventf(bs, "Normal", "DataRetained", "deletionPolicy Retain: series %s stays on %s",
+				plan.SeriesID(bs.Namespace, bs.Name), strings.Join(where, " and on "))
 		}
 	}
 	if err := r.writeStatus(ctx, bs, orig); err != nil && !apierrors.IsNotFound(err) {
@@ -57,31 +62,51 @@ func (r *BackupSeriesReconciler) finalize(ctx context.Context, bs *backupv1alpha
 // it is done: Synced says why and the deletion is tried again later, the finalizer still in place.
 func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alpha1.BackupSeries,
 	orig *backupv1alpha1.BackupSeriesStatus, cs conditionSetter, o *outcome) (ctrl.Result, bool, error) {
-	st := &bs.Status
 	if err := r.stopBackups(ctx, bs); err != nil {
 		return failed(err)
 	}
-	api, err := r.Workers.API(ctx, st.Worker.Media, st.Worker.Node)
-	if err != nil {
-		return failed(err)
+	// A move's copy is deleted only once its Job and pod are gone: a pod still uploading could
+	// otherwise commit a version on the destination after the deletion.
+	if moving, err := r.stopMoves(ctx, bs); err != nil || moving {
+		return stop(ctrl.Result{RequeueAfter: 5 * time.Second}, err)
 	}
-	rep, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name)
-	switch {
-	case workerclient.IsNotFound(err):
-		r.Recorder.Event(bs, "Normal", "SeriesDeleted", "the worker holds no data of this series")
-	case err != nil:
-		o.workerFailed = true
-		cs.setFalse(backupv1alpha1.ConditionSynced, "DeleteFailed",
-			fmt.Sprintf("deleting the series from the %s worker on node %s: %v", st.Worker.Media, st.Worker.Node, err))
-		if werr := r.writeStatus(ctx, bs, orig); werr != nil {
-			return failed(werr)
+	for _, at := range copiesOf(bs) {
+		api, err := r.Workers.API(ctx, at.Media, at.Node)
+		if err != nil {
+			return failed(err)
 		}
-		return stop(ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
-	default:
-		r.Recorder.Eventf(bs, "Normal", "SeriesDeleted", "deleted %d versions from the %s worker on node %s (%d bytes freed)",
-			len(rep.Expired), st.Worker.Media, st.Worker.Node, rep.BytesFreed)
+		rep, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name)
+		switch {
+		case workerclient.IsNotFound(err):
+			r.Recorder.Eventf(bs, "Normal", "SeriesDeleted", "the %s worker on node %s holds no data of this series", at.Media, at.Node)
+		case err != nil:
+			o.workerFailed = true
+			cs.setFalse(backupv1alpha1.ConditionSynced, "DeleteFailed",
+				fmt.Sprintf("deleting the series from the %s worker on node %s: %v", at.Media, at.Node, err))
+			if werr := r.writeStatus(ctx, bs, orig); werr != nil {
+				return failed(werr)
+			}
+			return stop(ctrl.Result{RequeueAfter: 10 * time.Second}, nil)
+		default:
+			r.Recorder.Eventf(bs, "Normal", "SeriesDeleted", "deleted %d versions from the %s worker on node %s (%d bytes freed)",
+				len(rep.Expired), at.Media, at.Node, rep.BytesFreed)
+		}
 	}
 	return proceed()
+}
+
+// copiesOf lists the workers that may hold the series' data: its own, and during or after a move
+// the destination being filled (revault.io/moving-to) and the source not yet emptied
+// (revault.io/moved-from).
+func copiesOf(bs *backupv1alpha1.BackupSeries) []backupv1alpha1.WorkerPlacement {
+	out := []backupv1alpha1.WorkerPlacement{{Media: bs.Status.Worker.Media, Node: bs.Status.Worker.Node}}
+	for _, k := range []string{backupv1alpha1.MovingAnnotation, backupv1alpha1.MovedFromAnnotation} {
+		media, node, ok := strings.Cut(bs.Annotations[k], "/")
+		if ok && node != "" && (backupv1alpha1.Media(media) != out[0].Media || node != out[0].Node) {
+			out = append(out, backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node})
+		}
+	}
+	return out
 }
 
 // stopBackups deletes the series' CronJob and its running backup Jobs: no new backup may start
@@ -102,4 +127,21 @@ func (r *BackupSeriesReconciler) stopBackups(ctx context.Context, bs *backupv1al
 		}
 	}
 	return nil
+}
+
+// stopMoves deletes the series' move Jobs in the foreground (the Job goes after its pods); true
+// while one is still there.
+func (r *BackupSeriesReconciler) stopMoves(ctx context.Context, bs *backupv1alpha1.BackupSeries) (bool, error) {
+	jobs, err := r.moveJobs(ctx, bs)
+	if err != nil || len(jobs) == 0 {
+		return false, err
+	}
+	for _, j := range jobs {
+		if j.DeletionTimestamp == nil {
+			if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+				return true, err
+			}
+		}
+	}
+	return true, nil
 }

@@ -16,9 +16,19 @@ import (
 // backupJobs lists the backup Jobs of a series: those of its label value that name it in full
 // (label values are capped, so two long names may share one).
 func (r *BackupSeriesReconciler) backupJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries) ([]*batchv1.Job, error) {
+	return r.seriesJobs(ctx, bs, plan.ComponentBackup)
+}
+
+// moveJobs are the series' move Jobs.
+func (r *BackupSeriesReconciler) moveJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries) ([]*batchv1.Job, error) {
+	return r.seriesJobs(ctx, bs, plan.ComponentMove)
+}
+
+// seriesJobs are the series' Jobs of one component.
+func (r *BackupSeriesReconciler) seriesJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries, component string) ([]*batchv1.Job, error) {
 	var jobs batchv1.JobList
 	if err := r.List(ctx, &jobs, client.InNamespace(bs.Namespace),
-		client.MatchingLabels{plan.LabelComponent: plan.ComponentBackup, plan.LabelSeries: plan.LabelValue(bs.Name)}); err != nil {
+		client.MatchingLabels{plan.LabelComponent: component, plan.LabelSeries: plan.LabelValue(bs.Name)}); err != nil {
 		return nil, err
 	}
 	var out []*batchv1.Job

@@ -156,6 +156,15 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 			ContainSubstring("holds version(s) 4 of the series that node " + to + " does not")))
 		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{4}))
 		Expect(getSeries(ns, "db").Annotations).To(HaveKey(backupv1alpha1.MovedFromAnnotation))
+
+		By("deleting the series with deletionPolicy Delete: both copies go")
+		updateSeries(ns, "db", func(sp *backupv1alpha1.BackupSeriesSpec) { sp.DeletionPolicy = backupv1alpha1.DeletionDelete })
+		Expect(k8sClient.Delete(ctx, getSeries(ns, "db"))).To(Succeed())
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), &backupv1alpha1.BackupSeries{})
+		}).WithTimeout(20 * time.Second).Should(Satisfy(apierrors.IsNotFound))
+		Expect(versionNumbers(to, ns, "db")).To(BeEmpty())
+		Expect(versionNumbers(from, ns, "db")).To(BeEmpty(), "the copy a move left behind is deleted too")
 	})
 
 	It("copies again when a version reaches the source during the copy", func() {
