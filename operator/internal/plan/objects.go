@@ -606,9 +606,8 @@ func MoveJob(cfg *config.Config, bs *backupv1alpha1.BackupSeries, from, to, dest
 		Template: jobPodSpec(cfg, MoveLabels(bs.Name), MoveArgs(cfg, bs, from, to),
 			corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}, true, nil),
 	}
-	if cfg.Jobs.ActiveDeadlineSeconds > 0 {
-		spec.ActiveDeadlineSeconds = ptr.To(cfg.Jobs.ActiveDeadlineSeconds)
-	}
+	// No deadline (jobs.activeDeadlineSeconds bounds a backup): a move takes as long as the
+	// series' whole history takes to copy and check, and a cut one starts its check over.
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        MoveJobName(bs.Name, dest),

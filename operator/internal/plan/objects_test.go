@@ -269,6 +269,9 @@ func TestMoveJob(t *testing.T) {
 	if job.Labels[LabelComponent] != ComponentMove || job.Annotations[AnnotationSeries] != "db" || job.Annotations[AnnotationMoveTo] != "ssd/n2" {
 		t.Errorf("labels %v annotations %v", job.Labels, job.Annotations)
 	}
+	if job.Spec.ActiveDeadlineSeconds != nil {
+		t.Errorf("a move has no deadline: %d", *job.Spec.ActiveDeadlineSeconds)
+	}
 	if len(c.SecurityContext.Capabilities.Add) != 0 || job.Spec.Template.Spec.Volumes[0].EmptyDir == nil {
 		t.Errorf("a move needs no capability and no data volume: %v %+v", c.SecurityContext.Capabilities.Add, job.Spec.Template.Spec.Volumes[0])
 	}
