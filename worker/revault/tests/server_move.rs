@@ -235,7 +235,84 @@ fn an_explicit_version_number_below_the_next_is_refused() {
         b"again",
     );
     r.assert_error(400, "invalid_argument");
-    assert!(r.text().contains("numbered 6 or higher"), "{}", r.text());
+    assert!(
+        r.text().contains("numbered from 6 to 2147483647"),
+        "{}",
+        r.text()
+    );
     let r = a.request("PUT", &format!("/v1/series/{s}/versions"), &ct, b"next");
     assert_eq!(r.json()["version"], 6, "{}", r.text());
+    // A number near the top would make later numbers wrap onto existing versions: refused.
+    for big in ["4294967294", "2147483648"] {
+        let r = a.request(
+            "PUT",
+            &format!("/v1/series/{s}/versions?version={big}"),
+            &ct,
+            b"x",
+        );
+        r.assert_error(400, "invalid_argument");
+    }
+    let r = a.request(
+        "PUT",
+        &format!("/v1/series/{s}/versions?version=2147483647"),
+        &ct,
+        b"top",
+    );
+    assert_eq!(r.json()["version"], 2147483647u32, "{}", r.text());
+    let r = a.request(
+        "PUT",
+        &format!("/v1/series/{s}/versions"),
+        &ct,
+        b"after the top",
+    );
+    assert_eq!(
+        r.json()["version"],
+        2147483648u32,
+        "plain numbering goes on: {}",
+        r.text()
+    );
+    let r = a.get(&format!("/v1/series/{s}/versions/6"), None);
+    assert_eq!(r.body, b"next", "version 6 is untouched");
+}
+
+#[test]
+fn a_version_expired_on_the_source_since_an_earlier_copy_is_pruned_from_the_destination_only_when_asked(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(&dir.path().join("a"), &[]);
+    let b = Server::start(&dir.path().join("b"), &[]);
+    let s = "team/db";
+    for (i, day) in ["01", "02"].iter().enumerate() {
+        let f = dir.path().join(format!("f{i}"));
+        std::fs::write(&f, random(1 << 20, 20 + i as u64)).unwrap();
+        push(
+            &a.url(),
+            s,
+            f.to_str().unwrap(),
+            &format!("2026-11-{day}T02:00:00Z"),
+        );
+    }
+    move_json(&a, &b, s, &["--keep-source"]);
+    // Retention on the source expires version 1 before the copy is finished.
+    assert_eq!(
+        a.request("DELETE", &format!("/v1/series/{s}/versions/1"), &[], b"")
+            .status,
+        200
+    );
+    let (au, bu) = (a.url(), b.url());
+    let out = client(
+        &["move", s, "--from", &au, "--to", &bu, "--keep-source"],
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "a destination holding another version is refused"
+    );
+    let rep = move_json(&a, &b, s, &["--keep-source", "--prune-destination"]);
+    assert_eq!(
+        (rep["copied"].as_u64(), rep["alreadyThere"].as_u64()),
+        (Some(0), Some(1)),
+        "{rep}"
+    );
+    assert_eq!(listed(&b, s), listed(&a, s));
 }

@@ -168,12 +168,19 @@ fn version_number(
     asked: Option<u32>,
 ) -> Result<u32> {
     let next = existing.map(|s| s.next_version).unwrap_or(1);
+    if next == u32::MAX {
+        return Err(Error::Invalid(format!(
+            "series {series} has used every version number"
+        )));
+    }
     match asked {
         None => Ok(next),
-        Some(v) if v >= next && v < u32::MAX => Ok(v),
+        // At most i32::MAX (the API's int32): far from wrapping, whatever comes after.
+        Some(v) if v >= next && v <= i32::MAX as u32 => Ok(v),
         Some(v) => Err(Error::Invalid(format!(
-            "version {v} of series {series}: the next version must be numbered {next} or higher \
-             (numbers are never reused)"
+            "version {v} of series {series}: the next version must be numbered from {next} to {} \
+             (numbers are never reused)",
+            i32::MAX
         ))),
     }
 }

@@ -44,6 +44,11 @@ pub struct MoveArgs {
     /// names the destination).
     #[arg(long)]
     pub keep_source: bool,
+    /// Delete from the destination the versions of an earlier, unfinished copy that the source
+    /// no longer holds (expired there meanwhile): for a destination that is not the series'
+    /// home yet. The operator passes it.
+    #[arg(long)]
+    pub prune_destination: bool,
 }
 
 /// One version as the source lists it.
@@ -110,13 +115,13 @@ async fn run(a: &MoveArgs, path: &str, src: &Conn, dst: &Conn, quiet: bool) -> R
     let Some(from) = held(src, path).await? else {
         bail!("{} does not hold series {}", src.base, a.series);
     };
-    if from.versions.is_empty() {
-        bail!("series {} on {} has no version to move", a.series, src.base);
-    }
-    let there = held(dst, path)
+    let mut there = held(dst, path)
         .await?
         .map(|h| h.versions)
         .unwrap_or_default();
+    if a.prune_destination {
+        there = prune(dst, path, &from.versions, there).await?;
+    }
     let todo = still_to_copy(&a.series, &from.versions, &there, &dst.base)?;
     let unit = from.detail["unit"]
         .as_str()
@@ -175,6 +180,33 @@ async fn run(a: &MoveArgs, path: &str, src: &Conn, dst: &Conn, quiet: bool) -> R
         "logicalBytes": from.versions.iter().map(|v| v.logical_bytes).sum::<u64>(),
         "sourceKept": a.keep_source,
     }))
+}
+
+/// Deletes from the destination the versions the source no longer lists; returns the rest.
+async fn prune(dst: &Conn, path: &str, from: &[Listed], there: Vec<Listed>) -> Result<Vec<Listed>> {
+    let mut kept = Vec::new();
+    for t in there {
+        if from.iter().any(|f| f.number == t.number) {
+            kept.push(t);
+            continue;
+        }
+        let resp = dst
+            .req(
+                reqwest::Method::DELETE,
+                &format!("{path}/versions/{}", t.number),
+            )
+            .send()
+            .await?;
+        if resp.status() != reqwest::StatusCode::NOT_FOUND {
+            check(resp).await.with_context(|| {
+                format!(
+                    "deleting version {} (no longer on the source) from {}",
+                    t.number, dst.base
+                )
+            })?;
+        }
+    }
+    Ok(kept)
 }
 
 /// Deletes from the source the versions that were moved, one by one: a version pushed there
