@@ -3,9 +3,11 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -70,7 +72,15 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 	if moving, err := r.stopMoves(ctx, bs); err != nil || moving {
 		return stop(ctrl.Result{RequeueAfter: 5 * time.Second}, err)
 	}
-	for _, at := range copiesOf(bs) {
+	for i, at := range copiesOf(bs) {
+		if i > 0 {
+			// Another worker's copy whose node is no longer a storage node is gone with it.
+			if gone, err := r.storeGone(ctx, at.Node); err != nil {
+				return failed(err)
+			} else if gone {
+				continue
+			}
+		}
 		api, err := r.Workers.API(ctx, at.Media, at.Node)
 		if err != nil {
 			return failed(err)
@@ -95,15 +105,18 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 	return proceed()
 }
 
-// copiesOf lists the workers that may hold the series' data: its own, and during or after a move
-// the destination being filled (revault.io/moving-to) and the source not yet emptied
-// (revault.io/moved-from).
+// copiesOf lists the workers that may hold the series' data: its own, the one its placement
+// record names (the same but for a move's switch that did not reach the status), and during or
+// after a move the destination being filled (revault.io/moving-to) and the source not yet
+// emptied (revault.io/moved-from).
 func copiesOf(bs *backupv1alpha1.BackupSeries) []backupv1alpha1.WorkerPlacement {
 	out := []backupv1alpha1.WorkerPlacement{{Media: bs.Status.Worker.Media, Node: bs.Status.Worker.Node}}
-	for _, k := range []string{backupv1alpha1.MovingAnnotation, backupv1alpha1.MovedFromAnnotation} {
-		media, node, ok := strings.Cut(bs.Annotations[k], "/")
-		if ok && node != "" && (backupv1alpha1.Media(media) != out[0].Media || node != out[0].Node) {
-			out = append(out, backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node})
+	for _, k := range []string{backupv1alpha1.PlacementAnnotation, backupv1alpha1.MovingAnnotation, backupv1alpha1.MovedFromAnnotation} {
+		rec, _, _ := strings.Cut(bs.Annotations[k], "@")
+		media, node, ok := strings.Cut(rec, "/")
+		p := backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node}
+		if ok && node != "" && !slices.ContainsFunc(out, func(x backupv1alpha1.WorkerPlacement) bool { return x.Media == p.Media && x.Node == p.Node }) {
+			out = append(out, p)
 		}
 	}
 	return out
@@ -129,19 +142,29 @@ func (r *BackupSeriesReconciler) stopBackups(ctx context.Context, bs *backupv1al
 	return nil
 }
 
-// stopMoves deletes the series' move Jobs in the foreground (the Job goes after its pods); true
-// while one is still there.
+// stopMoves deletes the series' move Jobs; true while one, or a pod of one, is still there and
+// running (its upload could still commit a version).
 func (r *BackupSeriesReconciler) stopMoves(ctx context.Context, bs *backupv1alpha1.BackupSeries) (bool, error) {
 	jobs, err := r.moveJobs(ctx, bs)
-	if err != nil || len(jobs) == 0 {
+	if err != nil {
 		return false, err
 	}
+	running := len(jobs) > 0
 	for _, j := range jobs {
 		if j.DeletionTimestamp == nil {
-			if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+			if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 				return true, err
 			}
 		}
 	}
-	return true, nil
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(bs.Namespace), client.MatchingLabels(plan.MoveLabels(bs.Name))); err != nil {
+		return true, err
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			running = true
+		}
+	}
+	return running, nil
 }

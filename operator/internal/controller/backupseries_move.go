@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,14 +28,17 @@ const moveRetryAfter = 5 * time.Minute
 // A move, in the order that keeps one worker holding the whole series at every moment:
 //
 //  1. the destination is recorded (revault.io/moving-to) before anything is copied, so a lost
-//     status neither forgets the move nor starts a second one elsewhere;
-//  2. backups wait (the CronJob is suspended, backup-now requests wait) and the running one
-//     finishes;
-//  3. a Job runs `revault move --keep-source`, which copies every version with its number and
-//     checks that each restores from the destination byte for byte as from the source;
-//  4. the operator checks both workers list the same versions, then moves the placement record
-//     to the destination and notes the source's copy (revault.io/moved-from) in one write;
-//  5. the source's copy is deleted, and the note removed.
+//     status neither forgets the move nor starts a second one elsewhere; the CronJob is
+//     suspended in the same reconcile, and the copy starts in a later one;
+//  2. backups wait (backup-now requests and the data mover too) and the running one finishes;
+//  3. a Job runs `revault move --keep-source --prune-destination`, which copies every version
+//     with its number and checks that each restores from the destination byte for byte as
+//     from the source;
+//  4. the operator checks both workers list the same versions, then in one write moves the
+//     placement record to the destination and notes the source's copy with the newest version
+//     checked (revault.io/moved-from: MEDIA/NODE@N); the status follows;
+//  5. the source's versions up to N are deleted, and the note removed. A version above N on
+//     the source (written there after the switch) is never deleted.
 //
 // Until step 4 the source holds everything and serves the series; after it, the destination
 // does. A failed copy leaves the series where it was, and is tried again later.
@@ -43,19 +47,56 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 	if bs.Status.Worker == nil {
 		return proceed()
 	}
+	if err := r.rollForward(ctx, s); err != nil {
+		return failed(err)
+	}
 	if from := bs.Annotations[backupv1alpha1.MovedFromAnnotation]; from != "" {
-		if err := r.dropMovedCopy(ctx, s, from); err != nil {
-			return failed(err)
+		done, err := r.dropMovedCopy(ctx, s, from)
+		if err != nil || !done {
+			// No new move while the last one's old copy is noted: its note would be lost.
+			return proceed2(err)
 		}
 	}
+	target, why, err := r.wantedMove(ctx, bs)
+	if err != nil {
+		return failed(err)
+	}
 	if dest := bs.Annotations[backupv1alpha1.MovingAnnotation]; dest != "" {
+		if target == "" {
+			return r.cancelMove(ctx, s, dest)
+		}
 		return r.continueMove(ctx, s, dest)
 	}
-	target, why, err := r.wantedMove(ctx, bs)
-	if err != nil || target == "" {
-		return proceed2(err)
+	if err := r.dropFinishedMoveJobs(ctx, bs); err != nil {
+		return failed(err)
+	}
+	if target == "" {
+		return proceed()
 	}
 	return r.startMove(ctx, s, target, why)
+}
+
+// rollForward finishes a switch whose annotations were written but whose status was not (a
+// failed status write, a restart): the placement record names the destination and the note
+// names the worker the status still does.
+func (r *BackupSeriesReconciler) rollForward(ctx context.Context, s *seriesRun) error {
+	bs, at := s.bs, s.bs.Status.Worker
+	from, _, _ := strings.Cut(bs.Annotations[backupv1alpha1.MovedFromAnnotation], "@")
+	media, node, ok := strings.Cut(bs.Annotations[backupv1alpha1.PlacementAnnotation], "/")
+	if from == "" || !ok || from != string(at.Media)+"/"+at.Node || (backupv1alpha1.Media(media) == at.Media && node == at.Node) {
+		return nil
+	}
+	w, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node)
+	if err != nil {
+		return err
+	}
+	p := &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node, Endpoint: r.Workers.endpoint(backupv1alpha1.Media(media), node)}
+	if found {
+		p = r.Workers.Placement(w)
+	}
+	bs.Status.Worker = p
+	s.events.Eventf(bs, "Normal", "Moved", "the series is on node %s (its move's switch is finished now)", node)
+	return nil
 }
 
 func proceed2(err error) (ctrl.Result, bool, error) {
@@ -109,7 +150,11 @@ func (r *BackupSeriesReconciler) startMove(ctx context.Context, s *seriesRun, ta
 	}
 	logf.FromContext(ctx).Info("moving series", "from", bs.Status.Worker.Node, "to", dest, "why", why)
 	s.events.Eventf(bs, "Normal", "MoveStarted", "moving from node %s to node %s: %s", bs.Status.Worker.Node, dest, why)
-	return r.continueMove(ctx, s, rec)
+	// The CronJob is suspended by this reconcile (s.moving); the copy starts in the next.
+	s.moving = true
+	s.cs.setTrue(backupv1alpha1.ConditionMoving, "Starting", fmt.Sprintf("moving to node %s: %s", dest, why))
+	s.requeue = min(s.requeue, 2*time.Second)
+	return proceed()
 }
 
 // moveDestination is the node whose worker of media takes the series: the one target names, or
@@ -195,15 +240,28 @@ func (r *BackupSeriesReconciler) continueMove(ctx context.Context, s *seriesRun,
 	case err != nil:
 		return failed(err)
 	case !found:
-		// The destination went away before the switch: the source still holds everything.
-		s.moving = false
-		r.Recorder.Eventf(bs, "Warning", "MoveAbandoned", "no %s worker on node %s any more; the series stays on node %s",
-			media, node, bs.Status.Worker.Node)
-		return proceed2(r.abandonMove(ctx, bs, dest))
+		gone, err := r.storeGone(ctx, node)
+		if err != nil || !gone {
+			s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForDestination",
+				fmt.Sprintf("moving to node %s, which has no %s worker pod right now", node, media))
+			s.requeue = min(s.requeue, 15*time.Second)
+			return proceed2(err)
+		}
+		// The destination's node is gone (or no longer a storage node) before the switch: the
+		// source still holds everything.
+		s.events.Eventf(bs, "Warning", "MoveAbandoned", "node %s is no longer a storage node; the series stays on node %s",
+			node, bs.Status.Worker.Node)
+		return r.cancelMove(ctx, s, dest)
 	case !w.Ready:
 		s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForDestination",
 			fmt.Sprintf("moving to node %s, whose worker pod %s is not ready", node, w.Pod))
 		s.requeue = min(s.requeue, 15*time.Second)
+		return proceed()
+	}
+	if ok, err := r.Workers.TokenAccepted(ctx, w.Media, w.Node, bs.Namespace); err != nil || !ok {
+		s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForToken",
+			fmt.Sprintf("moving to node %s once its worker accepts the namespace's token", node))
+		s.requeue = min(s.requeue, 10*time.Second)
 		return proceed()
 	}
 	jobs, err := r.backupJobs(ctx, bs)
@@ -257,18 +315,24 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 	case !res.succeeded:
 		return r.moveFailed(ctx, s, &cur, res)
 	}
-	return r.switchPlacement(ctx, s, dest, to, &cur)
+	return r.switchPlacement(ctx, s, dest, to, &cur, res)
 }
 
 // moveFailed lets backups run on the source again and retries the copy after moveRetryAfter
 // (it continues from what the destination holds).
 func (r *BackupSeriesReconciler) moveFailed(ctx context.Context, s *seriesRun, j *batchv1.Job, res jobResult) (ctrl.Result, bool, error) {
 	out, _ := jobOutput(ctx, r.Client, r.PodOutput, j)
+	return r.retryLater(ctx, s, j, res, "MoveFailed", fmt.Sprintf("Job %s failed: %s", j.Name, res.failure(out)))
+}
+
+// retryLater keeps a finished move Job until moveRetryAfter has passed (backups run on the
+// source meanwhile), then deletes it so the next reconcile copies again.
+func (r *BackupSeriesReconciler) retryLater(ctx context.Context, s *seriesRun, j *batchv1.Job, res jobResult, reason, why string) (ctrl.Result, bool, error) {
 	if wait := res.at.Add(moveRetryAfter).Sub(r.Now()); wait > 0 {
 		s.moving = false
-		s.cs.setFalse(backupv1alpha1.ConditionMoving, "MoveFailed",
-			fmt.Sprintf("Job %s failed: %s; the series stays on node %s and the move is tried again at %s",
-				j.Name, res.failure(out), s.bs.Status.Worker.Node, res.at.Add(moveRetryAfter).UTC().Format(time.RFC3339)))
+		s.cs.setFalse(backupv1alpha1.ConditionMoving, reason,
+			fmt.Sprintf("%s; the series stays on node %s and the move is tried again at %s",
+				why, s.bs.Status.Worker.Node, res.at.Add(moveRetryAfter).UTC().Format(time.RFC3339)))
 		s.requeue = min(s.requeue, wait+time.Second)
 		return proceed()
 	}
@@ -277,21 +341,22 @@ func (r *BackupSeriesReconciler) moveFailed(ctx context.Context, s *seriesRun, j
 }
 
 // switchPlacement checks that the destination lists every version the source does, then moves
-// the placement record there (noting the source's copy for deletion) and the status with it.
-func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesRun, dest string, to Worker, j *batchv1.Job) (ctrl.Result, bool, error) {
+// the placement record there (noting the source's copy, and the newest version checked, for
+// deletion) and the status with it. The Job is deleted by a later reconcile, after the status.
+func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesRun, dest string, to Worker, j *batchv1.Job,
+	res jobResult) (ctrl.Result, bool, error) {
 	bs := s.bs
 	from := bs.Status.Worker
-	same, msg, err := r.sameVersions(ctx, bs, from, to)
+	same, through, msg, err := r.sameVersions(ctx, bs, from, to)
 	if err != nil {
 		return failed(err)
 	}
 	if !same {
-		// A backup reached the source after the copy (or a worker answered oddly): copy again.
-		s.events.Eventf(bs, "Normal", "MoveRepeated", "copying again: %s", msg)
-		s.requeue = min(s.requeue, 5*time.Second)
-		return proceed2(client.IgnoreNotFound(r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))))
+		// A version reached the source after the copy listed its versions (an external
+		// producer), or one expired there: copy again, after a pause.
+		return r.retryLater(ctx, s, j, res, "SourceChanged", "the source changed during the copy ("+msg+")")
 	}
-	fromRec := string(from.Media) + "/" + from.Node
+	fromRec := fmt.Sprintf("%s/%s@%d", from.Media, from.Node, through)
 	err = r.setAnnotations(ctx, bs, map[string]string{
 		backupv1alpha1.PlacementAnnotation: dest,
 		backupv1alpha1.MovedFromAnnotation: fromRec,
@@ -305,9 +370,6 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 	s.moving = false
 	s.cs.setFalse(backupv1alpha1.ConditionMoving, "Moved", fmt.Sprintf("moved from node %s to node %s: %s", from.Node, to.Node, msg))
 	s.cs.setTrue(backupv1alpha1.ConditionPlaced, "Moved", fmt.Sprintf("%s worker on node %s (pod %s)", to.Media, to.Node, to.Pod))
-	if err := client.IgnoreNotFound(r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))); err != nil {
-		return failed(err)
-	}
 	// The status goes out now, so that nothing runs against the old worker after the switch.
 	r.finishStatus(s, backupv1alpha1.SeriesReady)
 	return stop(ctrl.Result{RequeueAfter: time.Second}, r.commitStatus(ctx, s))
@@ -315,56 +377,114 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 
 // sameVersions compares the versions (numbers and sizes) the two workers list for the series.
 func (r *BackupSeriesReconciler) sameVersions(ctx context.Context, bs *backupv1alpha1.BackupSeries, from *backupv1alpha1.WorkerPlacement,
-	to Worker) (bool, string, error) {
+	to Worker) (same bool, through int64, msg string, _ error) {
 	da, err := r.versionsOn(ctx, bs, from.Media, from.Node)
 	if err != nil {
-		return false, "", fmt.Errorf("listing the series on node %s: %w", from.Node, err)
+		return false, 0, "", fmt.Errorf("listing the series on node %s: %w", from.Node, err)
 	}
 	db, err := r.versionsOn(ctx, bs, to.Media, to.Node)
 	if err != nil {
-		return false, "", fmt.Errorf("listing the series on node %s: %w", to.Node, err)
+		return false, 0, "", fmt.Errorf("listing the series on node %s: %w", to.Node, err)
 	}
 	a, b := da.VersionList, db.VersionList
 	if len(a) != len(b) {
-		return false, fmt.Sprintf("node %s lists %d versions, node %s %d", from.Node, len(a), to.Node, len(b)), nil
+		return false, 0, fmt.Sprintf("node %s lists %d versions, node %s %d", from.Node, len(a), to.Node, len(b)), nil
 	}
 	var bytes int64
 	for i := range a {
 		if a[i].Number != b[i].Number || a[i].LogicalBytes != b[i].LogicalBytes {
-			return false, fmt.Sprintf("version %d differs between node %s and node %s", a[i].Number, from.Node, to.Node), nil
+			return false, 0, fmt.Sprintf("version %d differs between node %s and node %s", a[i].Number, from.Node, to.Node), nil
 		}
 		bytes += a[i].LogicalBytes
+		through = a[i].Number
 	}
-	return true, fmt.Sprintf("%d versions, %s", len(a), plan.HumanBytes(bytes)), nil
+	return true, through, fmt.Sprintf("%d versions, %s", len(a), plan.HumanBytes(bytes)), nil
 }
 
-// abandonMove forgets a recorded move that cannot go on (its Job, if any, goes too).
-func (r *BackupSeriesReconciler) abandonMove(ctx context.Context, bs *backupv1alpha1.BackupSeries, dest string) error {
-	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: plan.MoveJobName(bs.Name, dest), Namespace: bs.Namespace}}
-	if err := client.IgnoreNotFound(r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))); err != nil {
+// cancelMove ends a move before its switch (no longer asked for, or its destination's node gone):
+// the copy Job goes first (in the foreground, so no upload is still on its way), then the
+// partial copy on the destination, then the record. The source holds everything throughout.
+func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, dest string) (ctrl.Result, bool, error) {
+	bs := s.bs
+	s.moving = true
+	if running, err := r.stopMoves(ctx, bs); err != nil || running {
+		s.requeue = min(s.requeue, 5*time.Second)
+		return proceed2(err)
+	}
+	media, node, _ := strings.Cut(dest, "/")
+	if api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node); err == nil {
+		if _, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name); err != nil && !workerclient.IsNotFound(err) {
+			s.events.Eventf(bs, "Warning", "MoveCancelled", "the partial copy on node %s is not deleted: %v", node, err)
+		}
+	}
+	if err := r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.MovingAnnotation: ""}); err != nil {
+		return failed(err)
+	}
+	s.moving = false
+	s.cs.setFalse(backupv1alpha1.ConditionMoving, "Cancelled",
+		fmt.Sprintf("the move to node %s ended before its switch; the series stays on node %s", node, bs.Status.Worker.Node))
+	return proceed()
+}
+
+// dropFinishedMoveJobs deletes the move Jobs left once no move is under way.
+func (r *BackupSeriesReconciler) dropFinishedMoveJobs(ctx context.Context, bs *backupv1alpha1.BackupSeries) error {
+	jobs, err := r.moveJobs(ctx, bs)
+	if err != nil {
 		return err
 	}
-	return r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.MovingAnnotation: ""})
+	for _, j := range jobs {
+		if j.DeletionTimestamp == nil && jobFinished(j).done {
+			if err := r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
-// dropMovedCopy deletes the copy a finished move left on its source (from is MEDIA/NODE), then
-// the note. It deletes only versions the series' worker now holds too, and only once that
-// worker's bucket holds them when a remote is configured, so the source's copy goes last. A
-// version only the source holds (pushed there after the switch by a producer that still had
-// the old address) is never deleted: the note stays, and a warning says which versions.
-func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun, from string) error {
-	bs := s.bs
-	media, node, _ := strings.Cut(from, "/")
-	at := bs.Status.Worker
-	if backupv1alpha1.Media(media) == at.Media && node == at.Node {
-		// Moved back to where it was: that copy is the series.
-		return r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
+// storeGone: node is no longer a storage node (deleted, or its label removed), so its store
+// will not serve again under that node's name.
+func (r *BackupSeriesReconciler) storeGone(ctx context.Context, node string) (bool, error) {
+	var n corev1.Node
+	err := r.Get(ctx, client.ObjectKey{Name: node}, &n)
+	if apierrors.IsNotFound(err) {
+		return true, nil
 	}
-	keep := func(reason, format string, args ...any) error {
-		s.events.Eventf(bs, map[bool]string{true: "Warning", false: "Normal"}[reason == "MovedCopyOnly"], reason,
-			format, args...)
+	return false, err
+}
+
+// dropMovedCopy deletes the copy a finished move left on its source (from is MEDIA/NODE@N: N
+// the newest version both workers listed at the switch), then the note; true once the note is
+// gone. It waits, with a remote, until the series' worker's bucket holds every version, so the
+// old copy goes last. It deletes the old worker's versions up to N only: a version above N was
+// written there after the switch (by a producer with the old address), is never deleted, and
+// keeps the note, with a warning naming it. A source whose node is gone is forgotten.
+func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun, from string) (bool, error) {
+	bs, at := s.bs, s.bs.Status.Worker
+	rec, n, _ := strings.Cut(from, "@")
+	through, _ := strconv.ParseInt(n, 10, 64)
+	media, node, _ := strings.Cut(rec, "/")
+	if backupv1alpha1.Media(media) == at.Media && node == at.Node {
+		// A note naming the series' own worker (written by hand?): that copy is the series.
+		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
+	}
+	keep := func(reason, format string, args ...any) (bool, error) {
+		typ := "Normal"
+		if reason == "MovedCopyOnly" {
+			typ = "Warning"
+		}
+		s.events.Eventf(bs, typ, reason, format, args...)
 		s.requeue = min(s.requeue, time.Minute)
-		return nil
+		return false, nil
+	}
+	if _, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node); err != nil {
+		return false, err
+	} else if !found {
+		if gone, err := r.storeGone(ctx, node); err != nil || !gone {
+			return keep("MovedCopyKept", "the copy left on node %s is kept until its worker is back", node)
+		}
+		s.events.Eventf(bs, "Normal", "MovedCopyGone", "node %s, which kept the copy the move left, is no longer a storage node", node)
+		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 	}
 	here, err := r.versionsOn(ctx, bs, at.Media, at.Node)
 	if err != nil {
@@ -376,36 +496,33 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 	there, err := r.versionsOn(ctx, bs, backupv1alpha1.Media(media), node)
 	switch {
 	case workerclient.IsNotFound(err):
-		return r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
+		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 	case err != nil:
 		return keep("MovedCopyKept", "the copy left on node %s is kept for now: %v", node, err)
 	}
-	held := map[int64]int64{}
-	for _, v := range here.VersionList {
-		held[v.Number] = v.LogicalBytes
-	}
-	var only []string
-	for _, v := range there.VersionList {
-		if b, ok := held[v.Number]; !ok || b != v.LogicalBytes {
-			only = append(only, fmt.Sprint(v.Number))
-		}
-	}
-	if len(only) > 0 {
-		return keep("MovedCopyOnly", "node %s holds version(s) %s of the series that node %s does not (pushed after the move?): "+
-			"that copy is kept; restore them from there and push them again, then remove the annotation %s",
-			node, strings.Join(only, ", "), at.Node, backupv1alpha1.MovedFromAnnotation)
-	}
 	api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node)
 	if err != nil {
-		return err
+		return false, err
 	}
+	var only []string
+	deleted := 0
 	for _, v := range there.VersionList {
+		if v.Number > through {
+			only = append(only, fmt.Sprint(v.Number))
+			continue
+		}
 		if _, err := api.DeleteVersion(ctx, bs.Namespace, bs.Name, v.Number); err != nil && !workerclient.IsNotFound(err) {
 			return keep("MovedCopyKept", "the copy left on node %s is not deleted yet: %v", node, err)
 		}
+		deleted++
 	}
-	s.events.Eventf(bs, "Normal", "MovedCopyDeleted", "deleted the %d version(s) left on node %s", len(there.VersionList), node)
-	return r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
+	if len(only) > 0 {
+		return keep("MovedCopyOnly", "node %s holds version(s) %s of the series, written there after the move (by a producer "+
+			"with the old address?): they are kept; restore them from there and push them again, then remove the annotation %s",
+			node, strings.Join(only, ", "), backupv1alpha1.MovedFromAnnotation)
+	}
+	s.events.Eventf(bs, "Normal", "MovedCopyDeleted", "deleted the %d version(s) the move left on node %s", deleted, node)
+	return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 }
 
 // versionsOn is the series as node's worker of media lists it.

@@ -172,8 +172,12 @@ func (r *BackupSeriesReconciler) followRecord(ctx context.Context, bs *backupv1a
 	if err != nil {
 		return nil, "", "", err
 	}
-	_, err = api.Series(ctx, bs.Namespace, bs.Name)
+	d, err := api.Series(ctx, bs.Namespace, bs.Name)
 	switch {
+	case err == nil && d.Versions == 0:
+		// Only the emptied record of a series that moved away (a BackupSeries restored from
+		// before its move): look for the worker that holds its versions.
+		return nil, "", "", nil
 	case err == nil:
 		return r.Workers.Placement(w), "Recorded", fmt.Sprintf("placed on the %s worker on node %s before (annotation %s), which holds it",
 			media, node, backupv1alpha1.PlacementAnnotation), nil
@@ -269,6 +273,15 @@ func (r *BackupSeriesReconciler) seriesPerNode(ctx context.Context, media backup
 // passes over), and problems says what is wrong with the others.
 func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media,
 	ws []Worker, placed map[string]int) (adopted *Worker, cands []plan.Candidate, problems []string, _ error) {
+	// A worker with only the emptied record of the series (every version deleted, or moved
+	// away) is where it goes when no worker holds versions of it: that worker's numbering is
+	// the series', and it never gives a number twice.
+	var emptied *Worker
+	defer func() {
+		if adopted == nil && emptied != nil {
+			adopted, cands, problems = emptied, nil, nil
+		}
+	}()
 	for i, w := range ws {
 		if !w.Ready {
 			problems = append(problems, fmt.Sprintf("%s: pod %s not ready", w.Node, w.Pod))
@@ -281,6 +294,9 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		d, err := api.Series(ctx, bs.Namespace, bs.Name)
 		if err == nil && d.Versions > 0 {
 			return &ws[i], nil, nil, nil
+		}
+		if err == nil && emptied == nil && w.Host == w.Node {
+			emptied = &ws[i]
 		}
 		// Not there, or only the record of a series that left (moved away, or every version
 		// deleted): no data to follow there.
@@ -299,25 +315,33 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 			cands = append(cands, plan.Candidate{Node: w.Node, Pod: w.Pod})
 			continue
 		}
-		if d, err := r.draining(ctx, w.Node); err != nil {
-			return nil, nil, nil, err
-		} else if d {
-			problems = append(problems, fmt.Sprintf("%s: drained (annotation %s)", w.Node, backupv1alpha1.DrainAnnotation))
-			continue
-		}
-		s, err := api.Stats(ctx)
+		c, problem, err := r.newSeriesCandidate(ctx, api, w, placed)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", w.Node, err))
+			return nil, nil, nil, err
 		}
-		c := plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
-		if s != nil {
-			c.StoredBytes = s.ContainerBytes
-			c.Room = r.reportedRoom(s)
-			if why := c.NearlyFull(); why != "" {
-				problems = append(problems, fmt.Sprintf("%s: %s", w.Node, why))
-			}
+		if problem != "" {
+			problems = append(problems, fmt.Sprintf("%s: %s", w.Node, problem))
 		}
-		cands = append(cands, c)
+		if c != nil {
+			cands = append(cands, *c)
+		}
 	}
 	return nil, cands, problems, nil
+}
+
+// newSeriesCandidate is what a ready worker of its own node that does not hold the series offers
+// a new one (nil when it is drained), and what is wrong with it.
+func (r *BackupSeriesReconciler) newSeriesCandidate(ctx context.Context, api *instrumented, w Worker,
+	placed map[string]int) (*plan.Candidate, string, error) {
+	if d, err := r.draining(ctx, w.Node); err != nil || d {
+		return nil, "drained (annotation " + backupv1alpha1.DrainAnnotation + ")", err
+	}
+	s, err := api.Stats(ctx)
+	c := &plan.Candidate{Node: w.Node, Pod: w.Pod, Reachable: err == nil, Placed: placed[w.Node]}
+	if err != nil {
+		return c, err.Error(), nil
+	}
+	c.StoredBytes = s.ContainerBytes
+	c.Room = r.reportedRoom(s)
+	return c, c.NearlyFull(), nil
 }

@@ -51,9 +51,9 @@ func (r *BackupSeriesReconciler) checkSchedule(_ context.Context, s *seriesRun) 
 // counts from its creation.
 func (r *BackupSeriesReconciler) checkOverdue(_ context.Context, s *seriesRun) (ctrl.Result, bool, error) {
 	bs, st := s.bs, &s.bs.Status
-	// A schedule suspended for the namespace's quota or a move is not overdue either:
-	// QuotaExceeded or Moving says why.
-	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || s.overQuota || s.moving || bs.Spec.Source.PVC == nil {
+	// A schedule suspended for the namespace's quota is not overdue either: QuotaExceeded says
+	// why. One held by a move is: a move that cannot finish must not hide that backups stopped.
+	if bs.Spec.Schedule == "" || !s.scheduleOK || bs.Spec.Suspend || s.overQuota || bs.Spec.Source.PVC == nil {
 		st.NextBackup = nil
 		apimeta.RemoveStatusCondition(&st.Conditions, backupv1alpha1.ConditionBackupOverdue)
 		return proceed()

@@ -87,6 +87,10 @@ func (r *DataUploadReconciler) findSeries(ctx context.Context, u *uploadRun) (ct
 			"BackupSeries %s/%s exists but does not back up PVC %s: the data mover writes to the series named after the PVC",
 			ns, bs.Name, du.Spec.SourcePVC))
 	}
+	if dest := bs.Annotations[backupv1alpha1.MovingAnnotation]; dest != "" {
+		// A backup into the old worker now would not be copied: wait for the move to end.
+		return r.waiting(ctx, u, fmt.Sprintf("series %s/%s is being moved to %s; the upload starts once it is there", ns, bs.Name, dest))
+	}
 	u.bs = bs
 	return proceed()
 }

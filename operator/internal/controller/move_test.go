@@ -95,6 +95,9 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		if from == to {
 			to = "node-ssd-2"
 		}
+		// Both are storage nodes, as in a cluster (a node that is not counts as gone).
+		storageNode(from)
+		storageNode(to)
 		push(ns, "db", from, randomTree(256))
 		push(ns, "db", from, randomTree(256))
 		Expect(workerclient.Done(workerClient(from, adminToken()).DeleteVersionWithResponse(ctx, ns, "db", "1"))).To(Succeed())
@@ -153,7 +156,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{4}))
 		annotate(bs, backupv1alpha1.MovedFromAnnotation, "ssd/"+from)
 		Eventually(func() []string { return eventNotes(bs) }).WithTimeout(20 * time.Second).Should(ContainElement(
-			ContainSubstring("holds version(s) 4 of the series that node " + to + " does not")))
+			ContainSubstring("node " + from + " holds version(s) 4 of the series, written there after the move")))
 		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{4}))
 		Expect(getSeries(ns, "db").Annotations).To(HaveKey(backupv1alpha1.MovedFromAnnotation))
 
@@ -183,8 +186,13 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		// An external producer's push lands on the source after the copy listed its versions.
 		push(ns, "db", from, randomTree(64))
 		finishJob(job, true, out)
-		Eventually(func() []string { return eventReasons(bs) }).WithTimeout(20 * time.Second).Should(ContainElement("MoveRepeated"))
-		Expect(getSeries(ns, "db").Status.Worker.Node).To(Equal(from), "not switched to a destination that lacks a version")
+		Eventually(func(g Gomega) {
+			cur := getSeries(ns, "db")
+			g.Expect(condition(cur.Status.Conditions, backupv1alpha1.ConditionMoving).Reason).To(Equal("SourceChanged"))
+			g.Expect(cur.Status.Worker.Node).To(Equal(from), "not switched to a destination that lacks a version")
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		clock.Advance(moveRetryAfter + time.Second)
+		DeferCleanup(func() { clock.Advance(-moveRetryAfter - time.Second) })
 		Eventually(func(g Gomega) {
 			j := moveJobOf(ns, "db")
 			g.Expect(j.UID).NotTo(Equal(job.UID))
@@ -195,6 +203,63 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		finishJob(job, true, out)
 		Eventually(func() string { return getSeries(ns, "db").Status.Worker.Node }).WithTimeout(20 * time.Second).Should(Equal(to))
 		Expect(versionNumbers(to, ns, "db")).To(Equal([]int64{1, 2}))
+	})
+
+	It("cancels a move no longer asked for: the copy Job and the partial copy go, the series stays", func() {
+		ns := newNamespace("movecancel")
+		bs := placedSeries(pvcSeries(ns, "db"))
+		from := bs.Status.Worker.Node
+		push(ns, "db", from, randomTree(64))
+		annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
+		job := moveJobOf(ns, "db")
+		to := "node-ssd-1"
+		if from == to {
+			to = "node-ssd-2"
+		}
+		Expect(job.Annotations[plan.AnnotationMoveTo]).To(Equal("ssd/" + to))
+		annotate(bs, backupv1alpha1.MoveToAnnotation, "")
+		Eventually(func(g Gomega) {
+			cur := getSeries(ns, "db")
+			g.Expect(cur.Annotations).NotTo(HaveKey(backupv1alpha1.MovingAnnotation))
+			g.Expect(condition(cur.Status.Conditions, backupv1alpha1.ConditionMoving).Reason).To(Equal("Cancelled"))
+			g.Expect(cur.Status.Worker.Node).To(Equal(from))
+			g.Expect(cur.Status.Phase).To(Equal(backupv1alpha1.SeriesReady))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKeyFromObject(job), &batchv1.Job{})
+		}).Should(Satisfy(apierrors.IsNotFound))
+		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{1}))
+		Expect(versionNumbers(to, ns, "db")).To(BeEmpty())
+	})
+
+	It("finishes a switch whose status write was lost, from the annotations", func() {
+		ns := newNamespace("moveroll")
+		bs := placedSeries(pvcSeries(ns, "db"))
+		from := bs.Status.Worker.Node
+		to := "node-ssd-1"
+		if from == to {
+			to = "node-ssd-2"
+		}
+		storageNode(from)
+		storageNode(to)
+		push(ns, "db", from, randomTree(64))
+		push(ns, "db", from, randomTree(64))
+		// What a move Job does, then the switch's annotations without its status write.
+		waitToken(ns, to)
+		out, errOut, ok := runRevault("--json", "--quiet", "move", plan.SeriesID(ns, "db"), "--from", workerURL[from],
+			"--to", workerURL[to], "--token-file", nsTokenFile(ns), "--keep-source")
+		Expect(ok).To(BeTrue(), out+errOut)
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(bs), bs)).To(Succeed())
+		bs.Annotations[backupv1alpha1.PlacementAnnotation] = "ssd/" + to
+		bs.Annotations[backupv1alpha1.MovedFromAnnotation] = "ssd/" + from + "@2"
+		Expect(k8sClient.Update(ctx, bs)).To(Succeed())
+		Eventually(func(g Gomega) {
+			cur := getSeries(ns, "db")
+			g.Expect(cur.Status.Worker.Node).To(Equal(to), "the switch is rolled forward, not read as a move back")
+			g.Expect(cur.Annotations).NotTo(HaveKey(backupv1alpha1.MovedFromAnnotation))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(versionNumbers(to, ns, "db")).To(Equal([]int64{1, 2}))
+		Expect(versionNumbers(from, ns, "db")).To(BeEmpty())
 	})
 
 	It("moves a drained node's series away, places nothing new there, and keeps a failed copy's series where it was", func() {

@@ -583,7 +583,7 @@ func RestoreBatchJob(cfg *config.Config, rj *backupv1alpha1.RestoreJob, endpoint
 // placement names the destination.
 func MoveArgs(cfg *config.Config, bs *backupv1alpha1.BackupSeries, from, to string) []string {
 	args := []string{"--json", "--quiet", "move", SeriesID(bs.Namespace, bs.Name),
-		"--from", JobEndpoint(cfg, from), "--to", JobEndpoint(cfg, to), "--token-file", JobTokenFile, "--keep-source"}
+		"--from", JobEndpoint(cfg, from), "--to", JobEndpoint(cfg, to), "--token-file", JobTokenFile, "--keep-source", "--prune-destination"}
 	if cfg.TLSOn() {
 		args = append(args, "--ca-cert", JobCAFile)
 	}

@@ -259,7 +259,7 @@ func TestMoveJob(t *testing.T) {
 	from, to := "http://revault-worker-ssd-n1.revault-system.svc:8420", "http://revault-worker-ssd-n2.revault-system.svc:8420"
 	job := MoveJob(cfg, bs, from, to, "ssd/n2")
 	c := job.Spec.Template.Spec.Containers[0]
-	want := "--json --quiet move team-a/db --from " + from + " --to " + to + " --token-file /etc/revault/token --keep-source"
+	want := "--json --quiet move team-a/db --from " + from + " --to " + to + " --token-file /etc/revault/token --keep-source --prune-destination"
 	if got := strings.Join(c.Args, " "); got != want {
 		t.Errorf("args:\n got %s\nwant %s", got, want)
 	}
