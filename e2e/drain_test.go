@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,6 +57,8 @@ func drainSpecs() {
 			sum1 := sumTree(ns, "src")
 			bs := newSeries(ns, "db", "src", backupv1alpha1.MediaSSD)
 			bs.Spec.DeletionPolicy = backupv1alpha1.DeletionDelete
+			// A schedule that does not fire during the scenario: its CronJob must follow the move.
+			bs.Spec.Schedule = "0 3 1 1 *"
 			Expect(k.Create(ctx, bs)).To(Succeed())
 			placeOn(ns, "db", spare, backupv1alpha1.MediaSSD)
 			waitSeriesReady(ns, "db")
@@ -63,6 +66,8 @@ func drainSpecs() {
 			mutate(ns, "src", 151, 2, 4<<20)
 			sum2 := sumTree(ns, "src")
 			backupNow(ns, "db", "two", 2)
+
+			before := getSeries(ns, "db").Status.Versions
 
 			By("annotating node " + spare + " revault.io/drain=true")
 			start := time.Now()
@@ -80,6 +85,19 @@ func drainSpecs() {
 			}).WithTimeout(backupTimeout).WithPolling(poll).Should(Succeed())
 			GinkgoWriter.Printf("moved 2 versions from %s to %s in %s\n", spare, ssdNode, time.Since(start).Round(time.Second))
 			Expect(eventReasons(events(ns, "db"))).To(ContainElements("MoveStarted", "MovedCopyDeleted"))
+			after := getSeries(ns, "db")
+			for i, v := range after.Status.Versions {
+				Expect(v.Number).To(Equal(before[i].Number))
+				Expect(v.Time.Equal(&before[i].Time)).To(BeTrue(), "version %d keeps its time", v.Number)
+				Expect(v.LogicalBytes).To(Equal(before[i].LogicalBytes))
+			}
+			By("the CronJob runs again, against the new worker")
+			Eventually(func(g Gomega) {
+				cj := &batchv1.CronJob{}
+				g.Expect(k.Get(ctx, client.ObjectKey{Namespace: ns, Name: "db-backup"}, cj)).To(Succeed())
+				g.Expect(*cj.Spec.Suspend).To(BeFalse())
+				g.Expect(cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args).To(ContainElement(after.Status.Worker.Endpoint))
+			}).WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
 
 			By("no series of the drained node's worker is left there")
 			calls := workerAPI(ns, workerEndpoint("ssd", spare), "GET /v1/series/"+ns+"/db")
