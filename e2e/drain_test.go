@@ -84,7 +84,10 @@ func drainSpecs() {
 				g.Expect(versionNumbers(cur)).To(Equal([]int64{1, 2}))
 			}).WithTimeout(backupTimeout).WithPolling(poll).Should(Succeed())
 			GinkgoWriter.Printf("moved 2 versions from %s to %s in %s\n", spare, ssdNode, time.Since(start).Round(time.Second))
-			Expect(eventReasons(events(ns, "db"))).To(ContainElements("MoveStarted", "MovedCopyDeleted"))
+			// No check of the MovedCopyDeleted event here: by then the series has sent more than
+			// client-go's spam filter lets through for one object (a burst of 25), and it may be
+			// dropped. The spare's copy is checked below instead.
+			Expect(eventReasons(events(ns, "db"))).To(ContainElement("MoveStarted"))
 			after := getSeries(ns, "db")
 			for i, v := range after.Status.Versions {
 				Expect(v.Number).To(Equal(before[i].Number))
