@@ -79,7 +79,7 @@ func drainSpecs() {
 				g.Expect(cur.Annotations).NotTo(HaveKey(backupv1alpha1.MovedFromAnnotation), "the spare's copy is deleted")
 				c := condition(cur.Status.Conditions, backupv1alpha1.ConditionMoving)
 				g.Expect(c).NotTo(BeNil())
-				g.Expect(c.Reason).To(Equal("Moved"), "Moving: %s", c.Message)
+				g.Expect(c.Reason).To(Equal("MovedCopyDeleted"), "Moving: %s", c.Message)
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 				g.Expect(versionNumbers(cur)).To(Equal([]int64{1, 2}))
 			}).WithTimeout(backupTimeout).WithPolling(poll).Should(Succeed())

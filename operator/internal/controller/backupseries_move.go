@@ -368,7 +368,7 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 	}
 	bs.Status.Worker = r.Workers.Placement(to)
 	s.moving = false
-	s.cs.setFalse(backupv1alpha1.ConditionMoving, "Moved", fmt.Sprintf("moved from node %s to node %s: %s", from.Node, to.Node, msg))
+	s.cs.waiting(backupv1alpha1.ConditionMoving, "Moved", fmt.Sprintf("moved from node %s to node %s: %s", from.Node, to.Node, msg))
 	s.cs.setTrue(backupv1alpha1.ConditionPlaced, "Moved", fmt.Sprintf("%s worker on node %s (pod %s)", to.Media, to.Node, to.Pod))
 	// The status goes out now, so that nothing runs against the old worker after the switch.
 	r.finishStatus(s, backupv1alpha1.SeriesReady)
@@ -421,7 +421,7 @@ func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, d
 		return failed(err)
 	}
 	s.moving = false
-	s.cs.setFalse(backupv1alpha1.ConditionMoving, "Cancelled",
+	s.cs.waiting(backupv1alpha1.ConditionMoving, "Cancelled",
 		fmt.Sprintf("the move to node %s ended before its switch; the series stays on node %s", node, bs.Status.Worker.Node))
 	return proceed()
 }
@@ -468,12 +468,15 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 		// A note naming the series' own worker (written by hand?): that copy is the series.
 		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 	}
+	// The Moving condition (not only an event, which a recorder may drop) says why the old
+	// copy is still there.
 	keep := func(reason, format string, args ...any) (bool, error) {
-		typ := "Normal"
+		msg := fmt.Sprintf(format, args...)
 		if reason == "MovedCopyOnly" {
-			typ = "Warning"
+			s.cs.setFalse(backupv1alpha1.ConditionMoving, reason, msg)
+		} else {
+			s.cs.waiting(backupv1alpha1.ConditionMoving, reason, msg)
 		}
-		s.events.Eventf(bs, typ, reason, format, args...)
 		s.requeue = min(s.requeue, time.Minute)
 		return false, nil
 	}
@@ -521,7 +524,8 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 			"with the old address?): they are kept; restore them from there and push them again, then remove the annotation %s",
 			node, strings.Join(only, ", "), backupv1alpha1.MovedFromAnnotation)
 	}
-	s.events.Eventf(bs, "Normal", "MovedCopyDeleted", "deleted the %d version(s) the move left on node %s", deleted, node)
+	s.cs.waiting(backupv1alpha1.ConditionMoving, "MovedCopyDeleted",
+		fmt.Sprintf("on node %s since the move; the %d version(s) it left on node %s are deleted", at.Node, deleted, node))
 	return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 }
 
