@@ -165,7 +165,8 @@ func labelNode(node, media string) {
 }
 
 // placeOn puts a new series on the store of node's media worker: placement picks the worker
-// with the most room, which may be another; the scenario needs the spare's.
+// with the most room, which may be another; the scenario needs the spare's. The placement record
+// is moved too, as the operator keeps it equal to the status.
 func placeOn(ns, name, node string, media backupv1alpha1.Media) {
 	GinkgoHelper()
 	Eventually(func(g Gomega) {
@@ -174,6 +175,9 @@ func placeOn(ns, name, node string, media backupv1alpha1.Media) {
 		if bs.Status.Worker.Node == node {
 			return
 		}
+		patch := client.MergeFrom(bs.DeepCopy())
+		bs.Annotations[backupv1alpha1.PlacementAnnotation] = string(media) + "/" + node
+		g.Expect(k.Patch(ctx, bs, patch)).To(Succeed())
 		bs.Status.Worker = &backupv1alpha1.WorkerPlacement{Media: media, Node: node,
 			Endpoint: workerEndpoint(string(media), node)}
 		g.Expect(k.Status().Update(ctx, bs)).To(Succeed())

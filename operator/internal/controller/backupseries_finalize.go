@@ -74,10 +74,15 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 	}
 	for i, at := range copiesOf(bs) {
 		if i > 0 {
-			// Another worker's copy whose node is no longer a storage node is gone with it.
+			// Another worker's copy is skipped only when no worker serves that store (an
+			// adopted one still does) and its node is no longer a storage node.
+			_, found, err := r.Workers.OnNode(ctx, at.Media, at.Node)
+			if err != nil {
+				return failed(err)
+			}
 			if gone, err := r.storeGone(ctx, at.Node); err != nil {
 				return failed(err)
-			} else if gone {
+			} else if gone && !found {
 				continue
 			}
 		}

@@ -62,6 +62,11 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 		return failed(err)
 	}
 	if dest := bs.Annotations[backupv1alpha1.MovingAnnotation]; dest != "" {
+		if isHome(bs, dest) {
+			// The move is over (a BackupSeries restored from before its switch, or a stale
+			// read): the destination is the series' home, never a copy to cancel.
+			return proceed2(r.dropAnnotations(ctx, bs, backupv1alpha1.MovingAnnotation))
+		}
 		if target == "" {
 			return r.cancelMove(ctx, s, dest)
 		}
@@ -74,6 +79,12 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 		return proceed()
 	}
 	return r.startMove(ctx, s, target, why)
+}
+
+// isHome says whether rec (MEDIA/NODE) names the series' worker or its placement record.
+func isHome(bs *backupv1alpha1.BackupSeries, rec string) bool {
+	at := bs.Status.Worker
+	return rec == string(at.Media)+"/"+at.Node || rec == bs.Annotations[backupv1alpha1.PlacementAnnotation]
 }
 
 // rollForward finishes a switch whose annotations were written but whose status was not (a
@@ -264,21 +275,26 @@ func (r *BackupSeriesReconciler) continueMove(ctx context.Context, s *seriesRun,
 		s.requeue = min(s.requeue, 10*time.Second)
 		return proceed()
 	}
-	jobs, err := r.backupJobs(ctx, bs)
-	if err != nil {
-		return failed(err)
-	}
-	// Asked at every step up to the switch: a backup Job the cache did not show yet when the
-	// CronJob was suspended, or an external producer's push, must not commit on the source
-	// after the copy listed its versions.
-	p := r.backupProgress(ctx, s)
-	if active, _, _ := tallyJobs(jobs); active > 0 || (p != nil && p.Running) {
-		s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForBackup",
-			fmt.Sprintf("moving to node %s once the running backup ends; no scheduled backup starts meanwhile", node))
-		s.requeue = min(s.requeue, 10*time.Second)
-		return proceed()
-	}
 	return r.runMoveJob(ctx, s, dest, w)
+}
+
+// backupRunning says whether a backup of the series runs: a backup Job (one the cache did not
+// show yet when the CronJob was suspended comes up here later), or a push the worker reports
+// (an external producer). Asked before the copy starts and again before the switch, so that no
+// backup commits on the source after the copy listed its versions.
+func (r *BackupSeriesReconciler) backupRunning(ctx context.Context, s *seriesRun, node string) (bool, error) {
+	jobs, err := r.backupJobs(ctx, s.bs)
+	if err != nil {
+		return false, err
+	}
+	p := r.backupProgress(ctx, s)
+	if active, _, _ := tallyJobs(jobs); active == 0 && (p == nil || !p.Running) {
+		return false, nil
+	}
+	s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForBackup",
+		fmt.Sprintf("moving to node %s once the running backup ends; no scheduled backup starts meanwhile", node))
+	s.requeue = min(s.requeue, 10*time.Second)
+	return true, nil
 }
 
 // runMoveJob creates the copy Job, or acts on how it ended.
@@ -289,6 +305,9 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 	err := r.Get(ctx, client.ObjectKeyFromObject(job), &cur)
 	switch {
 	case apierrors.IsNotFound(err):
+		if busy, err := r.backupRunning(ctx, s, to.Node); err != nil || busy {
+			return proceed2(err)
+		}
 		if err := controllerutil.SetControllerReference(bs, job, r.Scheme); err != nil {
 			return failed(err)
 		}
@@ -314,6 +333,9 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 		return proceed()
 	case !res.succeeded:
 		return r.moveFailed(ctx, s, &cur, res)
+	}
+	if busy, err := r.backupRunning(ctx, s, to.Node); err != nil || busy {
+		return proceed2(err)
 	}
 	return r.switchPlacement(ctx, s, dest, to, &cur, res)
 }
@@ -412,10 +434,19 @@ func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, d
 		return proceed2(err)
 	}
 	media, node, _ := strings.Cut(dest, "/")
-	if api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node); err == nil {
-		if _, err := api.DeleteSeries(ctx, bs.Namespace, bs.Name); err != nil && !workerclient.IsNotFound(err) {
-			s.events.Eventf(bs, "Warning", "MoveCancelled", "the partial copy on node %s is not deleted: %v", node, err)
-		}
+	// Read again, uncached: the partial copy is deleted only if the record still says it is one.
+	if fresh, err := r.freshSeries(ctx, bs); err != nil {
+		return failed(err)
+	} else if fresh.Annotations[backupv1alpha1.MovingAnnotation] != dest || isHome(fresh, dest) {
+		s.requeue = min(s.requeue, time.Second)
+		return proceed()
+	}
+	api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node)
+	if err == nil {
+		_, err = api.DeleteSeries(ctx, bs.Namespace, bs.Name)
+	}
+	if err != nil && !workerclient.IsNotFound(err) {
+		s.events.Eventf(bs, "Warning", "MoveCancelled", "the partial copy on node %s is not deleted: %v", node, err)
 	}
 	if err := r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.MovingAnnotation: ""}); err != nil {
 		return failed(err)
@@ -424,6 +455,22 @@ func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, d
 	s.cs.waiting(backupv1alpha1.ConditionMoving, "Cancelled",
 		fmt.Sprintf("the move to node %s ended before its switch; the series stays on node %s", node, bs.Status.Worker.Node))
 	return proceed()
+}
+
+// freshSeries reads the series through the API reader (the cached client without one).
+func (r *BackupSeriesReconciler) freshSeries(ctx context.Context, bs *backupv1alpha1.BackupSeries) (*backupv1alpha1.BackupSeries, error) {
+	var rd client.Reader = r.Client
+	if r.Reader != nil {
+		rd = r.Reader
+	}
+	fresh := &backupv1alpha1.BackupSeries{}
+	if err := rd.Get(ctx, client.ObjectKeyFromObject(bs), fresh); err != nil {
+		return nil, err
+	}
+	if fresh.Status.Worker == nil {
+		fresh.Status.Worker = bs.Status.Worker
+	}
+	return fresh, nil
 }
 
 // dropFinishedMoveJobs deletes the move Jobs left once no move is under way.
@@ -445,12 +492,25 @@ func (r *BackupSeriesReconciler) dropFinishedMoveJobs(ctx context.Context, bs *b
 // storeGone: node is no longer a storage node (deleted, or its label removed), so its store
 // will not serve again under that node's name.
 func (r *BackupSeriesReconciler) storeGone(ctx context.Context, node string) (bool, error) {
+	if node == "" {
+		return true, nil
+	}
+	// Uncached: the cache holds storage-labelled Nodes only, and a stale answer here forgets a
+	// copy or skips a deletion.
+	var rd client.Reader = r.Client
+	if r.Reader != nil {
+		rd = r.Reader
+	}
 	var n corev1.Node
-	err := r.Get(ctx, client.ObjectKey{Name: node}, &n)
+	err := rd.Get(ctx, client.ObjectKey{Name: node}, &n)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
-	return false, err
+	if err != nil {
+		return false, err
+	}
+	_, labelled := n.Labels[backupv1alpha1.StorageLabel]
+	return !labelled, nil
 }
 
 // dropMovedCopy deletes the copy a finished move left on its source (from is MEDIA/NODE@N: N
@@ -458,11 +518,12 @@ func (r *BackupSeriesReconciler) storeGone(ctx context.Context, node string) (bo
 // gone. It waits, with a remote, until the series' worker's bucket holds every version, so the
 // old copy goes last. It deletes the old worker's versions up to N only: a version above N was
 // written there after the switch (by a producer with the old address), is never deleted, and
-// keeps the note, with a warning naming it. A source whose node is gone is forgotten.
+// keeps the note, with a warning naming it. So does a source without a worker pod: only a person
+// can tell that its node is gone for good.
 func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun, from string) (bool, error) {
 	bs, at := s.bs, s.bs.Status.Worker
 	rec, n, _ := strings.Cut(from, "@")
-	through, _ := strconv.ParseInt(n, 10, 64)
+	through, perr := strconv.ParseInt(n, 10, 64)
 	media, node, _ := strings.Cut(rec, "/")
 	if backupv1alpha1.Media(media) == at.Media && node == at.Node {
 		// A note naming the series' own worker (written by hand?): that copy is the series.
@@ -480,14 +541,16 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 		s.requeue = min(s.requeue, time.Minute)
 		return false, nil
 	}
+	if perr != nil || node == "" {
+		return keep("MovedCopyOnly", "the annotation %s=%q is not MEDIA/NODE@VERSION: nothing is deleted from that worker; "+
+			"check what it holds, then remove the annotation", backupv1alpha1.MovedFromAnnotation, from)
+	}
 	if _, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node); err != nil {
 		return false, err
 	} else if !found {
-		if gone, err := r.storeGone(ctx, node); err != nil || !gone {
-			return keep("MovedCopyKept", "the copy left on node %s is kept until its worker is back", node)
-		}
-		s.events.Eventf(bs, "Normal", "MovedCopyGone", "node %s, which kept the copy the move left, is no longer a storage node", node)
-		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
+		// Never forgotten on its own: versions written there after the move would go unseen.
+		return keep("MovedCopyKept", "the copy left on node %s is kept until its worker is back (if node %s is gone for good, "+
+			"so is that copy: remove the annotation %s)", node, node, backupv1alpha1.MovedFromAnnotation)
 	}
 	here, err := r.versionsOn(ctx, bs, at.Media, at.Node)
 	if err != nil {
@@ -507,17 +570,16 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 	if err != nil {
 		return false, err
 	}
-	var only []string
-	deleted := 0
-	for _, v := range there.VersionList {
-		if v.Number > through {
-			only = append(only, fmt.Sprint(v.Number))
-			continue
-		}
-		if _, err := api.DeleteVersion(ctx, bs.Namespace, bs.Name, v.Number); err != nil && !workerclient.IsNotFound(err) {
+	del, only, missing := oldCopyFate(there.VersionList, here.VersionList, through)
+	for _, v := range del {
+		if _, err := api.DeleteVersion(ctx, bs.Namespace, bs.Name, v); err != nil && !workerclient.IsNotFound(err) {
 			return keep("MovedCopyKept", "the copy left on node %s is not deleted yet: %v", node, err)
 		}
-		deleted++
+	}
+	deleted := len(del)
+	if len(missing) > 0 {
+		return keep("MovedCopyKept", "node %s does not hold version(s) %s that node %s kept: that copy is kept",
+			at.Node, strings.Join(missing, ", "), node)
 	}
 	if len(only) > 0 {
 		return keep("MovedCopyOnly", "node %s holds version(s) %s of the series, written there after the move (by a producer "+
@@ -575,4 +637,33 @@ func (r *BackupSeriesReconciler) setAnnotations(ctx context.Context, bs *backupv
 	}
 	bs.Annotations, bs.ResourceVersion = cp.Annotations, cp.ResourceVersion
 	return nil
+}
+
+// oldCopyFate sorts the versions a move left on the old worker (old) by what becomes of them,
+// given what the series' worker lists now (cur) and the newest version both listed at the
+// switch (through): del are deleted; only were written to the old worker after the switch and
+// are kept; missing are up to through but the series' worker neither holds them (with the same
+// size) nor has expired them (older than its oldest version, itself from before the switch), so
+// they are kept too.
+func oldCopyFate(old, cur []workerclient.Version, through int64) (del []int64, only, missing []string) {
+	held := map[int64]int64{}
+	oldest := int64(-1)
+	for _, v := range cur {
+		held[v.Number] = v.LogicalBytes
+		if oldest < 0 || v.Number < oldest {
+			oldest = v.Number
+		}
+	}
+	for _, v := range old {
+		b, ok := held[v.Number]
+		switch {
+		case v.Number > through:
+			only = append(only, fmt.Sprint(v.Number))
+		case ok && b == v.LogicalBytes, !ok && oldest >= 0 && oldest <= through && v.Number < oldest:
+			del = append(del, v.Number)
+		default:
+			missing = append(missing, fmt.Sprint(v.Number))
+		}
+	}
+	return del, only, missing
 }

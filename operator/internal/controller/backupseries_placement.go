@@ -277,13 +277,15 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 	// away) is where it goes when no worker holds versions of it: that worker's numbering is
 	// the series', and it never gives a number twice.
 	var emptied *Worker
+	answered := true // every worker answered whether it holds the series
 	defer func() {
-		if adopted == nil && emptied != nil {
+		if adopted == nil && emptied != nil && answered {
 			adopted, cands, problems = emptied, nil, nil
 		}
 	}()
 	for i, w := range ws {
 		if !w.Ready {
+			answered = false
 			problems = append(problems, fmt.Sprintf("%s: pod %s not ready", w.Node, w.Pod))
 			continue
 		}
@@ -301,6 +303,7 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		// Not there, or only the record of a series that left (moved away, or every version
 		// deleted): no data to follow there.
 		absent := err == nil || workerclient.IsNotFound(err)
+		answered = answered && absent
 		if w.Host != w.Node {
 			// An adopted store (a lost node's, rebuilt on w.Host) serves the series it holds
 			// until it is given back; a new series goes to a node's own worker, so nothing
