@@ -38,13 +38,9 @@ func drainSpecs() {
 		var spare, ssdNode string
 
 		BeforeAll(func() {
-			spare = mustEnv("E2E_SPARE_NODE")
-			ssdNode = storageNode("ssd")
-			By("labelling the spare node " + spare + " revault.io/storage=ssd")
-			labelNode(spare, "ssd")
 			// Cleanups run last-registered first: the drain mark goes, then any series still
 			// on the spare (a failed spec), then the spare's label and stores.
-			DeferCleanup(func() { restoreSpare(spare) })
+			spare, ssdNode = spareAsSSD()
 			DeferCleanup(func() { deleteSeriesOn(spare, backupv1alpha1.MediaSSD) })
 			DeferCleanup(func() { annotateNode(spare, backupv1alpha1.DrainAnnotation, "") })
 			workerPod("ssd", spare)

@@ -100,11 +100,7 @@ func lostNodeSpecs() {
 		var spare, ssdNode string
 
 		BeforeAll(func() {
-			spare = mustEnv("E2E_SPARE_NODE")
-			ssdNode = storageNode("ssd")
-			By("labelling the spare node " + spare + " revault.io/storage=ssd")
-			labelNode(spare, "ssd")
-			DeferCleanup(func() { restoreSpare(spare) })
+			spare, ssdNode = spareAsSSD()
 			workerPod("ssd", spare)
 		})
 
@@ -149,6 +145,18 @@ func lostNodeSpecs() {
 			expectRestore(ns, "restore-three", "db", "3", 3, sum3, "version 3, backed up after the rebuild")
 		})
 	})
+}
+
+// spareAsSSD labels the spare node ssd (restored, unlabelled and without stores, when the
+// calling container ends) and returns it with the cluster's own ssd node.
+func spareAsSSD() (spare, ssdNode string) {
+	GinkgoHelper()
+	spare = mustEnv("E2E_SPARE_NODE")
+	ssdNode = storageNode("ssd")
+	By("labelling the spare node " + spare + " revault.io/storage=ssd")
+	labelNode(spare, "ssd")
+	DeferCleanup(func() { restoreSpare(spare) })
+	return spare, ssdNode
 }
 
 func labelNode(node, media string) {

@@ -68,6 +68,14 @@ func storageNode(name string) *corev1.Node {
 	return node
 }
 
+// otherSSD is the suite's other SSD node.
+func otherSSD(node string) string {
+	if node == "node-ssd-1" {
+		return "node-ssd-2"
+	}
+	return "node-ssd-1"
+}
+
 // versionNumbers lists the version numbers node's worker holds of ns/name (none when it
 // holds no such series).
 func versionNumbers(node, ns, name string) []int64 {
@@ -91,10 +99,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		bs.Spec.Schedule = "0 2 * * *"
 		bs = placedSeries(bs)
 		from := bs.Status.Worker.Node
-		to := "node-ssd-1"
-		if from == to {
-			to = "node-ssd-2"
-		}
+		to := otherSSD(from)
 		// Both are storage nodes, as in a cluster (a node that is not counts as gone).
 		storageNode(from)
 		storageNode(to)
@@ -180,10 +185,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		push(ns, "db", from, randomTree(128))
 		annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
 		job := moveJobOf(ns, "db")
-		to := "node-ssd-1"
-		if from == to {
-			to = "node-ssd-2"
-		}
+		to := otherSSD(from)
 		out, ok := runMovePod(job, ns, from, to)
 		Expect(ok).To(BeTrue(), out)
 		// An external producer's push lands on the source after the copy listed its versions.
@@ -215,10 +217,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		push(ns, "db", from, randomTree(64))
 		annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
 		job := moveJobOf(ns, "db")
-		to := "node-ssd-1"
-		if from == to {
-			to = "node-ssd-2"
-		}
+		to := otherSSD(from)
 		Expect(job.Annotations[plan.AnnotationMoveTo]).To(Equal("ssd/" + to))
 		// The copy ran (its Job not finished yet) when the move is called off.
 		out, ok := runMovePod(job, ns, from, to)
@@ -243,10 +242,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		ns := newNamespace("moveroll")
 		bs := placedSeries(pvcSeries(ns, "db"))
 		from := bs.Status.Worker.Node
-		to := "node-ssd-1"
-		if from == to {
-			to = "node-ssd-2"
-		}
+		to := otherSSD(from)
 		storageNode(from)
 		storageNode(to)
 		push(ns, "db", from, randomTree(64))
@@ -282,10 +278,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		// Once the operator has seen the drain (it started the move), nothing new goes there.
 		other := placedSeries(pvcSeries(ns, "other"))
 		Expect(other.Status.Worker.Node).NotTo(Equal(from), "a new series is not placed on a drained node")
-		to := "node-ssd-1"
-		if from == to {
-			to = "node-ssd-2"
-		}
+		to := otherSSD(from)
 		Expect(job.Annotations[plan.AnnotationMoveTo]).To(Equal("ssd/" + to))
 		// The copy fails: the series stays on its worker and backups may run there again.
 		finishJob(job, false, `{"error":"uploading to the destination: connection reset"}`)
