@@ -278,6 +278,26 @@ func (r *BackupSeriesReconciler) continueMove(ctx context.Context, s *seriesRun,
 	return r.runMoveJob(ctx, s, dest, w)
 }
 
+// seal seals the series on its worker as moved to *to, or unseals it (nil).
+func (r *BackupSeriesReconciler) seal(ctx context.Context, s *seriesRun, to *string) error {
+	at := s.bs.Status.Worker
+	api, err := r.Workers.API(ctx, at.Media, at.Node)
+	if err != nil {
+		return err
+	}
+	return api.SetMovedTo(ctx, s.bs.Namespace, s.bs.Name, to)
+}
+
+// annotationSourceChanged, on a succeeded move Job, is when the operator found the source's
+// versions changed since the copy: the copy is made again moveRetryAfter later.
+const annotationSourceChanged = "revault.io/source-changed"
+
+// sourceChangedAt reads annotationSourceChanged.
+func sourceChangedAt(j *batchv1.Job) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339, j.Annotations[annotationSourceChanged])
+	return t, err == nil
+}
+
 // backupRunning says whether a backup of the series runs: a backup Job (one the cache did not
 // show yet when the CronJob was suspended comes up here later), or a push the worker reports
 // (an external producer). Asked before the copy starts and again before the switch, so that no
@@ -334,10 +354,27 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 	case !res.succeeded:
 		return r.moveFailed(ctx, s, &cur, res)
 	}
+	if at, ok := sourceChangedAt(&cur); ok {
+		// The last comparison found the source changed: backups run there for a while, then
+		// the Job goes and the copy is made again.
+		return r.retryLater(ctx, s, &cur, jobResult{done: true, at: at}, "SourceChanged",
+			"the source changed during the copy")
+	}
 	if busy, err := r.backupRunning(ctx, s, to.Node); err != nil || busy {
 		return proceed2(err)
 	}
-	return r.switchPlacement(ctx, s, dest, to, &cur, res)
+	// Sealed before the last comparison: from here on the old worker refuses every backup of
+	// the series (naming the new one), so none is acknowledged there after the versions were
+	// compared. A backup still running there makes the seal wait (409 series_busy).
+	if err := r.seal(ctx, s, &to.Endpoint); workerclient.IsConflict(err) {
+		s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForBackup",
+			fmt.Sprintf("switching to node %s once the backup running on node %s ends", to.Node, s.bs.Status.Worker.Node))
+		s.requeue = min(s.requeue, 10*time.Second)
+		return proceed()
+	} else if err != nil {
+		return failed(err)
+	}
+	return r.switchPlacement(ctx, s, dest, to, &cur)
 }
 
 // moveFailed lets backups run on the source again and retries the copy after moveRetryAfter
@@ -365,8 +402,7 @@ func (r *BackupSeriesReconciler) retryLater(ctx context.Context, s *seriesRun, j
 // switchPlacement checks that the destination lists every version the source does, then moves
 // the placement record there (noting the source's copy, and the newest version checked, for
 // deletion) and the status with it. The Job is deleted by a later reconcile, after the status.
-func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesRun, dest string, to Worker, j *batchv1.Job,
-	res jobResult) (ctrl.Result, bool, error) {
+func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesRun, dest string, to Worker, j *batchv1.Job) (ctrl.Result, bool, error) {
 	bs := s.bs
 	from := bs.Status.Worker
 	same, through, msg, err := r.sameVersions(ctx, bs, from, to)
@@ -375,8 +411,23 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 	}
 	if !same {
 		// A version reached the source after the copy listed its versions (an external
-		// producer), or one expired there: copy again, after a pause.
-		return r.retryLater(ctx, s, j, res, "SourceChanged", "the source changed during the copy ("+msg+")")
+		// producer), or one expired there: unsealed, backups run there again, and the copy is
+		// made again after a pause (sourceChangedPause reads it from the condition).
+		if err := r.seal(ctx, s, nil); err != nil {
+			return failed(err)
+		}
+		// The pause is recorded on the Job (a stale read of the series cannot lose it).
+		patch := client.MergeFrom(j.DeepCopy())
+		if j.Annotations == nil {
+			j.Annotations = map[string]string{}
+		}
+		now := r.Now().UTC()
+		j.Annotations[annotationSourceChanged] = now.Format(time.RFC3339)
+		if err := r.Patch(ctx, j, patch); err != nil {
+			return failed(err)
+		}
+		return r.retryLater(ctx, s, j, jobResult{done: true, at: now}, "SourceChanged",
+			"the source changed during the copy ("+msg+")")
 	}
 	fromRec := fmt.Sprintf("%s/%s@%d", from.Media, from.Node, through)
 	err = r.setAnnotations(ctx, bs, map[string]string{
@@ -440,6 +491,10 @@ func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, d
 	} else if fresh.Annotations[backupv1alpha1.MovingAnnotation] != dest || isHome(fresh, dest) {
 		s.requeue = min(s.requeue, time.Second)
 		return proceed()
+	}
+	// A crash between the seal and the switch left the source sealed: it takes backups again.
+	if err := r.seal(ctx, s, nil); err != nil && !workerclient.IsNotFound(err) {
+		return failed(err)
 	}
 	api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node)
 	if err == nil {

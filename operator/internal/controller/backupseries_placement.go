@@ -297,7 +297,7 @@ func (r *BackupSeriesReconciler) candidates(ctx context.Context, bs *backupv1alp
 		if err == nil && d.Versions > 0 {
 			return &ws[i], nil, nil, nil
 		}
-		if err == nil && emptied == nil && w.Host == w.Node {
+		if err == nil && emptied == nil && w.Host == w.Node && d.MovedTo == nil {
 			emptied = &ws[i]
 		}
 		// Not there, or only the record of a series that left (moved away, or every version

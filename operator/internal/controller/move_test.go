@@ -154,9 +154,16 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		Expect(versionNumbers(to, ns, "db")).To(Equal([]int64{2, 3, 4}))
 		Eventually(func() []string { return eventReasons(bs) }).Should(ContainElement("MoveStarted"))
 
+		By("the old worker refusing the series' backups, naming the new one")
+		pout, perr, pok := runRevault("--quiet", "push", "--server", workerURL[from], "--token-file", nsTokenFile(ns),
+			"--series", plan.SeriesID(ns, "db"), randomTree(32))
+		Expect(pok).To(BeFalse(), pout)
+		Expect(perr).To(ContainSubstring("was moved to " + getSeries(ns, "db").Status.Worker.Endpoint))
+
 		By("keeping a source's copy that holds a version the destination lacks")
-		// A producer that still had the old address pushed there after the switch: that copy
-		// is not deleted, and a warning names the version.
+		// A version that reached the old worker anyway (its seal taken away by hand here): that
+		// copy is not deleted, and a warning names the version.
+		Expect(adminClient(from).SetMovedTo(ctx, ns, "db", nil)).To(Succeed())
 		push(ns, "db", from, randomTree(32))
 		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{4}))
 		annotate(bs, backupv1alpha1.MovedFromAnnotation, "ssd/"+from+"@3")

@@ -153,6 +153,15 @@ func (i *instrumented) DeleteSeries(ctx context.Context, ns, name string) (*work
 	})
 }
 
+// SetMovedTo seals a series as moved to the address to (its backups are refused with 409
+// series_moved), or unseals it with nil. 409 series_busy while a backup of it runs.
+func (i *instrumented) SetMovedTo(ctx context.Context, ns, name string, to *string) error {
+	_, err := call(ctx, i.at, "set_moved_to", func(ctx context.Context) (*workerclient.Series, error) {
+		return workerclient.JSON(i.c.PutMovedToWithResponse(ctx, ns, name, workerclient.PutMovedToJSONRequestBody{MovedTo: to}))
+	})
+	return err
+}
+
 // DeleteVersion expires one version of a series.
 func (i *instrumented) DeleteVersion(ctx context.Context, ns, name string, version int64) (*workerclient.ExpireReport, error) {
 	return call(ctx, i.at, "delete_version", func(ctx context.Context) (*workerclient.ExpireReport, error) {

@@ -88,6 +88,7 @@ const (
 	ErrorCodeRemoteUnavailable    ErrorCode = "remote_unavailable"
 	ErrorCodeRequestTimeout       ErrorCode = "request_timeout"
 	ErrorCodeSeriesBusy           ErrorCode = "series_busy"
+	ErrorCodeSeriesMoved          ErrorCode = "series_moved"
 	ErrorCodeStarting             ErrorCode = "starting"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
 	ErrorCodeUnavailable          ErrorCode = "unavailable"
@@ -166,6 +167,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeRequestTimeout:
 		return true
 	case ErrorCodeSeriesBusy:
+		return true
+	case ErrorCodeSeriesMoved:
 		return true
 	case ErrorCodeStarting:
 		return true
@@ -799,6 +802,10 @@ type Series struct {
 	LatestTime     *time.Time `json:"latestTime"`
 	LogicalBytes   int64      `json:"logicalBytes"`
 
+	// MovedTo the address the series was moved to (`PUT …/moved-to`): this worker
+	// refuses its backups with 409 `series_moved`. null normally.
+	MovedTo *string `json:"movedTo"`
+
 	// Retention a series' stored retention (every field present)
 	Retention RetentionState `json:"retention"`
 
@@ -815,6 +822,9 @@ type SeriesDetail struct {
 	Latest         *int64     `json:"latest"`
 	LatestTime     *time.Time `json:"latestTime"`
 	LogicalBytes   int64      `json:"logicalBytes"`
+
+	// MovedTo as in Series
+	MovedTo *string `json:"movedTo"`
 
 	// PendingExpiry the versions the series' retention no longer keeps, oldest first:
 	// what `POST …/expire {"applyRetention": true}` (or automatic
@@ -1015,6 +1025,11 @@ type ListSeriesParams struct {
 	Namespace *Namespace `form:"namespace,omitempty" json:"namespace,omitempty"`
 }
 
+// PutMovedToJSONBody defines parameters for PutMovedTo.
+type PutMovedToJSONBody struct {
+	MovedTo *string `json:"movedTo"`
+}
+
 // PutVersionParams defines parameters for PutVersion.
 type PutVersionParams struct {
 	Unit *PutVersionParamsUnit `form:"unit,omitempty" json:"unit,omitempty"`
@@ -1057,6 +1072,9 @@ type RunGcJSONRequestBody = GcRequest
 
 // ExpireVersionsJSONRequestBody defines body for ExpireVersions for application/json ContentType.
 type ExpireVersionsJSONRequestBody = ExpireRequest
+
+// PutMovedToJSONRequestBody defines body for PutMovedTo for application/json ContentType.
+type PutMovedToJSONRequestBody PutMovedToJSONBody
 
 // PutRetentionJSONRequestBody defines body for PutRetention for application/json ContentType.
 type PutRetentionJSONRequestBody = Retention
@@ -1524,6 +1542,38 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/series/{ns}/{name}/expire (the `ExpireVersions` operationId).
 	ExpireVersions(ctx context.Context, ns Ns, name Name, body ExpireVersionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PutMovedToWithBody Seal a series moved to another worker, or unseal it.
+	//
+	// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+	// backup is refused with 409 `series_moved`, whose message names the
+	// address, so a producer that still has this worker's address is told
+	// instead of acknowledged where nobody looks. Refused with 409
+	// `series_busy` while a backup of the series runs: once this succeeds, no
+	// version is added until `{"movedTo": null}`. Restores, expiry and
+	// deletion go on. `revault move` and the operator's move set it before
+	// the switch.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+	PutMovedToWithBody(ctx context.Context, ns Ns, name Name, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutMovedTo Seal a series moved to another worker, or unseal it.
+	//
+	// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+	// backup is refused with 409 `series_moved`, whose message names the
+	// address, so a producer that still has this worker's address is told
+	// instead of acknowledged where nobody looks. Refused with 409
+	// `series_busy` while a backup of the series runs: once this succeeds, no
+	// version is added until `{"movedTo": null}`. Restores, expiry and
+	// deletion go on. `revault move` and the operator's move set it before
+	// the switch.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+	PutMovedTo(ctx context.Context, ns Ns, name Name, body PutMovedToJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// PutRetentionWithBody Store the series' retention (creates the series if needed).
 	//
 	// 201 when the request created the series (a retention set before the
@@ -1954,6 +2004,58 @@ func (c *Client) ExpireVersionsWithBody(ctx context.Context, ns Ns, name Name, c
 // Corresponds with POST /v1/series/{ns}/{name}/expire (the `ExpireVersions` operationId).
 func (c *Client) ExpireVersions(ctx context.Context, ns Ns, name Name, body ExpireVersionsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewExpireVersionsRequest(c.Server, ns, name, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutMovedToWithBody Seal a series moved to another worker, or unseal it.
+//
+// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+// backup is refused with 409 `series_moved`, whose message names the
+// address, so a producer that still has this worker's address is told
+// instead of acknowledged where nobody looks. Refused with 409
+// `series_busy` while a backup of the series runs: once this succeeds, no
+// version is added until `{"movedTo": null}`. Restores, expiry and
+// deletion go on. `revault move` and the operator's move set it before
+// the switch.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+func (c *Client) PutMovedToWithBody(ctx context.Context, ns Ns, name Name, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutMovedToRequestWithBody(c.Server, ns, name, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutMovedTo Seal a series moved to another worker, or unseal it.
+//
+// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+// backup is refused with 409 `series_moved`, whose message names the
+// address, so a producer that still has this worker's address is told
+// instead of acknowledged where nobody looks. Refused with 409
+// `series_busy` while a backup of the series runs: once this succeeds, no
+// version is added until `{"movedTo": null}`. Restores, expiry and
+// deletion go on. `revault move` and the operator's move set it before
+// the switch.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+func (c *Client) PutMovedTo(ctx context.Context, ns Ns, name Name, body PutMovedToJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutMovedToRequest(c.Server, ns, name, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2996,6 +3098,60 @@ func NewExpireVersionsRequestWithBody(server string, ns Ns, name Name, contentTy
 	return req, nil
 }
 
+// NewPutMovedToRequest calls the generic PutMovedTo builder with application/json body
+func NewPutMovedToRequest(server string, ns Ns, name Name, body PutMovedToJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutMovedToRequestWithBody(server, ns, name, "application/json", bodyReader)
+}
+
+// NewPutMovedToRequestWithBody constructs an http.Request for the PutMovedTo method, with any body, and a specified content type
+func NewPutMovedToRequestWithBody(server string, ns Ns, name Name, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "ns", ns, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "name", name, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/series/%s/%s/moved-to", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewPutRetentionRequest calls the generic PutRetention builder with application/json body
 func NewPutRetentionRequest(server string, ns Ns, name Name, body PutRetentionJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -3709,6 +3865,38 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/series/{ns}/{name}/expire (the `ExpireVersions` operationId).
 	ExpireVersionsWithResponse(ctx context.Context, ns Ns, name Name, body ExpireVersionsJSONRequestBody, reqEditors ...RequestEditorFn) (*ExpireVersionsResponse, error)
+
+	// PutMovedToWithBodyWithResponse Seal a series moved to another worker, or unseal it.
+	//
+	// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+	// backup is refused with 409 `series_moved`, whose message names the
+	// address, so a producer that still has this worker's address is told
+	// instead of acknowledged where nobody looks. Refused with 409
+	// `series_busy` while a backup of the series runs: once this succeeds, no
+	// version is added until `{"movedTo": null}`. Restores, expiry and
+	// deletion go on. `revault move` and the operator's move set it before
+	// the switch.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+	PutMovedToWithBodyWithResponse(ctx context.Context, ns Ns, name Name, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutMovedToResponse, error)
+
+	// PutMovedToWithResponse Seal a series moved to another worker, or unseal it.
+	//
+	// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+	// backup is refused with 409 `series_moved`, whose message names the
+	// address, so a producer that still has this worker's address is told
+	// instead of acknowledged where nobody looks. Refused with 409
+	// `series_busy` while a backup of the series runs: once this succeeds, no
+	// version is added until `{"movedTo": null}`. Restores, expiry and
+	// deletion go on. `revault move` and the operator's move set it before
+	// the switch.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+	PutMovedToWithResponse(ctx context.Context, ns Ns, name Name, body PutMovedToJSONRequestBody, reqEditors ...RequestEditorFn) (*PutMovedToResponse, error)
 
 	// PutRetentionWithBodyWithResponse Store the series' retention (creates the series if needed).
 	//
@@ -4995,6 +5183,103 @@ func (r ExpireVersionsResponse) ContentType() string {
 	return ""
 }
 
+type PutMovedToResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Series
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+	// JSON507 the response for an HTTP 507 `application/json` response
+	JSON507 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutMovedToResponse) GetJSON200() *Series {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutMovedToResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutMovedToResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutMovedToResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutMovedToResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r PutMovedToResponse) GetJSON408() *Error {
+	return r.JSON408
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PutMovedToResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutMovedToResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetJSON507 returns the response for an HTTP 507 `application/json` response
+func (r PutMovedToResponse) GetJSON507() *Error {
+	return r.JSON507
+}
+
+// GetBody returns the raw response body bytes
+func (r PutMovedToResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutMovedToResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutMovedToResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutMovedToResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type PutRetentionResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5927,6 +6212,50 @@ func (c *ClientWithResponses) ExpireVersionsWithResponse(ctx context.Context, ns
 		return nil, err
 	}
 	return ParseExpireVersionsResponse(rsp)
+}
+
+// PutMovedToWithBodyWithResponse Seal a series moved to another worker, or unseal it.
+//
+// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+// backup is refused with 409 `series_moved`, whose message names the
+// address, so a producer that still has this worker's address is told
+// instead of acknowledged where nobody looks. Refused with 409
+// `series_busy` while a backup of the series runs: once this succeeds, no
+// version is added until `{"movedTo": null}`. Restores, expiry and
+// deletion go on. `revault move` and the operator's move set it before
+// the switch.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+func (c *ClientWithResponses) PutMovedToWithBodyWithResponse(ctx context.Context, ns Ns, name Name, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutMovedToResponse, error) {
+	rsp, err := c.PutMovedToWithBody(ctx, ns, name, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutMovedToResponse(rsp)
+}
+
+// PutMovedToWithResponse Seal a series moved to another worker, or unseal it.
+//
+// With `{"movedTo": ADDRESS}` the series takes no new version here: every
+// backup is refused with 409 `series_moved`, whose message names the
+// address, so a producer that still has this worker's address is told
+// instead of acknowledged where nobody looks. Refused with 409
+// `series_busy` while a backup of the series runs: once this succeeds, no
+// version is added until `{"movedTo": null}`. Restores, expiry and
+// deletion go on. `revault move` and the operator's move set it before
+// the switch.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/series/{ns}/{name}/moved-to (the `PutMovedTo` operationId).
+func (c *ClientWithResponses) PutMovedToWithResponse(ctx context.Context, ns Ns, name Name, body PutMovedToJSONRequestBody, reqEditors ...RequestEditorFn) (*PutMovedToResponse, error) {
+	rsp, err := c.PutMovedTo(ctx, ns, name, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutMovedToResponse(rsp)
 }
 
 // PutRetentionWithBodyWithResponse Store the series' retention (creates the series if needed).
@@ -6970,6 +7299,88 @@ func ParseExpireVersionsResponse(rsp *http.Response) (*ExpireVersionsResponse, e
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
 		var dest ExpireReport
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 507:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON507 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePutMovedToResponse parses an HTTP response from a PutMovedToWithResponse call
+func ParsePutMovedToResponse(rsp *http.Response) (*PutMovedToResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutMovedToResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Series
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

@@ -41,6 +41,9 @@ pub enum Error {
     #[error("series {series} already has a backup in progress")]
     SeriesBusy { series: String },
 
+    #[error("series {series} was moved to {to}: it takes no new version here")]
+    SeriesMoved { series: String, to: String },
+
     #[error("series {series} uses unit {existing}; a backup asked for {requested} (a series keeps one dedup unit)")]
     UnitMismatch {
         series: String,
@@ -124,6 +127,8 @@ error_kinds! {
     UnknownSeries => "unknown_series",
     UnknownVersion => "unknown_version",
     SeriesBusy => "series_busy",
+    /// The series was moved to another worker; back it up there.
+    SeriesMoved => "series_moved",
     UnitMismatch => "unit_mismatch",
     CorruptContainer => "corrupt_container",
     CorruptMetadata => "corrupt_metadata",
@@ -156,6 +161,7 @@ impl ErrorKind {
             | ErrorKind::UnknownVersion
             | ErrorKind::UnitMismatch
             | ErrorKind::InvalidArgument
+            | ErrorKind::SeriesMoved
             | ErrorKind::BadGzip => true,
             ErrorKind::Locked
             | ErrorKind::SeriesBusy
@@ -188,6 +194,7 @@ impl Error {
             Error::UnknownSeries(_) => ErrorKind::UnknownSeries,
             Error::UnknownVersion { .. } => ErrorKind::UnknownVersion,
             Error::SeriesBusy { .. } => ErrorKind::SeriesBusy,
+            Error::SeriesMoved { .. } => ErrorKind::SeriesMoved,
             Error::UnitMismatch { .. } => ErrorKind::UnitMismatch,
             Error::CorruptContainer { .. } => ErrorKind::CorruptContainer,
             Error::CorruptMetadata { .. } => ErrorKind::CorruptMetadata,

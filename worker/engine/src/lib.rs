@@ -66,6 +66,7 @@ pub use maintenance::expire::{expire, ExpireReport, ExpireSel};
 pub use maintenance::gc::{gc, GcOptions, GcReport};
 pub use maintenance::repeats::{repeats, RepeatReport};
 pub use maintenance::retention::{auto_or_current, plan_expiry, set_retention};
+pub use maintenance::seal::set_moved_to;
 pub use maintenance::slide::{slide, SlideReport};
 pub use maintenance::tiering::live_containers;
 pub use store::orphans::{OrphanReport, QUARANTINE};

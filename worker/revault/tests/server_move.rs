@@ -130,6 +130,24 @@ fn a_moved_series_keeps_its_numbers_times_kinds_and_bytes() {
         "the source still lists {:?}",
         listed(&a, s)
     );
+    // It refuses the series' backups, naming the destination.
+    let au = a.url();
+    let out = client(
+        &["push", "--server", &au, "--series", s, f1.to_str().unwrap()],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("moved to {}", b.url())),
+        "{err}"
+    );
+    let ct = [("Content-Type", "application/octet-stream")];
+    a.request("PUT", &format!("/v1/series/{s}/versions"), &ct, b"late")
+        .assert_error(409, "series_moved");
+    assert_eq!(
+        a.get(&format!("/v1/series/{s}"), None).json()["movedTo"],
+        b.url()
+    );
     push(&b.url(), s, f2.to_str().unwrap(), "2026-11-04T02:00:00Z");
     assert_eq!(listed(&b, s).last().unwrap().0, 4);
 }

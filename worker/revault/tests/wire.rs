@@ -227,6 +227,8 @@ const SERIES: &[(&str, &str)] = &[
     ("retention", "object"),
     // A store without a remote (server_remote.rs has one).
     ("durableVersion", "null"),
+    // Not moved to another worker.
+    ("movedTo", "null"),
 ];
 
 const VERSION: &[(&str, &str)] = &[

@@ -191,6 +191,10 @@ pub struct SeriesRecord {
     /// The last backup's shape, for rewrite budgets.
     #[serde(default)]
     pub last: VersionHint,
+    /// Set when the series was moved to another worker (its address): it takes no new
+    /// version here, so a producer that still has this address is told, not acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

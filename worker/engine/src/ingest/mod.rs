@@ -188,6 +188,12 @@ fn version_number(
 /// Step 1: the series (new or not), its unit and the rewrite settings this backup uses.
 fn open_series(store: &Store, series_name: &str, opts: &BackupOptions) -> Result<Target> {
     let existing = store.meta.series(series_name)?;
+    if let Some(to) = existing.as_ref().and_then(|s| s.moved_to.clone()) {
+        return Err(Error::SeriesMoved {
+            series: series_name.to_string(),
+            to,
+        });
+    }
     // A series without versions takes its unit from this backup: one created by `retention
     // set`, or one emptied by expiring every version (DELETE of the series through the API,
     // after which a new series of the same name may pick another unit).
@@ -426,6 +432,7 @@ fn commit_version(
                 deleted_since_gc: false,
                 rewrite: stored_rewrite,
                 last,
+                moved_to: None,
             },
         }),
     ));

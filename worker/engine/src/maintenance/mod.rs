@@ -11,6 +11,7 @@ pub mod expire;
 pub mod gc;
 pub mod repeats;
 pub mod retention;
+pub mod seal;
 pub mod slide;
 pub mod tiering;
 

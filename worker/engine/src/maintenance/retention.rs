@@ -76,6 +76,7 @@ pub fn set_retention(
                 deleted_since_gc: false,
                 rewrite: Default::default(),
                 last: Default::default(),
+                moved_to: None,
             },
         }),
     ));

@@ -148,12 +148,27 @@ async fn run(a: &MoveArgs, path: &str, src: &Conn, dst: &Conn, quiet: bool) -> R
                 )
             })?;
     }
+    // Sealed before the last look: from here on the source refuses every backup of the series,
+    // naming the destination, so none can be acknowledged there after that look.
+    if !a.keep_source {
+        set_moved_to(src, path, Some(&dst.base))
+            .await
+            .with_context(|| {
+                format!(
+                    "sealing {} on {} (a backup of it running there? run again once it ended)",
+                    a.series, src.base
+                )
+            })?;
+    }
     // A backup the source took meanwhile would be left behind: the caller stops backups first.
     let now = held(src, path)
         .await?
         .map(|h| h.versions)
         .unwrap_or_default();
     if now.last().map(|v| v.number) != from.versions.last().map(|v| v.number) {
+        if !a.keep_source {
+            set_moved_to(src, path, None).await?;
+        }
         bail!(
             "series {} gained a version on {} during the move: stop its backups and run the move again",
             a.series,
@@ -180,6 +195,19 @@ async fn run(a: &MoveArgs, path: &str, src: &Conn, dst: &Conn, quiet: bool) -> R
         "logicalBytes": from.versions.iter().map(|v| v.logical_bytes).sum::<u64>(),
         "sourceKept": a.keep_source,
     }))
+}
+
+/// Seals the series on `c` as moved to `to` (its backups are refused, naming `to`), or unseals
+/// it with `None`.
+async fn set_moved_to(c: &Conn, path: &str, to: Option<&str>) -> Result<()> {
+    let resp = c
+        .req(reqwest::Method::PUT, &format!("{path}/moved-to"))
+        .json(&json!({ "movedTo": to }))
+        .send()
+        .await
+        .with_context(|| format!("reaching {}", c.base))?;
+    check(resp).await?;
+    Ok(())
 }
 
 /// Deletes from the destination the versions the source no longer lists; returns the rest.

@@ -395,6 +395,36 @@ pub async fn put_retention(
     Ok((status, Json(wire::Retention::from(&s.retention))).into_response())
 }
 
+/// `PUT …/moved-to`: seals the series once it was moved to another worker (or unseals it with
+/// `null`). Refused with 409 `series_busy` while a backup of it runs; afterwards every backup is
+/// refused with 409 `series_moved`, naming the address.
+pub async fn put_moved_to(
+    State(app): AppState,
+    p: Principal,
+    path: SeriesPath,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let name = series_name(&p, path)?;
+    let Some(m) = json_body::<wire::MovedTo>(&headers, body).await? else {
+        return Err(ApiError::bad_request(
+            ApiCode::BadJson,
+            "expected {\"movedTo\": \"https://…\"} or {\"movedTo\": null}",
+        ));
+    };
+    let row = guarded(&app, move |a, store| {
+        let s = revault_engine::set_moved_to(store, &name, m.moved_to)?;
+        let vs = store.versions(&s)?;
+        Ok(wire::Series::new(
+            &s,
+            &vs,
+            a.durable.durable_version(&s.name),
+        ))
+    })
+    .await?;
+    Ok(Json(row).into_response())
+}
+
 pub async fn slide(State(app): AppState, p: Principal, path: SeriesPath) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
     let rep = guarded(&app, move |a, store| {

@@ -99,6 +99,7 @@ fn engine_status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::UnitMismatch
         | ErrorKind::Cancelled => StatusCode::BAD_REQUEST,
         ErrorKind::SeriesBusy
+        | ErrorKind::SeriesMoved
         | ErrorKind::Locked
         | ErrorKind::AlreadyInitialised
         | ErrorKind::NotEmpty => StatusCode::CONFLICT,
@@ -209,6 +210,7 @@ mod tests {
             Error::UnknownSeries(_) => "UnknownSeries",
             Error::UnknownVersion { .. } => "UnknownVersion",
             Error::SeriesBusy { .. } => "SeriesBusy",
+            Error::SeriesMoved { .. } => "SeriesMoved",
             Error::UnitMismatch { .. } => "UnitMismatch",
             Error::CorruptContainer { .. } => "CorruptContainer",
             Error::CorruptMetadata { .. } => "CorruptMetadata",
@@ -223,7 +225,7 @@ mod tests {
         }
     }
 
-    const VARIANTS: usize = 19;
+    const VARIANTS: usize = 20;
 
     fn io(context: &str, source: io::Error) -> Error {
         Error::Io {
@@ -274,6 +276,14 @@ mod tests {
                 "unknown_version",
             ),
             (Error::SeriesBusy { series: s() }, 409, "series_busy"),
+            (
+                Error::SeriesMoved {
+                    series: s(),
+                    to: "https://w2:8420".into(),
+                },
+                409,
+                "series_moved",
+            ),
             (
                 Error::UnitMismatch {
                     series: s(),

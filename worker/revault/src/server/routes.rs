@@ -73,6 +73,12 @@ pub fn table() -> Vec<Route> {
             api::put_retention,
         ),
         route(
+            M::PUT,
+            "/v1/series/{ns}/{name}/moved-to",
+            "putMovedTo",
+            api::put_moved_to,
+        ),
+        route(
             M::POST,
             "/v1/series/{ns}/{name}/slide",
             "slideSeries",

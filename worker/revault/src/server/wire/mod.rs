@@ -35,8 +35,8 @@ pub use reports::{
     BackupReport, DiskSpace, ExpireReport, GcReport, RemoteStats, RestoreReport, SlideReport, Stats,
 };
 pub use series::{
-    BackupProgress, ExpireRequest, GcRequest, GetVersionQuery, PutVersionQuery, Retention, Series,
-    SeriesDetail, SeriesListQuery, Version,
+    BackupProgress, ExpireRequest, GcRequest, GetVersionQuery, MovedTo, PutVersionQuery, Retention,
+    Series, SeriesDetail, SeriesListQuery, Version,
 };
 
 /// What a version holds (`X-Revault-Kind` too).

@@ -181,6 +181,7 @@ fn series() -> Series {
         logical_bytes: 1 << 20,
         retention: retention(),
         durable_version: Some(1),
+        moved_to: None,
     }
 }
 
@@ -320,6 +321,14 @@ fn samples() -> Vec<(&'static str, &'static str, Value)> {
         ),
         ("deleteSeries", "200", to_json(expire())),
         ("putRetention", "200", to_json(retention())),
+        (
+            "putMovedTo",
+            "200",
+            to_json(Series {
+                moved_to: Some("https://revault-worker-ssd-b.revault-system.svc:8420".into()),
+                ..series()
+            }),
+        ),
         ("putRetention", "201", to_json(retention())),
         ("slideSeries", "200", to_json(slide())),
         ("expireVersions", "200", to_json(expire())),
@@ -508,6 +517,7 @@ fn request_bodies_take_exactly_the_fields_of_their_schema() {
     let ours = [
         ("runGc", accepted_fields::<GcRequest>()),
         ("putRetention", accepted_fields::<Retention>()),
+        ("putMovedTo", accepted_fields::<MovedTo>()),
         ("expireVersions", accepted_fields::<ExpireRequest>()),
         ("signObjectUrl", accepted_fields::<SignRequest>()),
     ];

@@ -95,6 +95,8 @@ pub struct Series {
     /// the bucket has every version up to it. `null` without a remote, or before the first
     /// upload of the series.
     pub durable_version: Option<u32>,
+    /// The address the series was moved to; it takes no new version here. `null` normally.
+    pub moved_to: Option<String>,
 }
 
 impl Series {
@@ -110,6 +112,7 @@ impl Series {
             logical_bytes: vs.iter().map(|v| v.logical_bytes).sum(),
             retention: Retention::from(&s.retention),
             durable_version: durable,
+            moved_to: s.moved_to.clone(),
         }
     }
 }
@@ -226,6 +229,13 @@ pub struct PutVersionQuery {
     pub time: Option<String>,
     /// The new version's number (`revault move` keeps a series' numbers); default the next.
     pub version: Option<u32>,
+}
+
+/// `PUT …/moved-to`: where the series went (`null`: it takes versions here again).
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MovedTo {
+    pub moved_to: Option<String>,
 }
 
 /// `GET …/versions/{version}?cache=&cacheMib=`.
