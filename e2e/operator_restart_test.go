@@ -109,8 +109,8 @@ func scaleOperator(n int32) {
 // Job goes on without it; the new operator pod takes the lease, records the version (one: the
 // request is not backed up twice), and the version restores byte-exact.
 //
-// 7c. The same with two operator replicas: the leader is killed, and the standby (not a pod
-// made again) takes the lease once it expires and carries on.
+// 7c. The same with two operator replicas: the leader is killed, and another live pod (the
+// standby, or the leader's replacement if it starts first) takes the lease and carries on.
 func operatorRestartSpecs() {
 	Describe("7b. the operator restarted mid-backup", Ordered, func() {
 		It("finishes the backup once, and the new operator records it", func() {
@@ -140,7 +140,7 @@ func operatorRestartSpecs() {
 			DeferCleanup(func() { scaleOperator(1) })
 		})
 
-		It("the standby takes the lease when the leader is killed mid-backup, and records the backup once", func() {
+		It("another pod takes the lease when the leader is killed mid-backup, and records the backup once", func() {
 			backupThroughOperatorLoss("e2e-opfailover", 73, func() {
 				var leader, standby string
 				Eventually(func(g Gomega) {
@@ -158,8 +158,22 @@ func operatorRestartSpecs() {
 				start := time.Now()
 				Expect(k.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: leader}},
 					client.GracePeriodSeconds(0))).To(Succeed())
-				Eventually(leaseHolder).WithTimeout(podTimeout).WithPolling(time.Second).Should(Equal(standby))
-				GinkgoWriter.Printf("the lease moved from %s to %s in %s\n", leader, standby, time.Since(start).Round(time.Second))
+				// The standby usually wins; the leader's replacement pod may win the election
+				// instead when it starts before the lease expires. Either is a failover: what
+				// matters is that a live pod leads and records the backup once.
+				var holder string
+				Eventually(func(g Gomega) {
+					holder = leaseHolder(g)
+					g.Expect(holder).NotTo(BeEmpty())
+					g.Expect(holder).NotTo(Equal(leader))
+					var names []string
+					for _, p := range operatorPods(g) {
+						names = append(names, p.Name)
+					}
+					g.Expect(names).To(ContainElement(holder))
+				}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+				GinkgoWriter.Printf("the lease moved from %s to %s in %s (the standby was %s)\n",
+					leader, holder, time.Since(start).Round(time.Second), standby)
 			})
 		})
 	})
