@@ -260,6 +260,33 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
     }
 }
 
+/// A move deletes the versions it moved from the old worker while a restore from there may still
+/// be streaming one of them (a RestoreJob started before the switch). The restore's own version
+/// is expired, every other version too, and gc runs twice: the restore finishes byte-exact, and
+/// nothing it held is left behind afterwards.
+#[test]
+fn a_restore_finishes_byte_exact_while_its_own_version_is_expired_and_collected() {
+    for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
+        let (_d, st) = new_store(small_config());
+        let st = Arc::new(st);
+        let (_, v2) = half_shared_versions(&st, "team/a", unit, 23);
+
+        let restoring = StalledRestore::start(&st, "team/a", 2);
+        expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
+        expire(&st, "team/a", &ExpireSel::Version(2)).unwrap();
+        gc(&st, &compact_all()).unwrap();
+        gc(&st, &compact_all()).unwrap();
+        let (r, out) = restoring.finish();
+        assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
+        assert!(out == v2, "{unit}: restored bytes differ");
+        gc(&st, &compact_all()).unwrap();
+        assert_clean(&st, &format!("{unit}"));
+        let t = st.totals().unwrap();
+        assert_eq!(t.containers, 0, "{unit}: nothing is left once the restore is over: {t:?}");
+        assert_eq!(files_in(st.data_dir()), 0, "{unit}: container files left on disk");
+    }
+}
+
 /// A restore that ends hands the files whose unlink waited for it to its
 /// own thread, which unlinks them without the commit lock. A gc may look at
 /// the data directory in between: the files are then freed, held by no
