@@ -1027,6 +1027,7 @@ type ListSeriesParams struct {
 
 // PutMovedToJSONBody defines parameters for PutMovedTo.
 type PutMovedToJSONBody struct {
+	// MovedTo an address, without control characters
 	MovedTo *string `json:"movedTo"`
 }
 

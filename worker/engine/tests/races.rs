@@ -282,8 +282,15 @@ fn a_restore_finishes_byte_exact_while_its_own_version_is_expired_and_collected(
         gc(&st, &compact_all()).unwrap();
         assert_clean(&st, &format!("{unit}"));
         let t = st.totals().unwrap();
-        assert_eq!(t.containers, 0, "{unit}: nothing is left once the restore is over: {t:?}");
-        assert_eq!(files_in(st.data_dir()), 0, "{unit}: container files left on disk");
+        assert_eq!(
+            t.containers, 0,
+            "{unit}: nothing is left once the restore is over: {t:?}"
+        );
+        assert_eq!(
+            files_in(st.data_dir()),
+            0,
+            "{unit}: container files left on disk"
+        );
     }
 }
 

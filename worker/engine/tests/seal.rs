@@ -37,10 +37,20 @@ fn a_moved_series_refuses_backups_until_unsealed_and_keeps_its_versions() {
         set_moved_to(&st, "team/none", Some("x".into())),
         Err(Error::UnknownSeries(_))
     ));
-    assert!(matches!(
-        set_moved_to(&st, "team/db", Some(" ".into())),
-        Err(Error::Invalid(_))
-    ));
+    for bad in [
+        " ".to_string(),
+        "x".repeat(1025),
+        "https://w2\n".to_string(),
+    ] {
+        assert!(
+            matches!(
+                set_moved_to(&st, "team/db", Some(bad.clone())),
+                Err(Error::Invalid(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(set_moved_to(&st, "team/db", Some("x".repeat(1024))).is_ok());
 }
 
 #[test]

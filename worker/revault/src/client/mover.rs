@@ -212,46 +212,22 @@ async fn set_moved_to(c: &Conn, path: &str, to: Option<&str>) -> Result<()> {
 
 /// Deletes from the destination the versions the source no longer lists; returns the rest.
 async fn prune(dst: &Conn, path: &str, from: &[Listed], there: Vec<Listed>) -> Result<Vec<Listed>> {
-    let mut kept = Vec::new();
-    for t in there {
-        if from.iter().any(|f| f.number == t.number) {
-            kept.push(t);
-            continue;
-        }
-        let resp = dst
-            .req(
-                reqwest::Method::DELETE,
-                &format!("{path}/versions/{}", t.number),
-            )
-            .send()
-            .await?;
-        if resp.status() != reqwest::StatusCode::NOT_FOUND {
-            check(resp).await.with_context(|| {
-                format!(
-                    "deleting version {} (no longer on the source) from {}",
-                    t.number, dst.base
-                )
-            })?;
-        }
-    }
+    let (kept, gone): (Vec<Listed>, Vec<Listed>) = there
+        .into_iter()
+        .partition(|t| from.iter().any(|f| f.number == t.number));
+    delete_versions(dst, path, &gone).await.with_context(|| {
+        format!(
+            "deleting versions no longer on the source from {}",
+            dst.base
+        )
+    })?;
     Ok(kept)
 }
 
 /// Deletes from the source the versions that were moved, one by one: a version pushed there
 /// meanwhile is never deleted with them, and is reported.
 async fn drop_source(src: &Conn, path: &str, moved: &[Listed]) -> Result<()> {
-    for v in moved {
-        let resp = src
-            .req(
-                reqwest::Method::DELETE,
-                &format!("{path}/versions/{}", v.number),
-            )
-            .send()
-            .await?;
-        if resp.status() != reqwest::StatusCode::NOT_FOUND {
-            check(resp).await?;
-        }
-    }
+    delete_versions(src, path, moved).await?;
     let left = held(src, path)
         .await?
         .map(|h| h.versions)
@@ -262,6 +238,26 @@ async fn drop_source(src: &Conn, path: &str, moved: &[Listed]) -> Result<()> {
             "the source still holds version(s) {} (pushed during the move): they were not moved",
             nums.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Deletes these versions from `c`, one by one; one already gone is not an error.
+async fn delete_versions(c: &Conn, path: &str, versions: &[Listed]) -> Result<()> {
+    for v in versions {
+        let resp = c
+            .req(
+                reqwest::Method::DELETE,
+                &format!("{path}/versions/{}", v.number),
+            )
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", c.base))?;
+        if resp.status() != reqwest::StatusCode::NOT_FOUND {
+            check(resp)
+                .await
+                .with_context(|| format!("deleting version {}", v.number))?;
+        }
     }
     Ok(())
 }
