@@ -114,14 +114,11 @@ func (r *BackupSeriesReconciler) deleteData(ctx context.Context, bs *backupv1alp
 // record names (the same but for a move's switch that did not reach the status), and during or
 // after a move the destination being filled (revault.io/moving-to) and the source not yet
 // emptied (revault.io/moved-from).
-func copiesOf(bs *backupv1alpha1.BackupSeries) []backupv1alpha1.WorkerPlacement {
-	out := []backupv1alpha1.WorkerPlacement{{Media: bs.Status.Worker.Media, Node: bs.Status.Worker.Node}}
+func copiesOf(bs *backupv1alpha1.BackupSeries) []plan.StoreRef {
+	out := []plan.StoreRef{plan.StoreOf(bs.Status.Worker)}
 	for _, k := range []string{backupv1alpha1.PlacementAnnotation, backupv1alpha1.MovingAnnotation, backupv1alpha1.MovedFromAnnotation} {
-		rec, _, _ := strings.Cut(bs.Annotations[k], "@")
-		media, node, ok := strings.Cut(rec, "/")
-		p := backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node}
-		if ok && node != "" && !slices.ContainsFunc(out, func(x backupv1alpha1.WorkerPlacement) bool { return x.Media == p.Media && x.Node == p.Node }) {
-			out = append(out, p)
+		if ref, ok := plan.StoreOfRecord(bs.Annotations[k]); ok && !slices.Contains(out, ref) {
+			out = append(out, ref)
 		}
 	}
 	return out

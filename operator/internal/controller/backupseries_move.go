@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -54,7 +53,7 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 		done, err := r.dropMovedCopy(ctx, s, from)
 		if err != nil || !done {
 			// No new move while the last one's old copy is noted: its note would be lost.
-			return proceed2(err)
+			return proceedUnless(err)
 		}
 	}
 	target, why, err := r.wantedMove(ctx, bs)
@@ -65,7 +64,7 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 		if isHome(bs, dest) {
 			// The move is over (a BackupSeries restored from before its switch, or a stale
 			// read): the destination is the series' home, never a copy to cancel.
-			return proceed2(r.dropAnnotations(ctx, bs, backupv1alpha1.MovingAnnotation))
+			return proceedUnless(r.dropAnnotations(ctx, bs, backupv1alpha1.MovingAnnotation))
 		}
 		if target == "" {
 			return r.cancelMove(ctx, s, dest)
@@ -83,38 +82,45 @@ func (r *BackupSeriesReconciler) move(ctx context.Context, s *seriesRun) (ctrl.R
 
 // isHome says whether rec (MEDIA/NODE) names the series' worker or its placement record.
 func isHome(bs *backupv1alpha1.BackupSeries, rec string) bool {
-	at := bs.Status.Worker
-	return rec == string(at.Media)+"/"+at.Node || rec == bs.Annotations[backupv1alpha1.PlacementAnnotation]
+	return rec == plan.StoreOf(bs.Status.Worker).String() || rec == bs.Annotations[backupv1alpha1.PlacementAnnotation]
+}
+
+// backupsHeld says why no backup may start for the series now ("" when one may): a move copies
+// it (revault.io/moving-to), or a move's switch has not reached the status yet (the placement
+// record names another worker than the status does). Jobs that write to the series, the data
+// mover's too, wait while it says so.
+func backupsHeld(bs *backupv1alpha1.BackupSeries) string {
+	if dest := bs.Annotations[backupv1alpha1.MovingAnnotation]; dest != "" {
+		return "it is being moved to " + dest
+	}
+	rec := bs.Annotations[backupv1alpha1.PlacementAnnotation]
+	if at := bs.Status.Worker; at != nil && rec != "" && rec != plan.StoreOf(at).String() {
+		return "it is switching to " + rec
+	}
+	return ""
 }
 
 // rollForward finishes a switch whose annotations were written but whose status was not (a
 // failed status write, a restart): the placement record names the destination and the note
 // names the worker the status still does.
 func (r *BackupSeriesReconciler) rollForward(ctx context.Context, s *seriesRun) error {
-	bs, at := s.bs, s.bs.Status.Worker
-	from, _, _ := strings.Cut(bs.Annotations[backupv1alpha1.MovedFromAnnotation], "@")
-	media, node, ok := strings.Cut(bs.Annotations[backupv1alpha1.PlacementAnnotation], "/")
-	if from == "" || !ok || from != string(at.Media)+"/"+at.Node || (backupv1alpha1.Media(media) == at.Media && node == at.Node) {
+	bs, here := s.bs, plan.StoreOf(s.bs.Status.Worker)
+	from, fok := plan.StoreOfRecord(bs.Annotations[backupv1alpha1.MovedFromAnnotation])
+	to, tok := plan.ParseStoreRef(bs.Annotations[backupv1alpha1.PlacementAnnotation])
+	if !fok || !tok || from != here || to == here {
 		return nil
 	}
-	w, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node)
+	w, found, err := r.Workers.OnNode(ctx, to.Media, to.Node)
 	if err != nil {
 		return err
 	}
-	p := &backupv1alpha1.WorkerPlacement{Media: backupv1alpha1.Media(media), Node: node, Endpoint: r.Workers.endpoint(backupv1alpha1.Media(media), node)}
+	p := &backupv1alpha1.WorkerPlacement{Media: to.Media, Node: to.Node, Endpoint: r.Workers.endpoint(to.Media, to.Node)}
 	if found {
 		p = r.Workers.Placement(w)
 	}
 	bs.Status.Worker = p
-	s.events.Eventf(bs, "Normal", "Moved", "the series is on node %s (its move's switch is finished now)", node)
+	s.events.Eventf(bs, "Normal", "Moved", "the series is on node %s (its move's switch is finished now)", to.Node)
 	return nil
-}
-
-func proceed2(err error) (ctrl.Result, bool, error) {
-	if err != nil {
-		return failed(err)
-	}
-	return proceed()
 }
 
 // wantedMove is where the series is asked to go ("any": the worker with the most room) and why;
@@ -155,7 +161,7 @@ func (r *BackupSeriesReconciler) startMove(ctx context.Context, s *seriesRun, ta
 		s.requeue = min(s.requeue, time.Minute)
 		return proceed()
 	}
-	rec := string(media) + "/" + dest
+	rec := plan.StoreRef{Media: media, Node: dest}.String()
 	if err := r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.MovingAnnotation: rec}); err != nil {
 		return failed(err)
 	}
@@ -244,9 +250,16 @@ func (r *BackupSeriesReconciler) moveCandidate(ctx context.Context, bs *backupv1
 // backup, run the copy Job, and switch the placement once it succeeded.
 func (r *BackupSeriesReconciler) continueMove(ctx context.Context, s *seriesRun, dest string) (ctrl.Result, bool, error) {
 	bs := s.bs
-	media, node, _ := strings.Cut(dest, "/")
 	s.moving = true
-	w, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node)
+	ref, ok := plan.ParseStoreRef(dest)
+	if !ok {
+		// Not one the operator wrote: nothing was copied to a store it cannot name.
+		s.events.Eventf(bs, "Warning", "MoveAbandoned", "annotation %s=%q is not MEDIA/NODE", backupv1alpha1.MovingAnnotation, dest)
+		s.moving = false
+		return proceedUnless(r.dropAnnotations(ctx, bs, backupv1alpha1.MovingAnnotation))
+	}
+	media, node := ref.Media, ref.Node
+	w, found, err := r.Workers.OnNode(ctx, media, node)
 	switch {
 	case err != nil:
 		return failed(err)
@@ -256,7 +269,7 @@ func (r *BackupSeriesReconciler) continueMove(ctx context.Context, s *seriesRun,
 			s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForDestination",
 				fmt.Sprintf("moving to node %s, which has no %s worker pod right now", node, media))
 			s.requeue = min(s.requeue, 15*time.Second)
-			return proceed2(err)
+			return proceedUnless(err)
 		}
 		// The destination's node is gone (or no longer a storage node) before the switch: the
 		// source still holds everything.
@@ -326,7 +339,7 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 	switch {
 	case apierrors.IsNotFound(err):
 		if busy, err := r.backupRunning(ctx, s, to.Node); err != nil || busy {
-			return proceed2(err)
+			return proceedUnless(err)
 		}
 		if err := controllerutil.SetControllerReference(bs, job, r.Scheme); err != nil {
 			return failed(err)
@@ -361,7 +374,7 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 			"the source changed during the copy")
 	}
 	if busy, err := r.backupRunning(ctx, s, to.Node); err != nil || busy {
-		return proceed2(err)
+		return proceedUnless(err)
 	}
 	// Sealed before the last comparison: from here on the old worker refuses every backup of
 	// the series (naming the new one), so none is acknowledged there after the versions were
@@ -396,7 +409,7 @@ func (r *BackupSeriesReconciler) retryLater(ctx context.Context, s *seriesRun, j
 		return proceed()
 	}
 	s.requeue = min(s.requeue, 5*time.Second)
-	return proceed2(client.IgnoreNotFound(r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))))
+	return proceedUnless(client.IgnoreNotFound(r.Delete(ctx, j, client.PropagationPolicy(metav1.DeletePropagationBackground))))
 }
 
 // switchPlacement checks that the destination lists every version the source does, then moves
@@ -412,7 +425,7 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 	if !same {
 		// A version reached the source after the copy listed its versions (an external
 		// producer), or one expired there: unsealed, backups run there again, and the copy is
-		// made again after a pause (sourceChangedPause reads it from the condition).
+		// made again after a pause.
 		if err := r.seal(ctx, s, nil); err != nil {
 			return failed(err)
 		}
@@ -429,7 +442,7 @@ func (r *BackupSeriesReconciler) switchPlacement(ctx context.Context, s *seriesR
 		return r.retryLater(ctx, s, j, jobResult{done: true, at: now}, "SourceChanged",
 			"the source changed during the copy ("+msg+")")
 	}
-	fromRec := fmt.Sprintf("%s/%s@%d", from.Media, from.Node, through)
+	fromRec := plan.MovedFrom(plan.StoreOf(from), through)
 	err = r.setAnnotations(ctx, bs, map[string]string{
 		backupv1alpha1.PlacementAnnotation: dest,
 		backupv1alpha1.MovedFromAnnotation: fromRec,
@@ -475,16 +488,17 @@ func (r *BackupSeriesReconciler) sameVersions(ctx context.Context, bs *backupv1a
 }
 
 // cancelMove ends a move before its switch (no longer asked for, or its destination's node gone):
-// the copy Job goes first (in the foreground, so no upload is still on its way), then the
-// partial copy on the destination, then the record. The source holds everything throughout.
+// the copy Job goes first, and its pods (so no upload is still on its way), then the source's
+// seal, then the partial copy on the destination, then the record. The source holds
+// everything throughout.
 func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, dest string) (ctrl.Result, bool, error) {
 	bs := s.bs
 	s.moving = true
 	if running, err := r.stopMoves(ctx, bs); err != nil || running {
 		s.requeue = min(s.requeue, 5*time.Second)
-		return proceed2(err)
+		return proceedUnless(err)
 	}
-	media, node, _ := strings.Cut(dest, "/")
+	ref, _ := plan.ParseStoreRef(dest)
 	// Read again, uncached: the partial copy is deleted only if the record still says it is one.
 	if fresh, err := r.freshSeries(ctx, bs); err != nil {
 		return failed(err)
@@ -496,30 +510,34 @@ func (r *BackupSeriesReconciler) cancelMove(ctx context.Context, s *seriesRun, d
 	if err := r.seal(ctx, s, nil); err != nil && !workerclient.IsNotFound(err) {
 		return failed(err)
 	}
-	api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node)
+	api, err := r.Workers.API(ctx, ref.Media, ref.Node)
 	if err == nil {
 		_, err = api.DeleteSeries(ctx, bs.Namespace, bs.Name)
 	}
 	if err != nil && !workerclient.IsNotFound(err) {
-		s.events.Eventf(bs, "Warning", "MoveCancelled", "the partial copy on node %s is not deleted: %v", node, err)
+		s.events.Eventf(bs, "Warning", "MoveCancelled", "the partial copy on node %s is not deleted: %v", ref.Node, err)
 	}
 	if err := r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.MovingAnnotation: ""}); err != nil {
 		return failed(err)
 	}
 	s.moving = false
 	s.cs.waiting(backupv1alpha1.ConditionMoving, "Cancelled",
-		fmt.Sprintf("the move to node %s ended before its switch; the series stays on node %s", node, bs.Status.Worker.Node))
+		fmt.Sprintf("the move to node %s ended before its switch; the series stays on node %s", ref.Node, bs.Status.Worker.Node))
 	return proceed()
+}
+
+// apiReader reads uncached when the manager gave one (the cached client otherwise).
+func (r *BackupSeriesReconciler) apiReader() client.Reader {
+	if r.Reader != nil {
+		return r.Reader
+	}
+	return r.Client
 }
 
 // freshSeries reads the series through the API reader (the cached client without one).
 func (r *BackupSeriesReconciler) freshSeries(ctx context.Context, bs *backupv1alpha1.BackupSeries) (*backupv1alpha1.BackupSeries, error) {
-	var rd client.Reader = r.Client
-	if r.Reader != nil {
-		rd = r.Reader
-	}
 	fresh := &backupv1alpha1.BackupSeries{}
-	if err := rd.Get(ctx, client.ObjectKeyFromObject(bs), fresh); err != nil {
+	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(bs), fresh); err != nil {
 		return nil, err
 	}
 	if fresh.Status.Worker == nil {
@@ -552,12 +570,8 @@ func (r *BackupSeriesReconciler) storeGone(ctx context.Context, node string) (bo
 	}
 	// Uncached: the cache holds storage-labelled Nodes only, and a stale answer here forgets a
 	// copy or skips a deletion.
-	var rd client.Reader = r.Client
-	if r.Reader != nil {
-		rd = r.Reader
-	}
 	var n corev1.Node
-	err := rd.Get(ctx, client.ObjectKey{Name: node}, &n)
+	err := r.apiReader().Get(ctx, client.ObjectKey{Name: node}, &n)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
@@ -577,13 +591,12 @@ func (r *BackupSeriesReconciler) storeGone(ctx context.Context, node string) (bo
 // can tell that its node is gone for good.
 func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun, from string) (bool, error) {
 	bs, at := s.bs, s.bs.Status.Worker
-	rec, n, _ := strings.Cut(from, "@")
-	through, perr := strconv.ParseInt(n, 10, 64)
-	media, node, _ := strings.Cut(rec, "/")
-	if backupv1alpha1.Media(media) == at.Media && node == at.Node {
+	old, through, parsed := plan.ParseMovedFrom(from)
+	if parsed && old == plan.StoreOf(at) {
 		// A note naming the series' own worker (written by hand?): that copy is the series.
 		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 	}
+	media, node := old.Media, old.Node
 	// The Moving condition (not only an event, which a recorder may drop) says why the old
 	// copy is still there.
 	keep := func(reason, format string, args ...any) (bool, error) {
@@ -596,11 +609,11 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 		s.requeue = min(s.requeue, time.Minute)
 		return false, nil
 	}
-	if perr != nil || node == "" {
+	if !parsed {
 		return keep("MovedCopyOnly", "the annotation %s=%q is not MEDIA/NODE@VERSION: nothing is deleted from that worker; "+
 			"check what it holds, then remove the annotation", backupv1alpha1.MovedFromAnnotation, from)
 	}
-	if _, found, err := r.Workers.OnNode(ctx, backupv1alpha1.Media(media), node); err != nil {
+	if _, found, err := r.Workers.OnNode(ctx, media, node); err != nil {
 		return false, err
 	} else if !found {
 		// Never forgotten on its own: versions written there after the move would go unseen.
@@ -614,14 +627,14 @@ func (r *BackupSeriesReconciler) dropMovedCopy(ctx context.Context, s *seriesRun
 	if r.Config.Remote != nil && (here.DurableVersion == nil || here.Latest == nil || *here.DurableVersion < *here.Latest) {
 		return keep("MovedCopyKept", "the copy left on node %s is kept until node %s's bucket holds every version", node, at.Node)
 	}
-	there, err := r.versionsOn(ctx, bs, backupv1alpha1.Media(media), node)
+	there, err := r.versionsOn(ctx, bs, media, node)
 	switch {
 	case workerclient.IsNotFound(err):
 		return true, r.dropAnnotations(ctx, bs, backupv1alpha1.MovedFromAnnotation)
 	case err != nil:
 		return keep("MovedCopyKept", "the copy left on node %s is kept for now: %v", node, err)
 	}
-	api, err := r.Workers.API(ctx, backupv1alpha1.Media(media), node)
+	api, err := r.Workers.API(ctx, media, node)
 	if err != nil {
 		return false, err
 	}

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -193,16 +192,16 @@ func (r *BackupSeriesReconciler) followRecord(ctx context.Context, bs *backupv1a
 // record for another media, e.g. after spec.storage.media changed before the first placement,
 // is not followed).
 func recordedNode(bs *backupv1alpha1.BackupSeries, media backupv1alpha1.Media) (string, bool) {
-	m, node, ok := strings.Cut(bs.Annotations[backupv1alpha1.PlacementAnnotation], "/")
-	if !ok || backupv1alpha1.Media(m) != media || node == "" {
+	ref, ok := plan.ParseStoreRef(bs.Annotations[backupv1alpha1.PlacementAnnotation])
+	if !ok || ref.Media != media {
 		return "", false
 	}
-	return node, true
+	return ref.Node, true
 }
 
 // recordPlacement writes the placement annotation (a metadata patch; the spec is untouched).
 func (r *BackupSeriesReconciler) recordPlacement(ctx context.Context, bs *backupv1alpha1.BackupSeries, p *backupv1alpha1.WorkerPlacement) error {
-	return r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.PlacementAnnotation: string(p.Media) + "/" + p.Node})
+	return r.setAnnotations(ctx, bs, map[string]string{backupv1alpha1.PlacementAnnotation: plan.StoreOf(p).String()})
 }
 
 // noWorkerReason is NoSpace when reachable workers exist and every one is nearly full.

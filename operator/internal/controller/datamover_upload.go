@@ -87,14 +87,9 @@ func (r *DataUploadReconciler) findSeries(ctx context.Context, u *uploadRun) (ct
 			"BackupSeries %s/%s exists but does not back up PVC %s: the data mover writes to the series named after the PVC",
 			ns, bs.Name, du.Spec.SourcePVC))
 	}
-	if at := bs.Status.Worker; at != nil && bs.Annotations[backupv1alpha1.PlacementAnnotation] != "" &&
-		bs.Annotations[backupv1alpha1.PlacementAnnotation] != string(at.Media)+"/"+at.Node {
-		// A move's switch the status has not caught up with yet: the status names the old worker.
-		return r.waiting(ctx, u, fmt.Sprintf("series %s/%s is switching to %s", ns, bs.Name, bs.Annotations[backupv1alpha1.PlacementAnnotation]))
-	}
-	if dest := bs.Annotations[backupv1alpha1.MovingAnnotation]; dest != "" {
+	if why := backupsHeld(bs); why != "" {
 		// A backup into the old worker now would not be copied: wait for the move to end.
-		return r.waiting(ctx, u, fmt.Sprintf("series %s/%s is being moved to %s; the upload starts once it is there", ns, bs.Name, dest))
+		return r.waiting(ctx, u, fmt.Sprintf("series %s/%s takes no backup while %s; the upload starts after", ns, bs.Name, why))
 	}
 	u.bs = bs
 	return proceed()

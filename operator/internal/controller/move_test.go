@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -66,6 +67,22 @@ func storageNode(name string) *corev1.Node {
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
 	Expect(k8sClient.Status().Update(ctx, node)).To(Succeed())
 	return node
+}
+
+// movingSeries makes a series of a new namespace (prefix) with one version of kib KiB, asks for
+// its move to any other worker, and returns once the move Job exists: the namespace, the
+// series, its node, the destination the Job names, and the Job.
+func movingSeries(prefix string, kib int) (ns string, bs *backupv1alpha1.BackupSeries, from, to string, job *batchv1.Job) {
+	GinkgoHelper()
+	ns = newNamespace(prefix)
+	bs = placedSeries(pvcSeries(ns, "db"))
+	from = bs.Status.Worker.Node
+	push(ns, "db", from, randomTree(kib))
+	annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
+	job = moveJobOf(ns, "db")
+	to = otherSSD(from)
+	Expect(job.Annotations[plan.AnnotationMoveTo]).To(Equal("ssd/" + to))
+	return ns, bs, from, to, job
 }
 
 // otherSSD is the suite's other SSD node.
@@ -186,13 +203,7 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 	})
 
 	It("copies again when a version reaches the source during the copy", func() {
-		ns := newNamespace("moverace")
-		bs := placedSeries(pvcSeries(ns, "db"))
-		from := bs.Status.Worker.Node
-		push(ns, "db", from, randomTree(128))
-		annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
-		job := moveJobOf(ns, "db")
-		to := otherSSD(from)
+		ns, _, from, to, job := movingSeries("moverace", 128)
 		out, ok := runMovePod(job, ns, from, to)
 		Expect(ok).To(BeTrue(), out)
 		// An external producer's push lands on the source after the copy listed its versions.
@@ -218,18 +229,13 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 	})
 
 	It("cancels a move no longer asked for: the copy Job and the partial copy go, the series stays", func() {
-		ns := newNamespace("movecancel")
-		bs := placedSeries(pvcSeries(ns, "db"))
-		from := bs.Status.Worker.Node
-		push(ns, "db", from, randomTree(64))
-		annotate(bs, backupv1alpha1.MoveToAnnotation, "any")
-		job := moveJobOf(ns, "db")
-		to := otherSSD(from)
-		Expect(job.Annotations[plan.AnnotationMoveTo]).To(Equal("ssd/" + to))
-		// The copy ran (its Job not finished yet) when the move is called off.
+		ns, bs, from, to, job := movingSeries("movecancel", 64)
+		// The copy ran (its Job not finished yet), and the source was sealed as a switch that
+		// crashed after the seal leaves it, when the move is called off.
 		out, ok := runMovePod(job, ns, from, to)
 		Expect(ok).To(BeTrue(), out)
 		Expect(versionNumbers(to, ns, "db")).To(Equal([]int64{1}))
+		Expect(adminClient(from).SetMovedTo(ctx, ns, "db", ptr.To(workerURL[to]))).To(Succeed())
 		annotate(bs, backupv1alpha1.MoveToAnnotation, "")
 		Eventually(func(g Gomega) {
 			cur := getSeries(ns, "db")
@@ -243,6 +249,9 @@ var _ = Describe("Moving a series between workers", Ordered, func() {
 		}).Should(Satisfy(apierrors.IsNotFound))
 		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{1}))
 		Expect(versionNumbers(to, ns, "db")).To(BeEmpty())
+		// The source takes backups again: the cancel took its seal away.
+		push(ns, "db", from, randomTree(16))
+		Expect(versionNumbers(from, ns, "db")).To(Equal([]int64{1, 2}))
 	})
 
 	It("finishes a switch whose status write was lost, from the annotations", func() {

@@ -31,6 +31,14 @@ func runSteps[R any](ctx context.Context, run R, steps ...step[R]) (ctrl.Result,
 // proceed: this step is over and the next one runs.
 func proceed() (ctrl.Result, bool, error) { return ctrl.Result{}, false, nil }
 
+// proceedUnless proceeds when err is nil, and otherwise fails with it.
+func proceedUnless(err error) (ctrl.Result, bool, error) {
+	if err != nil {
+		return failed(err)
+	}
+	return proceed()
+}
+
 // stop ends the reconcile with res and err.
 func stop(res ctrl.Result, err error) (ctrl.Result, bool, error) { return res, true, err }
 
