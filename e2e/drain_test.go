@@ -16,18 +16,16 @@ import (
 // annotateNode sets (or with "" removes) an annotation of a Node.
 func annotateNode(node, key, value string) {
 	GinkgoHelper()
-	n := &corev1.Node{}
-	Expect(k.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
-	patch := client.MergeFrom(n.DeepCopy())
-	if value == "" {
-		delete(n.Annotations, key)
-	} else {
+	patchNode(node, func(n *corev1.Node) {
+		if value == "" {
+			delete(n.Annotations, key)
+			return
+		}
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
 		n.Annotations[key] = value
-	}
-	Expect(k.Patch(ctx, n, patch)).To(Succeed())
+	})
 }
 
 // 15. A storage node drained: the series on its worker move, with every version, to the other
@@ -102,6 +100,8 @@ func drainSpecs() {
 			calls := workerAPI(ns, workerEndpoint("ssd", spare), "GET /v1/series/"+ns+"/db")
 			Expect(calls[0].Status).To(Equal(200), "%s", calls[0].Body)
 			Expect(calls[0].Body).To(ContainSubstring(`"versions":0`))
+			// Sealed: the spare's worker refuses the series' backups, naming the new worker.
+			Expect(calls[0].Body).To(ContainSubstring(`"movedTo":"` + getSeries(ns, "db").Status.Worker.Endpoint + `"`))
 
 			By("every version restores byte-exact from the new worker, and backups go on there")
 			expectRestore(ns, "restore-one", "db", "1", 1, sum1, "version 1, moved")

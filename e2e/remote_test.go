@@ -161,14 +161,22 @@ func spareAsSSD() (spare, ssdNode string) {
 
 func labelNode(node, media string) {
 	GinkgoHelper()
+	patchNode(node, func(n *corev1.Node) {
+		if media == "" {
+			delete(n.Labels, storageLabel)
+		} else {
+			n.Labels[storageLabel] = media
+		}
+	})
+}
+
+// patchNode applies change to a Node as a merge patch.
+func patchNode(node string, change func(*corev1.Node)) {
+	GinkgoHelper()
 	n := &corev1.Node{}
 	Expect(k.Get(ctx, client.ObjectKey{Name: node}, n)).To(Succeed())
 	patch := client.MergeFrom(n.DeepCopy())
-	if media == "" {
-		delete(n.Labels, storageLabel)
-	} else {
-		n.Labels[storageLabel] = media
-	}
+	change(n)
 	Expect(k.Patch(ctx, n, patch)).To(Succeed())
 }
 
