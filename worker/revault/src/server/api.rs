@@ -17,7 +17,7 @@ use revault_engine::{check_series_name, expire, ErrorKind, ExpireReport, ExpireS
 
 use super::auth::{self, Principal};
 use super::error::{ApiError, ApiResult};
-use super::request::{json_body, path_err, query_err};
+use super::request::{json_body, path_err, query_err, required_json_body};
 use super::wire::{self, ApiCode};
 use super::work::{blocking, guarded};
 use super::App;
@@ -365,12 +365,12 @@ pub async fn put_retention(
     body: Body,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let Some(r) = json_body::<wire::Retention>(&headers, body).await? else {
-        return Err(ApiError::bad_request(
-            ApiCode::BadJson,
-            "expected a JSON retention, e.g. {\"keep\": 7, \"live\": 1, \"auto\": true}",
-        ));
-    };
+    let r: wire::Retention = required_json_body(
+        &headers,
+        body,
+        "a JSON retention, e.g. {\"keep\": 7, \"live\": 1, \"auto\": true}",
+    )
+    .await?;
     if r.keep_within_seconds.is_some_and(|s| s > MAX_KEEP_WITHIN) {
         return Err(ApiError::bad_request(
             ApiCode::Engine(ErrorKind::InvalidArgument),
@@ -406,12 +406,12 @@ pub async fn put_moved_to(
     body: Body,
 ) -> ApiResult<Response> {
     let name = series_name(&p, path)?;
-    let Some(m) = json_body::<wire::MovedTo>(&headers, body).await? else {
-        return Err(ApiError::bad_request(
-            ApiCode::BadJson,
-            "expected {\"movedTo\": \"https://…\"} or {\"movedTo\": null}",
-        ));
-    };
+    let m: wire::MovedTo = required_json_body(
+        &headers,
+        body,
+        "{\"movedTo\": \"https://…\"} or {\"movedTo\": null}",
+    )
+    .await?;
     let row = guarded(&app, move |a, store| {
         let s = revault_engine::set_moved_to(store, &name, m.moved_to)?;
         let vs = store.versions(&s)?;

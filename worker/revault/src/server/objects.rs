@@ -17,7 +17,7 @@ use revault_objects::{self as objects, Encoding, ObjectError, ObjectInfo, PutOpt
 
 use super::auth::Principal;
 use super::error::{ApiError, ApiResult};
-use super::request::{json_body, path_err, query_err};
+use super::request::{path_err, query_err, required_json_body};
 use super::wire::{self, ApiCode};
 use super::work::{blocking, guarded, restore_body, retry_while_busy, run_upload};
 use super::App;
@@ -298,12 +298,8 @@ pub async fn sign_url(
 ) -> ApiResult<Response> {
     let (ns, bucket) = bucket_parts(path)?;
     p.check_ns(&ns)?;
-    let Some(req) = json_body::<wire::SignRequest>(&headers, body).await? else {
-        return Err(ApiError::bad_request(
-            ApiCode::BadJson,
-            "expected {\"key\": \"...\", \"ttlSeconds\": 600}",
-        ));
-    };
+    let req: wire::SignRequest =
+        required_json_body(&headers, body, "{\"key\": \"...\", \"ttlSeconds\": 600}").await?;
     objects::check_key(&req.key)?;
     let ttl = req.ttl_seconds.unwrap_or(DEFAULT_URL_TTL);
     if !(1..=MAX_URL_TTL).contains(&ttl) {

@@ -52,6 +52,18 @@ pub(crate) async fn json_body<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_request(ApiCode::BadJson, format!("invalid JSON body: {e}")))
 }
 
+/// A JSON body the request must have: an empty one is `400 bad_json` saying what was
+/// `expected` (an example body).
+pub(crate) async fn required_json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    expected: &str,
+) -> ApiResult<T> {
+    json_body(headers, body)
+        .await?
+        .ok_or_else(|| ApiError::bad_request(ApiCode::BadJson, format!("expected {expected}")))
+}
+
 /// The Content-Length a request declared, if any: a body that ends short of
 /// it is cut, not complete.
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
