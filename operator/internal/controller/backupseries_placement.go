@@ -236,12 +236,20 @@ func noWorkerMessage(media backupv1alpha1.Media, cands []plan.Candidate, problem
 // reportedRoom is the room a worker reports in its stats, nil when it reports none (an older
 // worker), with the share that must stay free.
 func (r *BackupSeriesReconciler) reportedRoom(s *workerclient.Stats) *plan.Room {
+	degraded := ""
+	if s.Degraded != nil {
+		degraded = *s.Degraded
+	}
 	d := s.Disk
 	if d == nil {
+		if degraded != "" {
+			return &plan.Room{Degraded: degraded}
+		}
 		return nil
 	}
 	return &plan.Room{DataTotal: d.DataTotalBytes, DataFree: d.DataFreeBytes,
-		MetaTotal: d.MetaTotalBytes, MetaFree: d.MetaFreeBytes, MinFreePercent: r.MinFreePercent}
+		MetaTotal: d.MetaTotalBytes, MetaFree: d.MetaFreeBytes, MinFreePercent: r.MinFreePercent,
+		Degraded: degraded}
 }
 
 func roomOf(c plan.Candidate) string {

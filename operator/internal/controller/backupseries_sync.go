@@ -83,16 +83,19 @@ func (r *BackupSeriesReconciler) setDurability(st *backupv1alpha1.BackupSeriesSt
 // worker that does not answer, or reports no room, leaves the condition as it was: Synced
 // already tells of a worker that does not answer.
 func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instrumented, st *backupv1alpha1.BackupSeriesStatus, cs conditionSetter) {
-	if r.MinFreePercent == 0 {
-		// The check is off (--min-free-percent=0): nothing to say either way.
-		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDiskPressure)
-		return
-	}
 	s, err := api.Stats(ctx)
-	if err != nil || s.Disk == nil {
+	if err != nil {
 		return
 	}
 	c := plan.Candidate{Node: st.Worker.Node, Room: r.reportedRoom(s)}
+	if r.MinFreePercent == 0 && (c.Room == nil || c.Room.Degraded == "") {
+		// The check is off (--min-free-percent=0), and a degraded store is always said.
+		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDiskPressure)
+		return
+	}
+	if c.Room == nil {
+		return
+	}
 	if why := c.NearlyFull(); why != "" {
 		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
 			"the %s worker on node %s has %s: it takes no new series, and this one's backups fail once "+

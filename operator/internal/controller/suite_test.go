@@ -364,7 +364,7 @@ func startWorkerAt(node, host string, media backupv1alpha1.Media, store, tokenFi
 	Expect(cmd.Start()).To(Succeed())
 	workerProcs = append(workerProcs, cmd)
 	Eventually(func() error {
-		return workerclient.Done(workerClient(node, "").GetReadyWithResponse(ctx))
+		return workerclient.Done(workerClient(node, "").GetReadyWithResponse(ctx, nil))
 	}).WithTimeout(30*time.Second).Should(Succeed(), "worker on %s did not become ready (log: %s)", node, logf.Name())
 	return cmd
 }

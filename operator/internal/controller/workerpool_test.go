@@ -32,7 +32,7 @@ var _ = Describe("Worker pools", func() {
 			Expect(c.Image).To(Equal("revault.local/revault:test"))
 			Expect(strings.Join(c.Args, " ")).To(HavePrefix(
 				"serve --store /var/lib/revault --init --listen 0.0.0.0:8420 --token-file /etc/revault/tokens/tokens"))
-			Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+			Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz?exclude=writes"))
 			Expect(pod.Volumes).To(ContainElement(HaveField("VolumeSource.HostPath.Path", "/var/lib/revault/"+media)))
 			Expect(pod.Volumes).To(ContainElement(HaveField("VolumeSource.Secret.SecretName", plan.WorkerTokensSecret)))
 			Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())

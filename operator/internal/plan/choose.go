@@ -29,6 +29,10 @@ type Room struct {
 	// MinFreePercent is the operator's --min-free-percent: below it, what is left is for the
 	// series the worker already holds, which grow with every backup. 0 turns the check off.
 	MinFreePercent int
+	// Degraded is why the worker's store takes no work that writes (its stats' `degraded`: a
+	// full disk), "" when it takes work. Such a worker stays ready (it serves restores) but
+	// takes no new series, whatever MinFreePercent says.
+	Degraded string
 }
 
 // DefaultMinFreePercent is the kubelet's own default for a node's filesystem
@@ -40,6 +44,9 @@ const DefaultMinFreePercent = 10
 func (c Candidate) NearlyFull() string {
 	if c.Room == nil {
 		return ""
+	}
+	if c.Room.Degraded != "" {
+		return "a degraded store (" + c.Room.Degraded + ")"
 	}
 	for _, fs := range []struct {
 		what        string

@@ -196,8 +196,9 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 		"--listen", "0.0.0.0:" + strconv.Itoa(int(port)),
 		"--token-file", path.Join(WorkerTokensDir, WorkerTokensKey),
 		"--quota-file", path.Join(WorkerTokensDir, WorkerQuotasKey),
-		// On SIGTERM keep answering (with /readyz failing) while the Service drops the pod,
-		// then let in-flight backups finish within the pod's grace period.
+		// On SIGTERM keep answering (with /readyz failing: 503 shutting_down) while the
+		// Service drops the pod, then let in-flight backups finish within the pod's grace
+		// period.
 		"--shutdown-delay", "5s",
 		"--grace-period", "100s",
 	}
@@ -277,15 +278,18 @@ func workerPodSpec(cfg *config.Config, pool config.PoolConfig, storePath, remote
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 		Containers: []corev1.Container{{
-			Name:                     "revault",
-			Image:                    cfg.Worker.Image,
-			ImagePullPolicy:          cfg.Worker.ImagePullPolicy,
-			Command:                  cfg.Worker.Command,
-			Args:                     args,
-			Env:                      env,
-			Ports:                    []corev1.ContainerPort{{Name: "http", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
-			Resources:                pool.Resources,
-			ReadinessProbe:           probe("/readyz", 5),
+			Name:            "revault",
+			Image:           cfg.Worker.Image,
+			ImagePullPolicy: cfg.Worker.ImagePullPolicy,
+			Command:         cfg.Worker.Command,
+			Args:            args,
+			Env:             env,
+			Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+			Resources:       pool.Resources,
+			// A store degraded by a full disk takes no new work but serves restores, of
+			// versions it may hold alone: it stays ready (in its Service), and its stats tell
+			// the operator to place no new series there.
+			ReadinessProbe:           probe("/readyz?exclude=writes", 5),
 			LivenessProbe:            probe("/healthz", 10),
 			SecurityContext:          restricted(0),
 			VolumeMounts:             mounts,
@@ -347,7 +351,10 @@ func WorkerService(cfg *config.Config, media, node string) *corev1.Service {
 			Ports: []corev1.ServicePort{{
 				Name: "http", Port: cfg.Worker.Port, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP,
 			}},
-			// Only a ready worker (GET /readyz) receives traffic.
+			// Only a ready worker receives traffic. Its readiness probe leaves out whether it
+			// takes writes (/readyz?exclude=writes), so a worker with a full disk stays in.
+			// Publishing not-ready addresses instead would route to a worker on a lost node
+			// (its DaemonSet pod stays, not ready) beside the store adopted from it.
 			PublishNotReadyAddresses: false,
 		},
 	}

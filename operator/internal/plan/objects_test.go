@@ -59,7 +59,7 @@ func TestWorkerDaemonSet(t *testing.T) {
 	if want := []corev1.EnvVar{{Name: "MIMALLOC_PURGE_DELAY", Value: "10"}}; !reflect.DeepEqual(c.Env, want) {
 		t.Errorf("env %v, want %v", c.Env, want)
 	}
-	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+	if c.ReadinessProbe.HTTPGet.Path != "/readyz?exclude=writes" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("probes %v %v", c.ReadinessProbe.HTTPGet.Path, c.LivenessProbe.HTTPGet.Path)
 	}
 	if hp := pod.Volumes[0].HostPath; hp == nil || hp.Path != "/mnt/revault/ssd" {
@@ -114,6 +114,9 @@ func TestWorkerService(t *testing.T) {
 	}
 	if svc.Spec.Ports[0].Port != 8420 {
 		t.Errorf("port %d", svc.Spec.Ports[0].Port)
+	}
+	if svc.Spec.PublishNotReadyAddresses {
+		t.Error("a not-ready worker (a lost node's) must not receive traffic")
 	}
 	if got := WorkerEndpoint(svc.Name, "revault-system", 8420, false); got != "http://revault-worker-hdd-node-2.revault-system.svc:8420" {
 		t.Errorf("endpoint %s", got)

@@ -343,4 +343,13 @@ func TestNearlyFullSaysWhy(t *testing.T) {
 	if got, want := c.NearlyFull(), "0% free for containers of 200.0 GiB (new series need 3%)"; got != want {
 		t.Fatalf("NearlyFull = %q; want %q", got, want)
 	}
+	// A degraded store (full metadata disk) takes no new series even with the check off, and
+	// even when it reports no sizes.
+	c.Room.MinFreePercent, c.Room.DataFree, c.Room.Degraded = 0, 100<<30, "a synced write failed"
+	if got, want := c.NearlyFull(), "a degraded store (a synced write failed)"; got != want {
+		t.Fatalf("NearlyFull = %q; want %q", got, want)
+	}
+	if got := (Candidate{Room: &Room{Degraded: "x"}}).NearlyFull(); got == "" {
+		t.Fatal("a degraded store that reports no sizes is not nearly full")
+	}
 }

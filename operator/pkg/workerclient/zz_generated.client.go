@@ -89,6 +89,7 @@ const (
 	ErrorCodeRequestTimeout       ErrorCode = "request_timeout"
 	ErrorCodeSeriesBusy           ErrorCode = "series_busy"
 	ErrorCodeSeriesMoved          ErrorCode = "series_moved"
+	ErrorCodeShuttingDown         ErrorCode = "shutting_down"
 	ErrorCodeStarting             ErrorCode = "starting"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
 	ErrorCodeUnavailable          ErrorCode = "unavailable"
@@ -169,6 +170,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeSeriesBusy:
 		return true
 	case ErrorCodeSeriesMoved:
+		return true
+	case ErrorCodeShuttingDown:
 		return true
 	case ErrorCodeStarting:
 		return true
@@ -321,6 +324,21 @@ func (e VersionKind) Valid() bool {
 	case VersionKindStream:
 		return true
 	case VersionKindTree:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetReadyParamsExclude.
+const (
+	GetReadyParamsExcludeWrites GetReadyParamsExclude = "writes"
+)
+
+// Valid indicates whether the value is a known member of the GetReadyParamsExclude enum.
+func (e GetReadyParamsExclude) Valid() bool {
+	switch e {
+	case GetReadyParamsExcludeWrites:
 		return true
 	default:
 		return false
@@ -895,6 +913,9 @@ type Stats struct {
 	// DedupRatio logicalBytes / uniqueBytes (0 when empty)
 	DedupRatio float64 `json:"dedupRatio"`
 
+	// Degraded why the store takes no new work that writes (its metadata took no writes after a full disk; reads are still served, see docs/service.md, "Full disks"); null when it takes work
+	Degraded *string `json:"degraded"`
+
 	// Disk room on the filesystems of the store's containers and metadata (statvfs); null when it cannot be read
 	Disk *DiskSpace `json:"disk"`
 
@@ -980,6 +1001,15 @@ type Name = string
 
 // Ns defines model for ns.
 type Ns = Namespace
+
+// GetReadyParams defines parameters for GetReady.
+type GetReadyParams struct {
+	// Exclude leave this check out
+	Exclude *GetReadyParamsExclude `form:"exclude,omitempty" json:"exclude,omitempty"`
+}
+
+// GetReadyParamsExclude defines parameters for GetReady.
+type GetReadyParamsExclude string
 
 // DeleteObjectParams defines parameters for DeleteObject.
 type DeleteObjectParams struct {
@@ -1400,12 +1430,15 @@ type ClientInterface interface {
 
 	// GetReady The store is open and accepts requests.
 	//
-	// 503 while the store opens (code `starting`), while the server drains, and while the
-	// store is degraded (its metadata takes no writes after a full disk;
-	// reads are still served, see docs/service.md, "Full disks").
+	// 503 while the store opens (code `starting`), while the server shuts down (code
+	// `shutting_down`), and while the store is degraded (code `unavailable`: its metadata
+	// takes no writes after a full disk; reads are still served, see docs/service.md,
+	// "Full disks"). With `exclude=writes` (a worker pod's readiness probe) a degraded
+	// store still counts as ready: it serves reads, and it may hold the only copy of its
+	// series' versions.
 	//
 	// Corresponds with GET /readyz (the `GetReady` operationId).
-	GetReady(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetReady(ctx context.Context, params *GetReadyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetBucket A bucket's totals.
 	//
@@ -1692,13 +1725,16 @@ func (c *Client) GetMetrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 
 // GetReady The store is open and accepts requests.
 //
-// 503 while the store opens (code `starting`), while the server drains, and while the
-// store is degraded (its metadata takes no writes after a full disk;
-// reads are still served, see docs/service.md, "Full disks").
+// 503 while the store opens (code `starting`), while the server shuts down (code
+// `shutting_down`), and while the store is degraded (code `unavailable`: its metadata
+// takes no writes after a full disk; reads are still served, see docs/service.md,
+// "Full disks"). With `exclude=writes` (a worker pod's readiness probe) a degraded
+// store still counts as ready: it serves reads, and it may hold the only copy of its
+// series' versions.
 //
 // Corresponds with GET /readyz (the `GetReady` operationId).
-func (c *Client) GetReady(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetReadyRequest(c.Server)
+func (c *Client) GetReady(ctx context.Context, params *GetReadyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetReadyRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2287,7 +2323,7 @@ func NewGetMetricsRequest(server string) (*http.Request, error) {
 }
 
 // NewGetReadyRequest constructs an http.Request for the GetReady method
-func NewGetReadyRequest(server string) (*http.Request, error) {
+func NewGetReadyRequest(server string, params *GetReadyParams) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -2303,6 +2339,33 @@ func NewGetReadyRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Exclude != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "exclude", *params.Exclude, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -3702,14 +3765,17 @@ type ClientWithResponsesInterface interface {
 
 	// GetReadyWithResponse The store is open and accepts requests.
 	//
-	// 503 while the store opens (code `starting`), while the server drains, and while the
-	// store is degraded (its metadata takes no writes after a full disk;
-	// reads are still served, see docs/service.md, "Full disks").
+	// 503 while the store opens (code `starting`), while the server shuts down (code
+	// `shutting_down`), and while the store is degraded (code `unavailable`: its metadata
+	// takes no writes after a full disk; reads are still served, see docs/service.md,
+	// "Full disks"). With `exclude=writes` (a worker pod's readiness probe) a degraded
+	// store still counts as ready: it serves reads, and it may hold the only copy of its
+	// series' versions.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /readyz (the `GetReady` operationId).
-	GetReadyWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadyResponse, error)
+	GetReadyWithResponse(ctx context.Context, params *GetReadyParams, reqEditors ...RequestEditorFn) (*GetReadyResponse, error)
 
 	// GetBucketWithResponse A bucket's totals.
 	//
@@ -4072,8 +4138,15 @@ func (r GetMetricsResponse) ContentType() string {
 type GetReadyResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Error
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetReadyResponse) GetJSON400() *Error {
+	return r.JSON400
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
@@ -5942,15 +6015,18 @@ func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, reqEdi
 
 // GetReadyWithResponse The store is open and accepts requests.
 //
-// 503 while the store opens (code `starting`), while the server drains, and while the
-// store is degraded (its metadata takes no writes after a full disk;
-// reads are still served, see docs/service.md, "Full disks").
+// 503 while the store opens (code `starting`), while the server shuts down (code
+// `shutting_down`), and while the store is degraded (code `unavailable`: its metadata
+// takes no writes after a full disk; reads are still served, see docs/service.md,
+// "Full disks"). With `exclude=writes` (a worker pod's readiness probe) a degraded
+// store still counts as ready: it serves reads, and it may hold the only copy of its
+// series' versions.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /readyz (the `GetReady` operationId).
-func (c *ClientWithResponses) GetReadyWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadyResponse, error) {
-	rsp, err := c.GetReady(ctx, reqEditors...)
+func (c *ClientWithResponses) GetReadyWithResponse(ctx context.Context, params *GetReadyParams, reqEditors ...RequestEditorFn) (*GetReadyResponse, error) {
+	rsp, err := c.GetReady(ctx, params, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -6466,6 +6542,13 @@ func ParseGetReadyResponse(rsp *http.Response) (*GetReadyResponse, error) {
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {

@@ -385,6 +385,13 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
     let r = srv.get("/readyz", None);
     r.assert_error(503, "unavailable");
     assert!(r.text().contains("metadata"), "{}", r.text());
+    // A worker pod's readiness probe leaves writes out: the store stays in its Service and
+    // serves restores; the operator learns why it takes no new series from its stats.
+    assert_eq!(srv.get("/readyz?exclude=writes", None).status, 200);
+    srv.get("/readyz?exclude=everything", None).assert_error(400, "bad_query");
+    let stats = srv.get("/v1/stats", None).json();
+    let why = stats["degraded"].as_str().unwrap_or_default();
+    assert!(why.contains("metadata"), "stats say degraded: {stats}");
     assert_eq!(srv.get("/healthz", None).status, 200);
     let t = Instant::now();
     push(&srv, "ns/a", &random(64 << 10, 7)).assert_error(503, "unavailable");

@@ -387,12 +387,21 @@ fn sigterm_drains_in_flight_backups() {
         s.metric("revault_inflight_backups").unwrap_or(0.0) >= 1.0
     });
     srv.signal(libc::SIGTERM);
-    // Readiness fails at once, while the listener still answers.
+    // Readiness fails at once, while the listener still answers, saying the server is on its
+    // way down (clients wait for its replacement), the pod's probe (exclude=writes) too.
+    let mut refusal = None;
     srv.wait_for("readiness to fail", Duration::from_secs(5), |s| {
-        s.try_request("GET", "/readyz", &[], b"")
-            .map(|r| r.status == 503)
-            .unwrap_or(false)
+        match s.try_request("GET", "/readyz", &[], b"") {
+            Ok(r) if r.status == 503 => refusal = Some(r),
+            _ => {}
+        }
+        refusal.is_some()
     });
+    refusal.unwrap().assert_error(503, "shutting_down");
+    // The listener may be gone by now (--shutdown-delay 1s): only an answer is checked.
+    if let Ok(r) = srv.try_request("GET", "/readyz?exclude=writes", &[], b"") {
+        r.assert_error(503, "shutting_down");
+    }
     let b = random(2 << 20, 32);
     stdin.write_all(&b).unwrap();
     drop(stdin);

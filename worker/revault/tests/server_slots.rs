@@ -266,7 +266,7 @@ fn shutting_down_answers_the_waiting_backups_and_lets_the_running_one_finish() {
 
     srv.signal(libc::SIGTERM);
     let rb = b.wait();
-    rb.assert_error(503, "unavailable");
+    rb.assert_error(503, "shutting_down");
     assert!(
         rb.text().contains("waiting for a slot") && rb.text().contains("no version was created"),
         "{}",

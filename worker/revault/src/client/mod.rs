@@ -119,12 +119,14 @@ impl Conn {
         }
     }
 
-    /// Waits, with backoff, while the worker is starting: not listening yet (connection
-    /// refused), or answering 503 `starting` while its store opens. A body cannot be sent
-    /// twice (stdin is read once), so a push asks before it sends: the worker it would reach
-    /// refuses the body unread, and the client saw only "Broken pipe". For work that writes
-    /// (`writes`), any other refusal (a degraded store, a server shutting down) is returned
-    /// as the server said it; reads go ahead, as they are still served.
+    /// Waits, with backoff, while the worker is starting or being replaced: not listening
+    /// (connection refused), answering 503 `starting` while its store opens, or 503
+    /// `shutting_down` on its way down (a worker pod's Service routes to it until it is
+    /// gone, and its replacement follows). A body cannot be sent twice (stdin is read once),
+    /// so a push asks before it sends: the worker it would reach refuses the body unread,
+    /// and the client saw only "Broken pipe". For work that writes (`writes`), any other
+    /// refusal (a degraded store) is returned as the server said it; reads go ahead, as
+    /// they are still served.
     pub async fn wait_until_ready(&self, writes: bool, quiet: bool) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.wait_ready;
         let mut backoff = Duration::from_millis(200);
@@ -143,7 +145,9 @@ impl Conn {
             let why = match sent {
                 Ok(r) if r.status().is_success() => return Ok(()),
                 Ok(r) => match check(r).await.map_err(|e| e.downcast::<RemoteError>()) {
-                    Err(Ok(re)) if re.code == "starting" => re.to_string(),
+                    Err(Ok(re)) if re.code == "starting" || re.code == "shutting_down" => {
+                        re.to_string()
+                    }
                     Err(Ok(re)) if writes => return Err(re.into()),
                     // A server without /readyz, or a refusal reads do not care about.
                     _ => return Ok(()),

@@ -93,17 +93,28 @@ pub async fn healthz(State(app): AppState) -> Response {
         .into_response()
 }
 
-pub async fn readyz(State(app): AppState) -> Response {
+/// Ready: the store is open and takes new work. `?exclude=writes` leaves out whether it takes
+/// work that writes (the Kubernetes API server's `/readyz?exclude=CHECK` style): a worker pod's
+/// readiness probe asks that, so a store degraded by a full disk stays in its Service and
+/// serves the restores of versions only it holds. Clients that write ask plain `/readyz`.
+pub async fn readyz(
+    State(app): AppState,
+    q: Result<Query<wire::ReadyQuery>, QueryRejection>,
+) -> Response {
+    let writes = match q {
+        Ok(Query(q)) => q.exclude != Some(wire::ReadyCheck::Writes),
+        Err(e) => return query_err(e).into_response(),
+    };
     let refusal = if app.draining.load(Ordering::SeqCst) {
-        Some(ApiError::unavailable("the server is shutting down"))
-    } else if let Some(why) = app.health.refusal() {
+        Some(ApiError::shutting_down("the server is shutting down"))
+    } else if let Some(why) = app.health.refusal().filter(|_| writes) {
         Some(ApiError::unavailable(super::health::degraded_message(&why)))
     } else if app.open_store().is_none() {
         Some(ApiError::starting())
     } else if !app.ready.load(Ordering::SeqCst) {
         // The store is open but readiness was withdrawn: the server is on its way down
         // (`--shutdown-delay`), not starting.
-        Some(ApiError::unavailable("the server is shutting down"))
+        Some(ApiError::shutting_down("the server is shutting down"))
     } else {
         None
     };
@@ -147,6 +158,7 @@ pub async fn stats(State(app): AppState, p: Principal) -> ApiResult<Response> {
     stats.remote = app.durable.stats();
     stats.disk = disk;
     stats.dedup_domain = domain.to_string();
+    stats.degraded = app.health.refusal();
     Ok(Json(stats).into_response())
 }
 

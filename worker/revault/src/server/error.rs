@@ -60,6 +60,16 @@ impl ApiError {
         )
     }
 
+    /// 503 from a server on its way down: a client waits for its replacement (a worker pod's
+    /// restart) as it waits for a store still opening, instead of failing at once.
+    pub fn shutting_down(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ApiCode::ShuttingDown,
+            message,
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -86,7 +86,7 @@ impl BackupSlots {
                         return Err(why.error(series));
                     }
                     if app.draining.load(Ordering::SeqCst) {
-                        return Err(ApiError::unavailable(
+                        return Err(ApiError::shutting_down(
                             "the server is shutting down; the backup was waiting for a slot and \
                              no version was created",
                         ));

@@ -103,7 +103,7 @@ where
     } else if err.code == ApiCode::Engine(ErrorKind::Cancelled)
         && app.draining.load(Ordering::SeqCst)
     {
-        err = ApiError::unavailable(format!(
+        err = ApiError::shutting_down(format!(
             "the server shut down before the {what} completed; {lost}"
         ));
     } else if err.code == ApiCode::Engine(ErrorKind::Cancelled) && app.health.refusal().is_some() {

@@ -58,6 +58,7 @@ api_codes! {
     QuotaExceeded => "quota_exceeded",
     Unavailable => "unavailable",
     Starting => "starting",
+    ShuttingDown => "shutting_down",
     RequestTimeout => "request_timeout",
     // The durable tier's.
     RemoteFenced => "remote_fenced",

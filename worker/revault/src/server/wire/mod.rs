@@ -32,7 +32,8 @@ pub use objects::{
     PutObjectQuery, SignRequest, SignedQuery, SignedUrl, StoredObject,
 };
 pub use reports::{
-    BackupReport, DiskSpace, ExpireReport, GcReport, RemoteStats, RestoreReport, SlideReport, Stats,
+    BackupReport, DiskSpace, ExpireReport, GcReport, ReadyCheck, ReadyQuery, RemoteStats,
+    RestoreReport, SlideReport, Stats,
 };
 pub use series::{
     BackupProgress, ExpireRequest, GcRequest, GetVersionQuery, MovedTo, PutVersionQuery, Retention,

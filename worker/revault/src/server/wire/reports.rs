@@ -4,7 +4,7 @@
 //! names every field of the engine's struct (no `..`): a field the engine
 //! adds fails to compile here until someone decides whether clients get it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use revault_engine::{
     BackupReport as EngineBackup, DedupDomain, ExpireReport as EngineExpire, GcReport as EngineGc,
@@ -42,6 +42,24 @@ pub struct Stats {
     pub disk: Option<DiskSpace>,
     /// What backups deduplicate against (`--dedup-domain`): `store` or `namespace`.
     pub dedup_domain: String,
+    /// Why the store takes no new work that writes (a full disk), while it still serves
+    /// reads; None when it takes work.
+    pub degraded: Option<String>,
+}
+
+/// `GET /readyz?exclude=writes`: a check to leave out (the Kubernetes API server's style).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ReadyQuery {
+    pub exclude: Option<ReadyCheck>,
+}
+
+/// A check `/readyz` can leave out.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ReadyCheck {
+    /// Whether the store takes work that writes (not while a full disk degrades it).
+    Writes,
 }
 
 /// Size and free room of the filesystems holding a store's containers and its metadata (the
@@ -102,6 +120,7 @@ impl From<Totals> for Stats {
             remote: None,
             disk: None,
             dedup_domain: DedupDomain::default().to_string(),
+            degraded: None,
         }
     }
 }

@@ -168,6 +168,7 @@ fn stats_with_remote(totals: revault_engine::Totals) -> Stats {
         last_error: None,
         fenced: false,
     });
+    s.degraded = Some("a synced write to the metadata failed: No space left on device".into());
     s
 }
 
@@ -559,6 +560,7 @@ fn query_strings_take_exactly_the_parameters_of_the_spec() {
         ("deleteObject", accepted_fields::<KeyQuery>()),
         ("getObjectMeta", accepted_fields::<KeyQuery>()),
         ("getSignedObject", accepted_fields::<SignedQuery>()),
+        ("getReady", accepted_fields::<ReadyQuery>()),
     ];
     for (id, op) in operations(&spec) {
         let params: BTreeSet<String> = op["parameters"]
