@@ -106,7 +106,6 @@ var _ = BeforeSuite(func() {
 		Expect(nodes.Items).To(HaveLen(1), "nodes labelled %s=%s", storageLabel, media)
 	}
 
-	By("helm upgrade --install " + releaseName + " (images " + workerImage + ", " + operatorImage + ")")
 	// Workers run as root on hostPath volumes: the namespace needs the privileged PSA level.
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNS,
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}}}
@@ -115,16 +114,45 @@ var _ = BeforeSuite(func() {
 	}
 	By("an S3 server in the cluster, and the remote's Secrets")
 	deployS3()
+	chart, wImage, oImage := envOr("E2E_CHART", "../charts/revault"), workerImage, operatorImage
+	if upgradeGroup() {
+		// Scenario 16 upgrades from the previous release: this group starts with it.
+		chart, wImage, oImage = mustEnv("E2E_PREVIOUS_CHART"), mustEnv("E2E_PREVIOUS_WORKER_IMAGE"), mustEnv("E2E_PREVIOUS_OPERATOR_IMAGE")
+	}
+	By("helm upgrade --install " + releaseName + " " + chart + " (images " + wImage + ", " + oImage + ")")
+	out, err := installRelease(chart, wImage, oImage)
+	Expect(err).NotTo(HaveOccurred(), "helm: %s", out)
+
+	// A failed run keeps its namespaces for the post-mortem (KEEP=1 keeps the cluster too);
+	// their PVCs hold local PVs that this run needs. The next run is past the post-mortem.
+	var old corev1.NamespaceList
+	Expect(k.List(ctx, &old, client.HasLabels{e2eLabel})).To(Succeed())
+	for i := range old.Items {
+		if n := &old.Items[i]; n.Labels[e2eLabel] != runID && n.DeletionTimestamp == nil {
+			By("deleting namespace " + n.Name + " of an earlier run")
+			Expect(client.IgnoreNotFound(k.Delete(ctx, n))).To(Succeed())
+		}
+	}
+})
+
+// upgradeGroup says whether this run is the e2e group "upgrade" (hack/e2e.sh runs it first, on a
+// new cluster): it installs the previous release, which scenario 16 upgrades.
+func upgradeGroup() bool { return os.Getenv("E2E_GROUP") == "upgrade" }
+
+// installRelease runs `helm upgrade --install` of chart with the suite's values and these
+// images. Every group and scenario 16's upgrade use it, so a release differs from the one before
+// only in its chart and images.
+func installRelease(chart, wImage, oImage string) (string, error) {
 	repo := func(ref string) string { return ref[:strings.LastIndex(ref, ":")] }
 	tag := func(ref string) string { return ref[strings.LastIndex(ref, ":")+1:] }
-	out, err := helm("upgrade", "--install", releaseName, envOr("E2E_CHART", "../charts/revault"),
+	return helm("upgrade", "--install", releaseName, chart,
 		"--namespace", systemNS, "--wait", "--timeout", "5m",
-		"--set", "operator.image.repository="+repo(operatorImage),
-		"--set", "operator.image.tag="+tag(operatorImage),
+		"--set", "operator.image.repository="+repo(oImage),
+		"--set", "operator.image.tag="+tag(oImage),
 		// Loaded with `kind load image-archive`: never pulled.
 		"--set", "operator.image.pullPolicy=Never",
-		"--set", "worker.image.repository="+repo(workerImage),
-		"--set", "worker.image.tag="+tag(workerImage),
+		"--set", "worker.image.repository="+repo(wImage),
+		"--set", "worker.image.tag="+tag(wImage),
 		"--set", "worker.image.pullPolicy=Never",
 		// Status is read back from the workers every syncPeriod (and on every backup Job
 		// change); a short period makes retention results visible sooner.
@@ -155,19 +183,7 @@ var _ = BeforeSuite(func() {
 			`"tolerations":[{"key":"revault.io/spare","operator":"Exists","effect":"NoExecute"}]},`+
 			`{"media":"hdd","resources":{"requests":{"cpu":"250m","memory":"512Mi"},"limits":{"memory":"2Gi"}},`+
 			`"tolerations":[{"key":"revault.io/spare","operator":"Exists","effect":"NoExecute"}]}]`)
-	Expect(err).NotTo(HaveOccurred(), "helm: %s", out)
-
-	// A failed run keeps its namespaces for the post-mortem (KEEP=1 keeps the cluster too);
-	// their PVCs hold local PVs that this run needs. The next run is past the post-mortem.
-	var old corev1.NamespaceList
-	Expect(k.List(ctx, &old, client.HasLabels{e2eLabel})).To(Succeed())
-	for i := range old.Items {
-		if n := &old.Items[i]; n.Labels[e2eLabel] != runID && n.DeletionTimestamp == nil {
-			By("deleting namespace " + n.Name + " of an earlier run")
-			Expect(client.IgnoreNotFound(k.Delete(ctx, n))).To(Succeed())
-		}
-	}
-})
+}
 
 var _ = ReportAfterEach(func(r SpecReport) {
 	if r.Failed() {

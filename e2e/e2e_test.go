@@ -8,7 +8,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -36,6 +35,7 @@ var _ = Describe("Revault on a 4-node kind cluster", func() {
 	remoteOutageSpecs()
 	lostNodeSpecs()
 	drainSpecs()
+	upgradeSpecs()
 })
 
 // 1. Install with Helm; the operator becomes Ready; worker pods run on both labelled nodes.
@@ -54,24 +54,8 @@ func installSpecs() {
 			Expect(rel.Info.Status).To(Equal("deployed"))
 
 			By("the operator Deployment is available, running the loaded image")
-			Eventually(func(g Gomega) {
-				d := &appsv1.Deployment{}
-				g.Expect(k.Get(ctx, client.ObjectKey{Namespace: systemNS, Name: operatorDep}, d)).To(Succeed())
-				g.Expect(d.Spec.Template.Spec.Containers[0].Image).To(Equal(operatorImage))
-				g.Expect(d.Status.ObservedGeneration).To(Equal(d.Generation))
-				g.Expect(d.Status.UpdatedReplicas).To(Equal(*d.Spec.Replicas))
-				g.Expect(d.Status.AvailableReplicas).To(Equal(*d.Spec.Replicas))
-				var pods corev1.PodList
-				g.Expect(k.List(ctx, &pods, client.InNamespace(systemNS),
-					client.MatchingLabels{"app.kubernetes.io/component": "operator"})).To(Succeed())
-				ready := 0
-				for i := range pods.Items {
-					if podReady(&pods.Items[i]) && pods.Items[i].DeletionTimestamp == nil {
-						ready++
-					}
-				}
-				g.Expect(ready).To(Equal(int(*d.Spec.Replicas)))
-			}).WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
+			Eventually(func(g Gomega) { expectOperatorRunning(g, operatorImage) }).
+				WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
 
 			By("the CRDs serve all three kinds")
 			Expect(k.List(ctx, &backupv1alpha1.BackupSeriesList{})).To(Succeed())
@@ -81,14 +65,8 @@ func installSpecs() {
 			for _, media := range []string{"ssd", "hdd"} {
 				node := storageNode(media)
 				By(fmt.Sprintf("the %s pool: DaemonSet revault-worker-%s has one ready pod, on %s", media, media, node))
-				Eventually(func(g Gomega) {
-					ds := &appsv1.DaemonSet{}
-					g.Expect(k.Get(ctx, client.ObjectKey{Namespace: systemNS, Name: "revault-worker-" + media}, ds)).To(Succeed())
-					g.Expect(ds.Spec.Template.Spec.Containers[0].Image).To(Equal(workerImage))
-					g.Expect(ds.Status.DesiredNumberScheduled).To(Equal(int32(1)))
-					g.Expect(ds.Status.NumberReady).To(Equal(int32(1)))
-					g.Expect(ds.Status.UpdatedNumberScheduled).To(Equal(int32(1)))
-				}).WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
+				Eventually(func(g Gomega) { expectPoolRunning(g, media, workerImage) }).
+					WithTimeout(podTimeout).WithPolling(poll).Should(Succeed())
 				pod := workerPod(media, node)
 				Expect(pod.Labels).To(HaveKeyWithValue("revault.io/node", node), "the operator labels worker pods with their node")
 

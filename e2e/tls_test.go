@@ -34,6 +34,19 @@ func workerCertSerial(g Gomega) string {
 	return c.SerialNumber.String()
 }
 
+// committedStream waits for an `e2e-tool slowpush` pod and expects its backup committed whole
+// and read back the same.
+func committedStream(push *corev1.Pod, size int64) toolresult.SlowPush {
+	GinkgoHelper()
+	logs, phase := waitPod(push)
+	var res toolresult.SlowPush
+	toolResult(push, logs, phase, &res)
+	Expect(res.Status).To(Equal(201), res.Body)
+	Expect(res.Bytes).To(Equal(size))
+	Expect(res.Restored).To(Equal(res.Sent), "the streamed version reads back different bytes")
+	return res
+}
+
 // 9b. The workers' certificate is rotated while a backup streams: the backup commits, the worker
 // serves the new certificate without a restart, and new connections trust it.
 func tlsRotationSpecs() {
@@ -90,12 +103,7 @@ func tlsRotationSpecs() {
 			Expect(again.Status.ContainerStatuses[0].RestartCount).To(Equal(worker.Status.ContainerStatuses[0].RestartCount))
 
 			By("the backup that spanned the rotation committed and reads back byte-exact on a new connection")
-			logs, phase := waitPod(push)
-			var res toolresult.SlowPush
-			toolResult(push, logs, phase, &res)
-			Expect(res.Status).To(Equal(201), res.Body)
-			Expect(res.Bytes).To(Equal(int64(size)))
-			Expect(res.Restored).To(Equal(res.Sent))
+			committedStream(push, size)
 
 			By("a new pod with the namespace's bundle trusts the new certificate, and the operator still reaches the worker")
 			calls := workerAPI(ns, bs.Status.Worker.Endpoint, "GET /v1/series/"+ns+"/"+series)

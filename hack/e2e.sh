@@ -2,10 +2,14 @@
 # Revault's end-to-end run (make e2e): the Ginkgo suite in e2e/ on a real 4-node kind cluster,
 # with images built locally and loaded into the nodes (no registry anywhere).
 #
-# usage: hack/e2e.sh [run]    kind-up (with the images of `make images` and the e2e tool image),
-#                             the suite (it `helm install`s charts/revault itself), kind-down;
-#                             on failure first prints the operator's and workers' logs and the
-#                             test namespaces' events and objects.
+# usage: hack/e2e.sh [run]    kind-up (with the images of `make images`, the previous release's
+#                             (hack/previous-release.sh) and the e2e tool image), the suite in
+#                             two groups, kind-down: first the group "upgrade" (scenario 16: the
+#                             suite installs the previous release and upgrades it to
+#                             charts/revault), then every other scenario (the suite `helm
+#                             upgrade --install`s charts/revault itself); on failure first prints
+#                             the operator's and workers' logs and the test namespaces' events
+#                             and objects.
 #        hack/e2e.sh check    can this machine run it? exit 0: yes; 1: no, the reason is printed
 #                             (make test then skips the e2e suite); 2: no, but REVAULT_E2E=1
 #                             requires it.
@@ -90,6 +94,17 @@ fi
 VELERO_ENV=$("$HACK_DIR/velero-plugin.sh" e2e-images | tail -1) || die "building the Velero images failed"
 # shellcheck source=/dev/null
 . "$VELERO_ENV"
+# The previous release (chart, images) that scenario 16 upgrades from, built from its commit.
+prev_rc=0
+PREVIOUS_ENV=$("$HACK_DIR/previous-release.sh" | tail -1) || prev_rc=$?
+case $prev_rc in
+  0) # shellcheck source=/dev/null
+     . "$PREVIOUS_ENV" ;;
+  3) [ "${REVAULT_E2E:-}" != 1 ] || die "REVAULT_E2E=1 requires the group upgrade, which needs the previous release's commit"
+     PREVIOUS_ENV=""
+     log "WARNING: the group upgrade (scenario 16) will be SKIPPED: no previous release to upgrade from" ;;
+  *) die "building the previous release failed" ;;
+esac
 # The S3 server the workers' remote runs against in the cluster (e2e/remote_test.go).
 S3_ENV=$("$HACK_DIR/s3-server.sh" e2e-image | tail -1) || die "building the S3 server's image failed"
 # shellcheck source=/dev/null
@@ -150,34 +165,84 @@ finish() {
   fi
   log "$([ $rc -eq 0 ] && echo PASS || echo FAIL) in $(( $(now) - t0 ))s: build ${t_build_s:-?}s," \
       "cluster up ${t_up_s:-?}s, suite ${t_suite_s:-?}s, down $(( $(now) - t_end ))s" \
-      "(junit: $ARTIFACTS/junit.xml)"
+      "(junit: $ARTIFACTS/junit-upgrade.xml, $ARTIFACTS/junit.xml)"
   exit $rc
 }
 t_build_s=$(( t_build - t0 ))
 trap finish EXIT
 
 # Every spec's PVCs bind static local PVs, which only the next kind-up recycles: a run needs
-# about 14, and on a kept cluster (KEEP=1) a failed run's namespaces still hold theirs until
+# about 16, and on a kept cluster (KEEP=1) a failed run's namespaces still hold theirs until
 # the next run's suite deletes them.
 export KIND_LOCAL_PVS=${KIND_LOCAL_PVS:-40}
-log "hack/kind-up.sh with $WORKER_IMAGE, $OPERATOR_IMAGE, $TOOL_IMAGE"
-t1=$(now)
-KCFG=$("$HACK_DIR/kind-up.sh" "$WORKER_ARCHIVE" "$OPERATOR_ARCHIVE" "$TOOL_ARCHIVE" "$VELERO_ARCHIVE" "$PLUGIN_ARCHIVE" "$S3_ARCHIVE" | tail -1)
-[ -s "$KCFG" ] || die "hack/kind-up.sh gave no kubeconfig"
-t_up_s=$(( $(now) - t1 ))
+ARCHIVES=("$WORKER_ARCHIVE" "$OPERATOR_ARCHIVE" "$TOOL_ARCHIVE" "$VELERO_ARCHIVE" "$PLUGIN_ARCHIVE" "$S3_ARCHIVE")
+t_up_s=0
 
-log "running the suite (run $RUN_ID)"
+# up ARCHIVE...: hack/kind-up.sh with these image archives (a healthy cluster of the name is reused).
+up() {
+  local t
+  t=$(now)
+  log "hack/kind-up.sh with $WORKER_IMAGE, $OPERATOR_IMAGE, $TOOL_IMAGE ($# image archives)"
+  KCFG=$("$HACK_DIR/kind-up.sh" "$@" | tail -1)
+  [ -s "$KCFG" ] || die "hack/kind-up.sh gave no kubeconfig"
+  t_up_s=$(( t_up_s + $(now) - t ))
+}
+
+# suite GROUP LABEL-FILTER JUNIT: one run of the suite binary over the specs of a label filter.
+suite() {
+  local group=$1 filter=$2 junit=$3
+  local args=(-ginkgo.v -ginkgo.timeout="${E2E_TIMEOUT:-45m}" -ginkgo.poll-progress-after=180s
+              -ginkgo.label-filter="$filter" -ginkgo.junit-report="$ARTIFACTS/$junit")
+  [ -z "${E2E_FOCUS:-}" ] || args+=(-ginkgo.focus="$E2E_FOCUS")
+  log "running the suite, group $group (run $RUN_ID)"
+  (cd "$ROOT/e2e" && KUBECONFIG=$KCFG E2E_GROUP=$group E2E_WORKER_IMAGE=$WORKER_IMAGE \
+    E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE E2E_TOOL_IMAGE=$TOOL_IMAGE E2E_CHART=$ROOT/charts/revault \
+    E2E_HELM=$TOOLS_BIN/helm E2E_RUN_ID=$RUN_ID \
+    E2E_PREVIOUS_CHART=${PREVIOUS_CHART:-} E2E_PREVIOUS_WORKER_IMAGE=${PREVIOUS_WORKER_IMAGE:-} \
+    E2E_PREVIOUS_OPERATOR_IMAGE=${PREVIOUS_OPERATOR_IMAGE:-} \
+    E2E_VELERO=$VELERO_BIN E2E_VELERO_IMAGE=$VELERO_IMAGE E2E_VELERO_PLUGIN_IMAGE=$PLUGIN_IMAGE \
+    E2E_S3_IMAGE=$S3_IMAGE E2E_SPARE_NODE=$CLUSTER-worker3 \
+    ./bin/e2e.test "${args[@]}")
+}
+
+rm -f "$ARTIFACTS/junit-upgrade.xml" "$ARTIFACTS/junit.xml"
+t_suite_s=0
+rc=0
+# The group "upgrade" starts from the previous release on a cluster of its own, made for it and
+# deleted after it: every other group then runs on a new cluster with this build installed
+# fresh, so a first install is tested too. A kept cluster (KEEP=1 before) is reused for the
+# other groups only.
+# focused SPECS-LABEL-FILTER: does E2E_FOCUS leave any spec of the filter to run?
+focused() {
+  [ -n "${E2E_FOCUS:-}" ] || return 0
+  (cd "$ROOT/e2e" && ./bin/e2e.test -ginkgo.dry-run -ginkgo.label-filter="$1" -ginkgo.focus="$E2E_FOCUS" 2>&1 |
+    grep -q 'Ran [1-9][0-9]* of')
+}
+if [ -z "$PREVIOUS_ENV" ]; then
+  log "group upgrade SKIPPED: no previous release (see above)"
+elif ! focused upgrade; then
+  log "group upgrade: E2E_FOCUS selects none of its specs"
+elif kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  log "group upgrade SKIPPED: cluster $CLUSTER exists (kept): the group needs a new cluster"
+else
+  up "${ARCHIVES[@]}" "$PREVIOUS_WORKER_ARCHIVE" "$PREVIOUS_OPERATOR_ARCHIVE"
+  t2=$(now)
+  suite upgrade upgrade junit-upgrade.xml || rc=$?
+  t_suite_s=$(( $(now) - t2 ))
+  [ $rc -eq 0 ] || diagnose >&2
+  # Every other group runs even if this one failed.
+  log "deleting the group upgrade's cluster; the other groups get a new one"
+  kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || die "kind delete cluster --name $CLUSTER failed"
+fi
+rc2=0
 t2=$(now)
-ginkgo_args=(-ginkgo.v -ginkgo.timeout="${E2E_TIMEOUT:-45m}" -ginkgo.poll-progress-after=180s
-             -ginkgo.junit-report="$ARTIFACTS/junit.xml")
-[ -z "${E2E_FOCUS:-}" ] || ginkgo_args+=(-ginkgo.focus="$E2E_FOCUS")
-set +e
-(cd "$ROOT/e2e" && KUBECONFIG=$KCFG E2E_WORKER_IMAGE=$WORKER_IMAGE E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE \
-  E2E_TOOL_IMAGE=$TOOL_IMAGE E2E_CHART=$ROOT/charts/revault E2E_HELM=$TOOLS_BIN/helm E2E_RUN_ID=$RUN_ID \
-  E2E_VELERO=$VELERO_BIN E2E_VELERO_IMAGE=$VELERO_IMAGE E2E_VELERO_PLUGIN_IMAGE=$PLUGIN_IMAGE \
-  E2E_S3_IMAGE=$S3_IMAGE E2E_SPARE_NODE=$CLUSTER-worker3 \
-  ./bin/e2e.test "${ginkgo_args[@]}")
-rc=$?
-set -e
-t_suite_s=$(( $(now) - t2 ))
+if focused '!upgrade'; then
+  up "${ARCHIVES[@]}"
+  t2=$(now)
+  suite main '!upgrade' junit.xml || rc2=$?
+else
+  log "group main: E2E_FOCUS selects none of its specs"
+fi
+[ $rc -ne 0 ] || rc=$rc2
+t_suite_s=$(( t_suite_s + $(now) - t2 ))
 exit $rc

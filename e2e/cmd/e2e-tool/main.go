@@ -36,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fatal(errors.New("usage: e2e-tool gen|mutate|sum|api|slowpush [flags]"))
+		fatal(errors.New("usage: e2e-tool gen|mutate|sum|api|slowpush|readback [flags]"))
 	}
 	var res any
 	var err error
@@ -51,6 +51,8 @@ func main() {
 		res, err = api(os.Args[2:])
 	case "slowpush":
 		res, err = slowPush(os.Args[2:])
+	case "readback":
+		res, err = readBackCmd(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -303,18 +305,15 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 // POST send a small octet-stream body.
 func api(args []string) (any, error) {
 	fl := flag.NewFlagSet("api", flag.ExitOnError)
-	server := fl.String("server", "", "worker URL")
-	tokenFile := fl.String("token-file", "/etc/revault/token", "bearer token file")
-	caFile := fl.String("ca-file", "/etc/revault/ca.crt", "CA bundle of the workers' certificate (https URLs)")
+	w := addWorkerFlags(fl)
 	var reqs multiFlag
 	fl.Var(&reqs, "req", `"METHOD PATH" (repeatable)`)
 	_ = fl.Parse(args)
-	tok, err := os.ReadFile(*tokenFile)
+	token, err := w.token()
 	if err != nil {
 		return nil, err
 	}
-	token := strings.TrimSpace(string(tok))
-	cl, err := workerHTTP(*server, *caFile, 60*time.Second)
+	cl, err := workerHTTP(*w.server, *w.caFile, 60*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +327,7 @@ func api(args []string) (any, error) {
 		if method == http.MethodPut || method == http.MethodPost {
 			body = strings.NewReader("e2e probe data\n")
 		}
-		req, err := http.NewRequest(method, strings.TrimRight(*server, "/")+path, body)
+		req, err := http.NewRequest(method, strings.TrimRight(*w.server, "/")+path, body)
 		if err != nil {
 			return nil, err
 		}
@@ -352,6 +351,23 @@ func api(args []string) (any, error) {
 		out = append(out, call)
 	}
 	return out, nil
+}
+
+// workerFlags are the flags of every command that calls a worker.
+type workerFlags struct{ server, tokenFile, caFile *string }
+
+func addWorkerFlags(fl *flag.FlagSet) workerFlags {
+	return workerFlags{
+		server:    fl.String("server", "", "worker URL"),
+		tokenFile: fl.String("token-file", "/etc/revault/token", "bearer token file"),
+		caFile:    fl.String("ca-file", "/etc/revault/ca.crt", "CA bundle of the workers' certificate (https URLs)"),
+	}
+}
+
+// token is the bearer token in -token-file.
+func (w workerFlags) token() (string, error) {
+	tok, err := os.ReadFile(*w.tokenFile)
+	return strings.TrimSpace(string(tok)), err
 }
 
 // workerHTTP is a client of the worker at server: for https, one trusting only the CA bundle in
@@ -404,26 +420,23 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 // spans something happening to the worker (a certificate rotated) and a read after it.
 func slowPush(args []string) (any, error) {
 	fl := flag.NewFlagSet("slowpush", flag.ExitOnError)
-	server := fl.String("server", "", "worker URL")
-	tokenFile := fl.String("token-file", "/etc/revault/token", "bearer token file")
-	caFile := fl.String("ca-file", "/etc/revault/ca.crt", "CA bundle of the workers' certificate (https URLs)")
+	w := addWorkerFlags(fl)
 	series := fl.String("series", "", "NS/NAME")
 	size := fl.Int64("bytes", 8<<20, "bytes to send")
 	seconds := fl.Float64("seconds", 30, "how long sending takes")
 	seed := fl.Uint64("seed", 1, "content seed")
 	_ = fl.Parse(args)
-	tok, err := os.ReadFile(*tokenFile)
+	token, err := w.token()
 	if err != nil {
 		return nil, err
 	}
-	token := strings.TrimSpace(string(tok))
-	base := strings.TrimRight(*server, "/") + "/v1/series/" + *series + "/versions"
+	base := strings.TrimRight(*w.server, "/") + "/v1/series/" + *series + "/versions"
 	var key [32]byte
 	for i := 0; i < 8; i++ {
 		key[i] = byte(*seed >> (8 * i))
 	}
 	body := &pacedReader{src: rand.NewChaCha8(key), left: *size, rate: float64(*size) / *seconds, start: time.Now(), hash: sha256.New()}
-	up, err := workerHTTP(*server, *caFile, 0)
+	up, err := workerHTTP(*w.server, *w.caFile, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +454,8 @@ func slowPush(args []string) (any, error) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	_ = resp.Body.Close() // what was read is recorded; closing cannot change it
 	out := toolresult.SlowPush{Status: resp.StatusCode, Body: string(b), Bytes: body.sent,
-		Seconds: time.Since(body.start).Seconds(), Sent: hex.EncodeToString(body.hash.Sum(nil))}
+		Seconds: time.Since(body.start).Seconds(), Sent: hex.EncodeToString(body.hash.Sum(nil)),
+		Answered: time.Now().UTC().Format(time.RFC3339Nano)}
 	var rep struct {
 		Version int64 `json:"version"`
 	}
@@ -449,27 +463,74 @@ func slowPush(args []string) (any, error) {
 		return out, nil
 	}
 	out.Version = rep.Version
-	down, err := workerHTTP(*server, *caFile, 5*time.Minute)
+	down, err := workerHTTP(*w.server, *w.caFile, 5*time.Minute)
 	if err != nil {
 		return nil, err
 	}
-	get, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/%d", base, rep.Version), nil)
+	out.Restored, out.ReadTries, err = readBack(down, fmt.Sprintf("%s/%d", base, rep.Version), token)
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// readBackCmd reads a version of a series and gives its SHA-256.
+func readBackCmd(args []string) (any, error) {
+	fl := flag.NewFlagSet("readback", flag.ExitOnError)
+	w := addWorkerFlags(fl)
+	series := fl.String("series", "", "NS/NAME")
+	version := fl.Int64("version", 1, "version number")
+	_ = fl.Parse(args)
+	token, err := w.token()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := workerHTTP(*w.server, *w.caFile, 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	url := fmt.Sprintf("%s/v1/series/%s/versions/%d", strings.TrimRight(*w.server, "/"), *series, *version)
+	sum, tries, err := readBack(cl, url, token)
+	if err != nil {
+		return nil, err
+	}
+	return toolresult.ReadBack{Version: *version, Restored: sum, Tries: tries}, nil
+}
+
+// readBack returns the SHA-256 of a version and how many tries it took. A worker that commits
+// a backup while it shuts down (an upgrade rolls it) is out of its Service until its next pod
+// is ready, so a refused connection or a 502/503 is tried again, for up to 3 minutes, as a
+// client reading back its backup would.
+func readBack(cl *http.Client, url, token string) (string, int, error) {
+	deadline := time.Now().Add(3 * time.Minute)
+	for try := 1; ; try++ {
+		sum, retry, err := readOnce(cl, url, token)
+		if err == nil || !retry || time.Now().After(deadline) {
+			return sum, try, err
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// readOnce reads url once; retry says whether the failure is one a restarting worker gives.
+func readOnce(cl *http.Client, url, token string) (sum string, retry bool, err error) {
+	get, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return "", false, err
 	}
 	get.Header.Set("Authorization", "Bearer "+token)
-	gr, err := down.Do(get)
+	gr, err := cl.Do(get)
 	if err != nil {
-		return nil, err
+		return "", true, err
 	}
 	defer func() { _ = gr.Body.Close() }()
 	if gr.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET version %d: %s", rep.Version, gr.Status)
+		busy := gr.StatusCode == http.StatusBadGateway || gr.StatusCode == http.StatusServiceUnavailable
+		return "", busy, fmt.Errorf("GET %s: %s", url, gr.Status)
 	}
 	h := sha256.New()
 	if _, err := io.Copy(h, gr.Body); err != nil {
-		return nil, err
+		return "", true, err
 	}
-	out.Restored = hex.EncodeToString(h.Sum(nil))
-	return out, nil
+	return hex.EncodeToString(h.Sum(nil)), false, nil
 }

@@ -46,4 +46,15 @@ type SlowPush struct {
 	Seconds  float64 `json:"seconds"`
 	Sent     string  `json:"sent"`     // sha256 of the body sent
 	Restored string  `json:"restored"` // sha256 of the version read back
+	// ReadTries is how many GETs the read-back took (more than one: the worker was restarting).
+	ReadTries int `json:"readTries"`
+	// Answered is when the worker's answer to the upload arrived (RFC 3339, UTC).
+	Answered string `json:"answered"`
+}
+
+// ReadBack is `e2e-tool readback`'s result: a version read again.
+type ReadBack struct {
+	Version  int64  `json:"version"`
+	Restored string `json:"restored"` // sha256 of the version's bytes
+	Tries    int    `json:"tries"`
 }
