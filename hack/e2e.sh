@@ -154,9 +154,10 @@ diagnose() {
 }
 
 KCFG=""
+diagnosed=0  # each group prints its own diagnostics when it fails
 finish() {
   local rc=$? t_end
-  [ $rc -eq 0 ] || { [ -z "$KCFG" ] || diagnose; } >&2
+  [ $rc -eq 0 ] || [ $diagnosed = 1 ] || { [ -z "$KCFG" ] || diagnose; } >&2
   t_end=$(now)
   if [ "${KEEP:-}" = 1 ]; then
     log "KEEP=1: cluster $CLUSTER kept: export KUBECONFIG=$KCFG; hack/kind-down.sh removes it"
@@ -208,24 +209,28 @@ suite() {
 rm -f "$ARTIFACTS/junit-upgrade.xml" "$ARTIFACTS/junit.xml"
 t_suite_s=0
 rc=0
+# focused SPECS-LABEL-FILTER: does E2E_FOCUS leave any spec of the filter to run?
+focused() {
+  [ -n "${E2E_FOCUS:-}" ] || return 0
+  local out
+  out=$(cd "$ROOT/e2e" && ./bin/e2e.test -ginkgo.dry-run -ginkgo.label-filter="$1" -ginkgo.focus="$E2E_FOCUS" 2>&1) ||
+    die "E2E_FOCUS='$E2E_FOCUS': the suite's dry run failed: $(tail -5 <<<"$out")"
+  grep -q 'Ran [1-9][0-9]* of' <<<"$out"
+}
+ran_groups=0
 # The group "upgrade" starts from the previous release on a cluster of its own, made for it and
 # deleted after it: every other group then runs on a new cluster with this build installed
 # fresh, so a first install is tested too. A kept cluster (KEEP=1 before) is reused for the
 # other groups only.
-# focused SPECS-LABEL-FILTER: does E2E_FOCUS leave any spec of the filter to run?
-focused() {
-  [ -n "${E2E_FOCUS:-}" ] || return 0
-  (cd "$ROOT/e2e" && ./bin/e2e.test -ginkgo.dry-run -ginkgo.label-filter="$1" -ginkgo.focus="$E2E_FOCUS" 2>&1 |
-    grep -q 'Ran [1-9][0-9]* of')
-}
 if [ -z "$PREVIOUS_ENV" ]; then
   log "group upgrade SKIPPED: no previous release (see above)"
 elif ! focused upgrade; then
   log "group upgrade: E2E_FOCUS selects none of its specs"
-elif kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+elif grep -qx "$CLUSTER" <<<"$(kind get clusters 2>/dev/null)"; then
   log "group upgrade SKIPPED: cluster $CLUSTER exists (kept): the group needs a new cluster"
 else
   up "${ARCHIVES[@]}" "$PREVIOUS_WORKER_ARCHIVE" "$PREVIOUS_OPERATOR_ARCHIVE"
+  ran_groups=$((ran_groups + 1))
   t2=$(now)
   suite upgrade upgrade junit-upgrade.xml || rc=$?
   t_suite_s=$(( $(now) - t2 ))
@@ -233,16 +238,22 @@ else
   # Every other group runs even if this one failed.
   log "deleting the group upgrade's cluster; the other groups get a new one"
   kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || die "kind delete cluster --name $CLUSTER failed"
+  KCFG=""  # diagnosed above; finish() has no cluster of this group to look at
 fi
 rc2=0
 t2=$(now)
 if focused '!upgrade'; then
   up "${ARCHIVES[@]}"
+  ran_groups=$((ran_groups + 1))
   t2=$(now)
   suite main '!upgrade' junit.xml || rc2=$?
+  [ $rc2 -eq 0 ] || diagnose >&2
 else
   log "group main: E2E_FOCUS selects none of its specs"
 fi
 [ $rc -ne 0 ] || rc=$rc2
+diagnosed=1
 t_suite_s=$(( t_suite_s + $(now) - t2 ))
+# A focus that selects nothing is a mistake, not a pass.
+[ $ran_groups -gt 0 ] || die "E2E_FOCUS='${E2E_FOCUS:-}' selects no spec of any group"
 exit $rc

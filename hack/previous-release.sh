@@ -35,8 +35,10 @@ if [ -s "$ENV_FILE" ]; then
 fi
 start=$(now)
 if ! git -C "$ROOT" cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
-  # A shallow clone: its origin may still have the commit.
-  git -C "$ROOT" fetch -q --depth=1 origin "$PREVIOUS_COMMIT" 2>/dev/null || true
+  # A shallow clone: its origin may still have the commit (a full clone is never made shallow).
+  if [ "$(git -C "$ROOT" rev-parse --is-shallow-repository)" = true ]; then
+    timeout 120 git -C "$ROOT" fetch -q --depth=1 origin "$PREVIOUS_COMMIT" 2>/dev/null || true
+  fi
   if ! git -C "$ROOT" cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
     log "commit $PREVIOUS_COMMIT (release $PREVIOUS_VERSION) is not in this clone's history and" \
         "could not be fetched: a clone with history ('git fetch --unshallow') builds it"

@@ -384,6 +384,13 @@ func (r *BackupSeriesReconciler) runMoveJob(ctx context.Context, s *seriesRun, d
 			fmt.Sprintf("switching to node %s once the backup running on node %s ends", to.Node, s.bs.Status.Worker.Node))
 		s.requeue = min(s.requeue, 10*time.Second)
 		return proceed()
+	} else if workerclient.HasCode(err, workerclient.ErrorCodeUnavailable) {
+		// A store degraded by a full disk serves the copy but takes no seal (a write): the
+		// switch waits for room there, saying so, with the CronJob still held.
+		s.cs.setTrue(backupv1alpha1.ConditionMoving, "WaitingForSource",
+			fmt.Sprintf("switching to node %s once the worker on node %s takes writes again: %v", to.Node, s.bs.Status.Worker.Node, err))
+		s.requeue = min(s.requeue, time.Minute)
+		return proceed()
 	} else if err != nil {
 		return failed(err)
 	}

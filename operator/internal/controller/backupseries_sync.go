@@ -97,9 +97,13 @@ func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instr
 		return
 	}
 	if why := c.NearlyFull(); why != "" {
+		then := "fail once its disk is full"
+		if c.Room.Degraded != "" {
+			then = "fail until room is freed there (restores still work)"
+		}
 		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
-			"the %s worker on node %s has %s: it takes no new series, and this one's backups fail once "+
-				"its disk is full; free room there or expire old versions", st.Worker.Media, st.Worker.Node, why))
+			"the %s worker on node %s has %s: it takes no new series, and this one's backups %s; "+
+				"free room there or expire old versions", st.Worker.Media, st.Worker.Node, why, then))
 		return
 	}
 	cs.setFalse(backupv1alpha1.ConditionDiskPressure, "WorkerHasRoom", fmt.Sprintf("the %s worker on node %s has %s",

@@ -388,7 +388,8 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
     // A worker pod's readiness probe leaves writes out: the store stays in its Service and
     // serves restores; the operator learns why it takes no new series from its stats.
     assert_eq!(srv.get("/readyz?exclude=writes", None).status, 200);
-    srv.get("/readyz?exclude=everything", None).assert_error(400, "bad_query");
+    srv.get("/readyz?exclude=everything", None)
+        .assert_error(400, "bad_query");
     let stats = srv.get("/v1/stats", None).json();
     let why = stats["degraded"].as_str().unwrap_or_default();
     assert!(why.contains("metadata"), "stats say degraded: {stats}");
@@ -405,6 +406,30 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
     // A restore that started before the reopen and whose client stops
     // reading: the reopen waits for it only within the grace.
     let slow = SlowRestore::start(&srv, "/v1/series/ns/big/versions/1?cacheMib=1", 1 << 20);
+
+    // `revault push` waits while the store is degraded (it recovers by itself once room is
+    // freed), saying why, instead of failing at once: a backup Job's few retries would not
+    // outlast a short spell.
+    let waited = random(1 << 20, 9);
+    let input = dir.path().join("waited");
+    std::fs::write(&input, &waited).unwrap();
+    let url = format!("http://{}", srv.addr);
+    let mut waiting = Command::new(bin())
+        .args(["push", "--server", &url, "--series", "ns/waited"])
+        .args([input.to_str().unwrap(), "--wait-ready", "120s"])
+        .env("REVAULT_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut stderr = std::io::BufReader::new(waiting.stderr.take().unwrap());
+    std::io::BufRead::read_line(&mut stderr, &mut said).unwrap();
+    assert!(
+        said.contains("waiting for the worker") && said.contains("degraded"),
+        "{said}"
+    );
 
     std::fs::remove_file(&filler).unwrap();
     let freed = Instant::now();
@@ -428,6 +453,19 @@ fn a_full_store_disk_degrades_the_server_and_it_recovers_by_itself() {
     assert!(
         !complete,
         "a restore whose client read nothing for the whole grace still completed"
+    );
+
+    // The waiting push went ahead once the store took writes again.
+    let out = waiting.wait_with_output().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(
+        out.status.success(),
+        "the waiting push failed: {said}{rest}"
+    );
+    assert_eq!(
+        srv.get("/v1/series/ns/waited/versions/1", None).body,
+        waited
     );
 
     // After: new backups commit; everything acknowledged restores.

@@ -124,8 +124,9 @@ impl Conn {
     /// `shutting_down` on its way down (a worker pod's Service routes to it until it is
     /// gone, and its replacement follows). A body cannot be sent twice (stdin is read once),
     /// so a push asks before it sends: the worker it would reach refuses the body unread,
-    /// and the client saw only "Broken pipe". For work that writes (`writes`), any other
-    /// refusal (a degraded store) is returned as the server said it; reads go ahead, as
+    /// and the client saw only "Broken pipe". Work that writes (`writes`) also waits while
+    /// the store is degraded by a full disk (503 `unavailable`: it recovers once room is
+    /// freed), and any other refusal is returned as the server said it; reads go ahead, as
     /// they are still served.
     pub async fn wait_until_ready(&self, writes: bool, quiet: bool) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.wait_ready;
@@ -148,6 +149,9 @@ impl Conn {
                     Err(Ok(re)) if re.code == "starting" || re.code == "shutting_down" => {
                         re.to_string()
                     }
+                    // A store degraded by a full disk takes writes again by itself once room
+                    // is freed: work that writes waits for that too (reads go ahead below).
+                    Err(Ok(re)) if writes && re.code == "unavailable" => re.to_string(),
                     Err(Ok(re)) if writes => return Err(re.into()),
                     // A server without /readyz, or a refusal reads do not care about.
                     _ => return Ok(()),

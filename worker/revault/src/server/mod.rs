@@ -331,7 +331,9 @@ impl App {
     /// The store for reads: while it is open and the server not draining.
     pub fn store_to_read(&self) -> Result<Arc<Store>, error::ApiError> {
         if self.draining.load(Ordering::SeqCst) {
-            return Err(error::ApiError::shutting_down("the server is shutting down"));
+            return Err(error::ApiError::shutting_down(
+                "the server is shutting down",
+            ));
         }
         self.open_store()
             .ok_or_else(|| match self.health.refusal() {
