@@ -226,7 +226,7 @@ if [ -z "$PREVIOUS_ENV" ]; then
   log "group upgrade SKIPPED: no previous release (see above)"
 elif ! focused upgrade; then
   log "group upgrade: E2E_FOCUS selects none of its specs"
-elif grep -qx "$CLUSTER" <<<"$(kind get clusters 2>/dev/null)"; then
+elif grep -qx "$CLUSTER" <<<"$(kind get clusters 2>/dev/null || true)"; then
   log "group upgrade SKIPPED: cluster $CLUSTER exists (kept): the group needs a new cluster"
 else
   up "${ARCHIVES[@]}" "$PREVIOUS_WORKER_ARCHIVE" "$PREVIOUS_OPERATOR_ARCHIVE"

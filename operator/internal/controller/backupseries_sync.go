@@ -97,13 +97,14 @@ func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instr
 		return
 	}
 	if why := c.NearlyFull(); why != "" {
-		then := "fail once its disk is full"
+		then := "fail once its disk is full; free room there or expire old versions"
 		if c.Room.Degraded != "" {
-			then = "fail until room is freed there (restores still work)"
+			// Expiring is a write too: only room on the disk helps.
+			then = "fail until room is freed on its disk (restores still work)"
 		}
 		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
-			"the %s worker on node %s has %s: it takes no new series, and this one's backups %s; "+
-				"free room there or expire old versions", st.Worker.Media, st.Worker.Node, why, then))
+			"the %s worker on node %s has %s: it takes no new series, and this one's backups %s",
+			st.Worker.Media, st.Worker.Node, why, then))
 		return
 	}
 	cs.setFalse(backupv1alpha1.ConditionDiskPressure, "WorkerHasRoom", fmt.Sprintf("the %s worker on node %s has %s",

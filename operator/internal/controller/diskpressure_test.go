@@ -22,6 +22,7 @@ import (
 func TestDiskPressureFollowsTheWorkersRoom(t *testing.T) {
 	free := int64(4 << 30) // of 100 GiB
 	broken := false
+	degraded := `null`
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path != "/v1/stats" {
 			http.NotFound(w, req)
@@ -34,8 +35,8 @@ func TestDiskPressureFollowsTheWorkersRoom(t *testing.T) {
 			return
 		}
 		_, _ = fmt.Fprintf(w, `{"series":1,"versions":1,"chunks":1,"containers":1,"containerBytes":10,"logicalBytes":10,`+
-			`"disk":{"dataTotalBytes":%d,"dataFreeBytes":%d,"metaTotalBytes":%d,"metaFreeBytes":%d}}`,
-			int64(100<<30), free, int64(100<<30), int64(50<<30))
+			`"disk":{"dataTotalBytes":%d,"dataFreeBytes":%d,"metaTotalBytes":%d,"metaFreeBytes":%d},"degraded":%s}`,
+			int64(100<<30), free, int64(100<<30), int64(50<<30), degraded)
 	}))
 	defer srv.Close()
 	c, err := workerclient.New(srv.URL, "t", srv.Client())
@@ -82,5 +83,20 @@ func TestDiskPressureFollowsTheWorkersRoom(t *testing.T) {
 	r.setDiskPressure(context.Background(), api, &bs.Status, cs)
 	if c := cond(); c != nil {
 		t.Fatalf("check off: condition %+v", c)
+	}
+
+	// A store degraded by a full disk is said even with the check off: it takes no new series
+	// and no backups (it stays ready, serving restores), and only room on its disk helps.
+	degraded = `"a synced write to the metadata failed"`
+	r.setDiskPressure(context.Background(), api, &bs.Status, cs)
+	if c := cond(); c == nil || c.Status != metav1.ConditionTrue ||
+		!strings.Contains(c.Message, "has a degraded store (a synced write to the metadata failed)") ||
+		!strings.Contains(c.Message, "restores still work") || strings.Contains(c.Message, "expire") {
+		t.Fatalf("degraded: condition %+v", c)
+	}
+	degraded = `null`
+	r.setDiskPressure(context.Background(), api, &bs.Status, cs)
+	if c := cond(); c != nil {
+		t.Fatalf("no longer degraded, check off: condition %+v", c)
 	}
 }

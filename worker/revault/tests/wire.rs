@@ -96,6 +96,8 @@ const STATS: &[(&str, &str)] = &[
     ("remote", "null"),
     ("disk", "object"),
     ("dedupDomain", "string"),
+    // A store that takes writes (full_disk.rs has a degraded one).
+    ("degraded", "null"),
 ];
 
 const DISK: &[(&str, &str)] = &[
