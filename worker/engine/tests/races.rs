@@ -229,6 +229,33 @@ impl StalledRestore {
     }
 }
 
+/// A slow client restores version 2 of a half-shared series while the `expired` versions
+/// expire and gc compacts twice; the restore must finish byte-exact. Then gc runs once more and
+/// the store checks clean. Returns the store, for what the caller expects left on disk, and the
+/// first gc's report.
+fn restore_across_expiry_and_gc(
+    unit: DedupUnit,
+    seed: u64,
+    expired: &[u32],
+) -> (tempfile::TempDir, Arc<Store>, revault_engine::GcReport) {
+    let (d, st) = new_store(small_config());
+    let st = Arc::new(st);
+    let (_, v2) = half_shared_versions(&st, "team/a", unit, seed);
+    let restoring = StalledRestore::start(&st, "team/a", 2);
+    for &v in expired {
+        expire(&st, "team/a", &ExpireSel::Version(v)).unwrap();
+    }
+    let g1 = gc(&st, &compact_all()).unwrap();
+    gc(&st, &compact_all()).unwrap();
+    let (r, out) = restoring.finish();
+    assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
+    assert!(out == v2, "{unit}: restored bytes differ");
+    // Once the restore is over, nothing it held is left behind.
+    gc(&st, &compact_all()).unwrap();
+    assert_clean(&st, &format!("{unit}"));
+    (d, st, g1)
+}
+
 /// Defect 2 of issue 18: a slow client restores version 2 while version 1
 /// expires and gc runs twice. The first gc compacts the containers version 2
 /// shares with version 1 (their files' unlink waits for the restore); the
@@ -236,21 +263,8 @@ impl StalledRestore {
 #[test]
 fn gc_keeps_container_files_a_running_restore_still_reads() {
     for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
-        let (_d, st) = new_store(small_config());
-        let st = Arc::new(st);
-        let (_, v2) = half_shared_versions(&st, "team/a", unit, 21);
-
-        let restoring = StalledRestore::start(&st, "team/a", 2);
-        expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
-        let g1 = gc(&st, &compact_all()).unwrap();
+        let (_d, st, g1) = restore_across_expiry_and_gc(unit, 21, &[1]);
         assert!(g1.containers_compacted > 0, "{unit}: {g1:?}");
-        gc(&st, &compact_all()).unwrap();
-        let (r, out) = restoring.finish();
-        assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
-        assert!(out == v2, "{unit}: restored bytes differ");
-        // Once the restore is over, nothing it held is left behind.
-        gc(&st, &compact_all()).unwrap();
-        assert_clean(&st, &format!("{unit}"));
         let t = st.totals().unwrap();
         assert_eq!(
             files_in(st.data_dir()),
@@ -267,20 +281,7 @@ fn gc_keeps_container_files_a_running_restore_still_reads() {
 #[test]
 fn a_restore_finishes_byte_exact_while_its_own_version_is_expired_and_collected() {
     for unit in [DedupUnit::Chunk, DedupUnit::Segment] {
-        let (_d, st) = new_store(small_config());
-        let st = Arc::new(st);
-        let (_, v2) = half_shared_versions(&st, "team/a", unit, 23);
-
-        let restoring = StalledRestore::start(&st, "team/a", 2);
-        expire(&st, "team/a", &ExpireSel::Version(1)).unwrap();
-        expire(&st, "team/a", &ExpireSel::Version(2)).unwrap();
-        gc(&st, &compact_all()).unwrap();
-        gc(&st, &compact_all()).unwrap();
-        let (r, out) = restoring.finish();
-        assert!(r.is_ok(), "{unit}: the restore was cut off: {r:?}");
-        assert!(out == v2, "{unit}: restored bytes differ");
-        gc(&st, &compact_all()).unwrap();
-        assert_clean(&st, &format!("{unit}"));
+        let (_d, st, _) = restore_across_expiry_and_gc(unit, 23, &[1, 2]);
         let t = st.totals().unwrap();
         assert_eq!(
             t.containers, 0,
