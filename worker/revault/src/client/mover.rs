@@ -197,15 +197,22 @@ async fn run(a: &MoveArgs, path: &str, src: &Conn, dst: &Conn, quiet: bool) -> R
     }))
 }
 
+/// Sends a request built on `c`, naming the worker when it cannot be reached.
+async fn send(c: &Conn, r: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+    r.send()
+        .await
+        .with_context(|| format!("reaching {}", c.base))
+}
+
 /// Seals the series on `c` as moved to `to` (its backups are refused, naming `to`), or unseals
 /// it with `None`.
 async fn set_moved_to(c: &Conn, path: &str, to: Option<&str>) -> Result<()> {
-    let resp = c
-        .req(reqwest::Method::PUT, &format!("{path}/moved-to"))
-        .json(&json!({ "movedTo": to }))
-        .send()
-        .await
-        .with_context(|| format!("reaching {}", c.base))?;
+    let resp = send(
+        c,
+        c.req(reqwest::Method::PUT, &format!("{path}/moved-to"))
+            .json(&json!({ "movedTo": to })),
+    )
+    .await?;
     check(resp).await?;
     Ok(())
 }
@@ -245,14 +252,14 @@ async fn drop_source(src: &Conn, path: &str, moved: &[Listed]) -> Result<()> {
 /// Deletes these versions from `c`, one by one; one already gone is not an error.
 async fn delete_versions(c: &Conn, path: &str, versions: &[Listed]) -> Result<()> {
     for v in versions {
-        let resp = c
-            .req(
+        let resp = send(
+            c,
+            c.req(
                 reqwest::Method::DELETE,
                 &format!("{path}/versions/{}", v.number),
-            )
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", c.base))?;
+            ),
+        )
+        .await?;
         if resp.status() != reqwest::StatusCode::NOT_FOUND {
             check(resp)
                 .await
@@ -264,10 +271,11 @@ async fn delete_versions(c: &Conn, path: &str, versions: &[Listed]) -> Result<()
 
 /// An object bucket's versions are other objects, with keys beside them: not a series to move.
 async fn refuse_buckets(src: &Conn, series: &str) -> Result<()> {
-    let resp = src
-        .req(reqwest::Method::GET, &format!("/v1/buckets/{series}"))
-        .send()
-        .await?;
+    let resp = send(
+        src,
+        src.req(reqwest::Method::GET, &format!("/v1/buckets/{series}")),
+    )
+    .await?;
     if resp.status().is_success() {
         bail!(
             "{series} on {} is an object bucket: moving buckets is not built",
@@ -279,11 +287,7 @@ async fn refuse_buckets(src: &Conn, series: &str) -> Result<()> {
 
 /// The series as `c` holds it, `None` when it holds none.
 async fn held(c: &Conn, path: &str) -> Result<Option<Held>> {
-    let resp = c
-        .req(reqwest::Method::GET, path)
-        .send()
-        .await
-        .with_context(|| format!("reaching {}", c.base))?;
+    let resp = send(c, c.req(reqwest::Method::GET, path)).await?;
     if resp.status() == reqwest::StatusCode::NOT_FOUND {
         return Ok(None);
     }
@@ -382,14 +386,14 @@ async fn copy_version(
     v: &Listed,
     unit: &str,
 ) -> Result<[u8; 32]> {
-    let resp = src
-        .req(
+    let resp = send(
+        src,
+        src.req(
             reqwest::Method::GET,
             &format!("{path}/versions/{}", v.number),
-        )
-        .send()
-        .await
-        .with_context(|| format!("reaching {}", src.base))?;
+        ),
+    )
+    .await?;
     let resp = check(resp).await?;
     let hasher = Arc::new(Mutex::new(blake3::Hasher::new()));
     let h2 = hasher.clone();
@@ -432,11 +436,11 @@ async fn copy_version(
 
 /// The BLAKE3 of version `number` as `c` restores it.
 async fn restored_sum(c: &Conn, path: &str, number: u32) -> Result<[u8; 32]> {
-    let resp = c
-        .req(reqwest::Method::GET, &format!("{path}/versions/{number}"))
-        .send()
-        .await
-        .with_context(|| format!("reaching {}", c.base))?;
+    let resp = send(
+        c,
+        c.req(reqwest::Method::GET, &format!("{path}/versions/{number}")),
+    )
+    .await?;
     let mut body = check(resp).await?.bytes_stream();
     let mut h = blake3::Hasher::new();
     while let Some(b) = body.next().await {
@@ -471,12 +475,12 @@ async fn copy_retention(src: &Conn, dst: &Conn, path: &str, detail: &Value) -> R
     if retention.is_null() {
         return Ok(());
     }
-    let resp = dst
-        .req(reqwest::Method::PUT, &format!("{path}/retention"))
-        .json(retention)
-        .send()
-        .await
-        .with_context(|| format!("reaching {}", dst.base))?;
+    let resp = send(
+        dst,
+        dst.req(reqwest::Method::PUT, &format!("{path}/retention"))
+            .json(retention),
+    )
+    .await?;
     check(resp)
         .await
         .with_context(|| format!("setting the retention copied from {}", src.base))?;
