@@ -78,25 +78,19 @@ func (r *BackupSeriesReconciler) setDurability(st *backupv1alpha1.BackupSeriesSt
 	}
 }
 
-// setDiskPressure says on the series whether its worker is nearly full (plan.Room): then the
-// worker takes no new series, and this one's backups go on only until the disk is full. A
-// worker that does not answer, or reports no room, leaves the condition as it was: Synced
-// already tells of a worker that does not answer.
+// setDiskPressure says on the series whether its worker is nearly full or its store degraded
+// (plan.Candidate.NearlyFull): then the worker takes no new series, and this one's backups go on
+// only until the disk is full. A worker that does not answer, or reports no room, leaves the
+// condition as it was: Synced already tells of a worker that does not answer. With the check
+// off (--min-free-percent=0) only a degraded store is said.
 func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instrumented, st *backupv1alpha1.BackupSeriesStatus, cs conditionSetter) {
 	s, err := api.Stats(ctx)
 	if err != nil {
 		return
 	}
 	c := plan.Candidate{Node: st.Worker.Node, Room: r.reportedRoom(s)}
-	if r.MinFreePercent == 0 && (c.Room == nil || c.Room.Degraded == "") {
-		// The check is off (--min-free-percent=0), and a degraded store is always said.
-		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDiskPressure)
-		return
-	}
-	if c.Room == nil {
-		return
-	}
-	if why := c.NearlyFull(); why != "" {
+	switch why := c.NearlyFull(); {
+	case why != "":
 		then := "fail once its disk is full; free room there or expire old versions"
 		if c.Room.Degraded != "" {
 			// Expiring is a write too: only room on the disk helps.
@@ -105,10 +99,12 @@ func (r *BackupSeriesReconciler) setDiskPressure(ctx context.Context, api *instr
 		cs.setTrue(backupv1alpha1.ConditionDiskPressure, "WorkerNearlyFull", fmt.Sprintf(
 			"the %s worker on node %s has %s: it takes no new series, and this one's backups %s",
 			st.Worker.Media, st.Worker.Node, why, then))
-		return
+	case r.MinFreePercent == 0:
+		apimeta.RemoveStatusCondition(cs.conds, backupv1alpha1.ConditionDiskPressure)
+	case c.Room != nil:
+		cs.setFalse(backupv1alpha1.ConditionDiskPressure, "WorkerHasRoom", fmt.Sprintf("the %s worker on node %s has %s",
+			st.Worker.Media, st.Worker.Node, roomOf(c)))
 	}
-	cs.setFalse(backupv1alpha1.ConditionDiskPressure, "WorkerHasRoom", fmt.Sprintf("the %s worker on node %s has %s",
-		st.Worker.Media, st.Worker.Node, roomOf(c)))
 }
 
 // setVersions writes the worker's versions of a series into its status: totals, the latest
