@@ -1111,6 +1111,38 @@ fn retention_runs_after_backups_and_on_schedule() {
     srv.stop();
 }
 
+/// A worker on its way down answers `shutting_down` while its Service may still route to it: a
+/// push waits for the replacement (here none comes) instead of failing at once, and says why.
+#[test]
+fn a_push_to_a_worker_shutting_down_waits_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--shutdown-delay", "30s"]);
+    let url = srv.url();
+    srv.signal(libc::SIGTERM);
+    srv.wait_for("readiness to fail", Duration::from_secs(5), |s| {
+        s.try_request("GET", "/readyz", &[], b"")
+            .is_ok_and(|r| r.status == 503)
+    });
+    let input = dir.path().join("in");
+    std::fs::write(&input, b"some bytes").unwrap();
+    let mut args = push_args(&url, "default/db", input.to_str().unwrap());
+    args.extend(["--wait-ready", "2s"]);
+    let started = std::time::Instant::now();
+    let out = client(&args, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("waiting for the worker")
+            && err.contains(&format!("the worker at {url} is not ready after 2s"))
+            && err.contains("shutting down"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "it did not wait: {err}"
+    );
+}
+
 #[test]
 fn a_push_to_a_starting_worker_waits_for_it_and_says_why() {
     // A backup Job whose worker pod is still opening its store (here: waiting for the store
