@@ -10,7 +10,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,35 +19,6 @@ import (
 	"github.com/revault-io/revault/e2e/internal/toolresult"
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
 )
-
-// expectOperatorRunning: the operator Deployment has rolled out image, every replica ready.
-func expectOperatorRunning(g Gomega, image string) {
-	d := &appsv1.Deployment{}
-	g.Expect(k.Get(ctx, client.ObjectKey{Namespace: systemNS, Name: operatorDep}, d)).To(Succeed())
-	g.Expect(d.Spec.Template.Spec.Containers[0].Image).To(Equal(image))
-	g.Expect(d.Status.ObservedGeneration).To(Equal(d.Generation))
-	g.Expect(d.Status.UpdatedReplicas).To(Equal(*d.Spec.Replicas))
-	g.Expect(d.Status.AvailableReplicas).To(Equal(*d.Spec.Replicas))
-	ready := 0
-	for _, p := range operatorPods(g) {
-		if podReady(&p) {
-			ready++
-		}
-	}
-	g.Expect(ready).To(Equal(int(*d.Spec.Replicas)))
-}
-
-// expectPoolRunning: the pool's DaemonSet has rolled out image to its one node, and that pod
-// is ready.
-func expectPoolRunning(g Gomega, media, image string) {
-	ds := &appsv1.DaemonSet{}
-	g.Expect(k.Get(ctx, client.ObjectKey{Namespace: systemNS, Name: "revault-worker-" + media}, ds)).To(Succeed())
-	g.Expect(ds.Spec.Template.Spec.Containers[0].Image).To(Equal(image))
-	g.Expect(ds.Status.ObservedGeneration).To(Equal(ds.Generation))
-	g.Expect(ds.Status.DesiredNumberScheduled).To(Equal(int32(1)))
-	g.Expect(ds.Status.NumberReady).To(Equal(int32(1)))
-	g.Expect(ds.Status.UpdatedNumberScheduled).To(Equal(int32(1)))
-}
 
 // releaseCharts are the charts (NAME-VERSION) of the release's revisions, oldest first.
 func releaseCharts() []string {
