@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::server::{read_response, Response, Server};
+use common::server::{read_response, wait_child, Response, Server};
 use common::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -283,4 +283,68 @@ fn shutting_down_answers_the_waiting_backups_and_lets_the_running_one_finish() {
     assert!(restored(&srv, "default/a") == a_data);
     let none = srv.get("/v1/series/default/b/versions/latest", None);
     assert_eq!(none.status, 404, "{}", none.text());
+}
+
+/// The real client waits in the queue for as long as its turn takes. A queued
+/// backup's server reads nothing, so the client's socket sits at a zero
+/// window; a TCP user timeout on the client (reqwest's default is 30 s) makes
+/// its own kernel abort such a connection ("Connection timed out"), and the
+/// backup Job failed while its request still held the series on the worker
+/// (e2e 13: fifty series scheduled at once).
+#[test]
+fn a_push_queued_longer_than_a_tcp_user_timeout_still_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
+    let mut a = Upload::open(&srv, "default/a", random(2 << 20, 9), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+
+    // More than the socket buffers of both ends hold, so the window closes.
+    let b_data = random(32 << 20, 10);
+    let b_file = dir.path().join("b.bin");
+    std::fs::write(&b_file, &b_data).unwrap();
+    let url = srv.url();
+    let mut push = std::process::Command::new(bin())
+        .args(["--json", "push", "--server", &url, "--series", "default/b"])
+        .arg(&b_file)
+        .env("REVAULT_LOG", "warn")
+        .env_remove("REVAULT_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    srv.wait_for("push b to queue", LIMIT, |s| is_queued(s, "default/b"));
+
+    // Longer than 30 s in the queue, the client still waits.
+    let queued = std::time::Instant::now();
+    while queued.elapsed() < Duration::from_secs(40) {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some(st) = push.try_wait().unwrap() {
+            let out = push.wait_with_output().unwrap();
+            panic!(
+                "the queued push gave up after {:?} ({st}): {}",
+                queued.elapsed(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert!(
+        is_queued(&srv, "default/b"),
+        "{}",
+        progress(&srv, "default/b")
+    );
+
+    a.finish();
+    assert_eq!(a.wait().status, 201);
+    let out = wait_child(push, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["version"], 1, "{rep}");
+    assert!(
+        restored(&srv, "default/b") == b_data,
+        "b restores byte-exact"
+    );
 }

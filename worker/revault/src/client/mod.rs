@@ -85,6 +85,13 @@ impl Conn {
     pub fn new(a: &ServerArgs) -> Result<Conn> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
+            // No TCP user timeout (reqwest sets 30 s): a push waiting for a backup slot sends
+            // into a zero window for as long as its turn takes (the worker reads nothing of a
+            // queued body), and with a user timeout the client's own kernel aborts it after
+            // 30 s ("Connection timed out") while the worker still holds the series for it.
+            // A worker that vanishes is still noticed: by TCP keepalive while the connection
+            // is idle, by the kernel's retransmission limit while data is unacknowledged.
+            .tcp_user_timeout(None)
             .tcp_nodelay(true)
             .user_agent(concat!("revault/", env!("CARGO_PKG_VERSION")));
         if let Some(ca) = &a.ca_cert {
