@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -506,6 +507,43 @@ func backupJobs(ns, series string) []batchv1.Job {
 	Expect(k.List(ctx, &jobs, client.InNamespace(ns),
 		client.MatchingLabels{"app.kubernetes.io/component": "backup", "revault.io/series": series})).To(Succeed())
 	return jobs.Items
+}
+
+// jobAttempts tells the story of a backup Job that failed, for its failure message: each of its
+// pods (the Job retries a failed pod) with when it ran and what it printed last, and the lines
+// of the series' worker log (media, node) that name the series. A retry refused because the
+// series "already has a backup in progress" says nothing of the attempt before it otherwise.
+func jobAttempts(ns, job, series, media, node string) string {
+	var b strings.Builder
+	var pods corev1.PodList
+	if err := k.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{batchv1.JobNameLabel: job}); err != nil {
+		return fmt.Sprintf("(listing the pods of Job %s: %v)", job, err)
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "\n  pod %s (created %s): %s", p.Name, p.CreationTimestamp.Format(time.TimeOnly), p.Status.Phase)
+		for _, c := range p.Status.ContainerStatuses {
+			if t := c.State.Terminated; t != nil {
+				fmt.Fprintf(&b, ", ran %s-%s, exit %d %s: %s", t.StartedAt.Format(time.TimeOnly),
+					t.FinishedAt.Format(time.TimeOnly), t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+			}
+		}
+	}
+	if media == "" {
+		return b.String()
+	}
+	pod := workerPod(media, node)
+	logs, err := cs.CoreV1().Pods(systemNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		return b.String() + fmt.Sprintf("\n  (the log of worker %s: %v)", pod.Name, err)
+	}
+	fmt.Fprintf(&b, "\n  worker %s on the series:", pod.Name)
+	for _, line := range strings.Split(string(logs), "\n") {
+		if strings.Contains(line, ns+"/"+series) {
+			b.WriteString("\n    " + line)
+		}
+	}
+	return b.String()
 }
 
 // expectInvalid asserts the API server rejected obj as invalid with msg in the message.

@@ -6,6 +6,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	backupv1alpha1 "github.com/revault-io/revault/operator/api/v1alpha1"
@@ -86,7 +88,12 @@ func fiftySeriesSpecs() {
 				done = 0
 				for _, bs := range list.Items {
 					if lj := bs.Status.LastJob; lj != nil && !lj.Succeeded {
-						Fail(fmt.Sprintf("series %s: backup Job %s failed: %s", bs.Name, lj.Name, lj.Message))
+						media, node := "", ""
+						if w := bs.Status.Worker; w != nil {
+							media, node = string(w.Media), w.Node
+						}
+						Fail(fmt.Sprintf("series %s: backup Job %s failed: %s%s", bs.Name, lj.Name, lj.Message,
+							jobAttempts(ns, lj.Name, bs.Name, media, node)))
 					}
 					if bs.Status.LatestVersion >= 1 && bs.Status.Phase == backupv1alpha1.SeriesReady {
 						done++
@@ -95,6 +102,16 @@ func fiftySeriesSpecs() {
 				time.Sleep(time.Second)
 			}
 			Expect(k.Delete(ctx, lr)).To(Succeed())
+			// A retried pod is no failure of the scenario, but it is worth knowing why it was.
+			var pods corev1.PodList
+			Expect(k.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app.kubernetes.io/component": "backup"})).To(Succeed())
+			retried := map[string]bool{}
+			for _, p := range pods.Items {
+				if job := p.Labels[batchv1.JobNameLabel]; p.Status.Phase == corev1.PodFailed && !retried[job] {
+					retried[job] = true
+					GinkgoWriter.Printf("backup Job %s retried a pod:%s\n", job, jobAttempts(ns, job, "", "", ""))
+				}
+			}
 			GinkgoWriter.Printf("most backups at once: ssd %v running, %v waiting; hdd %v running, %v waiting\n",
 				load["ssd"].inflight, load["ssd"].queued, load["hdd"].inflight, load["hdd"].queued)
 
