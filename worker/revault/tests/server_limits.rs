@@ -385,6 +385,59 @@ fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
     srv.stop();
 }
 
+/// The timer the kernel runs on the server's end of a connection from
+/// `client` to `server` (`/proc/net/tcp`'s `tr:tm->when`): which timer
+/// (2: keepalive) and in how many clock ticks it fires.
+fn server_end_timer(server: SocketAddr, client: SocketAddr) -> Option<(u32, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let (local, remote) = (
+        format!(":{:04X}", server.port()),
+        format!(":{:04X}", client.port()),
+    );
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if !(f[1].ends_with(&local) && f[2].ends_with(&remote)) {
+            return None;
+        }
+        let (tr, when) = f[5].split_once(':')?;
+        Some((tr.parse().ok()?, u64::from_str_radix(when, 16).ok()?))
+    })
+}
+
+/// Every connection has TCP keepalive on, so a client whose host vanished
+/// (no FIN, no RST ever comes) is noticed within about a minute, not after
+/// --body-idle-timeout with its series and backup slot held: the kernel shows
+/// the server's end of an idle connection with its keepalive timer running
+/// (none runs on an idle connection without keepalive), firing within 30 s.
+#[test]
+fn the_server_turns_tcp_keepalive_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path(), &[], &[], None);
+    let to = server_addr(&srv);
+    let s = connect_from([127, 0, 0, 1], to).unwrap();
+    let me = s.local_addr().unwrap();
+    // SAFETY: sysconf reads a constant of the system; it has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let timer = server_end_timer(to, me);
+        if let Some((2, when)) = timer {
+            assert!(
+                when > 0 && when <= 30 * ticks,
+                "keepalive fires in {when} ticks"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server's end of an idle connection runs no keepalive timer: {timer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(s);
+    srv.stop();
+}
+
 #[test]
 fn a_stalled_tls_handshake_is_closed() {
     let dir = tempfile::tempdir().unwrap();

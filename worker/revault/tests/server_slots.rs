@@ -348,3 +348,97 @@ fn a_push_queued_longer_than_a_tcp_user_timeout_still_commits() {
         "b restores byte-exact"
     );
 }
+
+/// Starts `revault push FILE` to `series` with `--wait-ready wait` (`--json` prints no
+/// progress); its stderr lines arrive on the returned channel as it prints them.
+fn start_push(
+    srv: &Server,
+    series: &str,
+    file: &std::path::Path,
+    wait: &str,
+    json: bool,
+) -> (std::process::Child, mpsc::Receiver<String>) {
+    let url = srv.url();
+    let mut push = std::process::Command::new(bin())
+        .args(json.then_some("--json"))
+        .args(["push", "--server", &url, "--series", series])
+        .args(["--wait-ready", wait])
+        .arg(file)
+        .env("REVAULT_LOG", "warn")
+        .env_remove("REVAULT_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let err = push.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (push, rx)
+}
+
+/// `revault push` to a series whose backup is running waits for it (within --wait-ready),
+/// saying so, and then commits the next version: the running one may be an earlier attempt of
+/// the same backup (a Job's failed pod) that the worker has not yet dropped. Past
+/// --wait-ready it sends anyway and reports the worker's 409.
+#[test]
+fn a_push_waits_for_the_running_backup_of_its_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "2"]);
+    let a_data = random(2 << 20, 11);
+    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+
+    let file = dir.path().join("next.bin");
+    let next = random(3 << 20, 12);
+    std::fs::write(&file, &next).unwrap();
+    let (push, lines) = start_push(&srv, "default/a", &file, "60s", false);
+    let said = lines
+        .recv_timeout(LIMIT)
+        .expect("the push says why it waits");
+    assert!(
+        said.contains("series default/a has a backup in progress"),
+        "{said}"
+    );
+    assert!(a.answered().is_none());
+    a.finish();
+    let ra = a.wait();
+    assert_eq!(ra.status, 201, "{}", ra.text());
+    assert_eq!(ra.json()["version"], 1);
+    let out = wait_child(push, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{:?}",
+        lines.try_iter().collect::<Vec<_>>()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("default/a version 2:"), "{stdout}");
+    assert!(
+        restored(&srv, "default/a") == next,
+        "the push restores byte-exact"
+    );
+
+    // A backup that does not end within --wait-ready: the push sends anyway and is refused.
+    let c = Upload::open(&srv, "default/a", random(2 << 20, 13), 1 << 20);
+    srv.wait_for("backup c to run", LIMIT, |s| is_running(s, "default/a"));
+    let (push, lines) = start_push(&srv, "default/a", &file, "1s", true);
+    let out = wait_child(push, Duration::from_secs(60));
+    assert!(!out.status.success());
+    let said: Vec<String> = lines.try_iter().collect();
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["error"]["code"], "series_busy", "{err} {said:?}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already has a backup in progress"),
+        "{err}"
+    );
+    c.stop_sending();
+    let rc = c.wait();
+    assert_ne!(rc.status, 201, "{}", rc.text());
+}

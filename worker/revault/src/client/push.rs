@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -83,6 +83,46 @@ fn produce(input: Input, tx: mpsc::Sender<io::Result<Bytes>>, pb: ProgressBar) {
     }
 }
 
+/// Waits, within --wait-ready, while a backup of the series runs on the worker: it would refuse
+/// this one (409 `series_busy`), and the one running may be an earlier attempt of this very
+/// backup (a Job's pod that failed) that the worker drops once it notices its client is gone.
+/// A backup that only waits for a slot is no reason to wait: this one takes over from it. Past
+/// the deadline, or when the worker cannot say, the push goes ahead and the worker answers.
+async fn wait_while_series_busy(conn: &Conn, path: &str, series: &str, quiet: bool) {
+    let deadline = tokio::time::Instant::now() + conn.wait_ready;
+    let mut backoff = Duration::from_millis(500);
+    let mut said = false;
+    loop {
+        let progress = match conn
+            .req(reqwest::Method::GET, &format!("{path}/backup"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => r.json::<serde_json::Value>().await.ok(),
+            _ => None,
+        };
+        let Some(p) = progress.filter(|p| p["running"] == true && p["queued"] == false) else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        if !said && !quiet {
+            eprintln!(
+                "waiting: series {series} has a backup in progress on {} (since {}, {} MiB so far)",
+                conn.base,
+                p["startedAt"].as_str().unwrap_or("?"),
+                mib(p["logicalBytes"].as_u64().unwrap_or(0)),
+            );
+            said = true;
+        }
+        tokio::time::sleep(backoff.min(deadline - now)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
 pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
     let NewVersionArgs { series, unit, time } = &a.version;
     let path = series_path(series)?;
@@ -109,6 +149,7 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
     let rt = runtime()?;
     let rep: serde_json::Value = rt.block_on(async {
         conn.wait_until_ready(true, quiet).await?;
+        wait_while_series_busy(&conn, &path, series, quiet).await;
         let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(QUEUE);
         let pb2 = pb.clone();
         let producer = std::thread::Builder::new()

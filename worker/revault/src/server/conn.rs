@@ -158,8 +158,32 @@ async fn accept_loop(
     Ok(())
 }
 
+/// TCP keepalive of accepted connections: probes after this long without a
+/// packet from the client, then every [`KEEPALIVE_INTERVAL`], and the
+/// connection fails after [`KEEPALIVE_PROBES`] unanswered ones.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns TCP keepalive on. A client whose host vanished (a backup pod's node
+/// lost, a pod whose kernel aborted the connection and is gone) never sends a
+/// FIN or RST; without probes the server would wait on its body for
+/// --body-idle-timeout, holding the series and a backup slot, and the Job's
+/// next pod would be refused as busy. A live client's kernel answers the
+/// probes however slowly its program sends.
+fn keep_alive(tcp: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::warn!(error = %e, "cannot turn TCP keepalive on for a connection");
+    }
+}
+
 /// Serves one connection to its end.
 async fn connection(ctx: Arc<Ctx>, tcp: TcpStream, slot: Slot, mut phase: watch::Receiver<Phase>) {
+    keep_alive(&tcp);
     let state = Arc::new(ConnState::default());
     let io = ConnIo {
         _slot: slot,
