@@ -404,34 +404,71 @@ fn server_end_timer(server: SocketAddr, client: SocketAddr) -> Option<(u32, u64)
     })
 }
 
-/// Every connection has TCP keepalive on, so a client whose host vanished
-/// (no FIN, no RST ever comes) is noticed within about a minute, not after
-/// --body-idle-timeout with its series and backup slot held: the kernel shows
-/// the server's end of an idle connection with its keepalive timer running
-/// (none runs on an idle connection without keepalive), firing within 30 s.
+/// Connects from 127.0.0.1 and has one request answered, so the server has
+/// accepted and set up the connection, which stays open and idle.
+fn idle_connection(to: SocketAddr) -> TcpStream {
+    let mut s = connect_from([127, 0, 0, 1], to).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: revault\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"ok\n") {
+        let n = s.read(&mut buf).expect("the response");
+        assert!(n > 0, "closed before answering");
+        got.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+/// Every connection has TCP keepalive on (`--tcp-keepalive`, 30 s), so a
+/// client whose host vanished (no FIN, no RST ever comes) is noticed within
+/// about a minute, not after --body-idle-timeout with its series and backup
+/// slot held: the kernel shows the server's end of an idle connection with its
+/// keepalive timer running (none runs on an idle connection without
+/// keepalive), firing within the flag's time. `0` turns it off.
 #[test]
 fn the_server_turns_tcp_keepalive_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = start(dir.path(), &[], &[], None);
-    let to = server_addr(&srv);
-    let s = connect_from([127, 0, 0, 1], to).unwrap();
-    let me = s.local_addr().unwrap();
     // SAFETY: sysconf reads a constant of the system; it has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let timer = server_end_timer(to, me);
-        if let Some((2, when)) = timer {
+    for (env, secs) in [(None, 30), (Some("12s"), 12)] {
+        let dir = tempfile::tempdir().unwrap();
+        let env: Vec<(&str, &str)> = env
+            .map(|v| ("REVAULT_TCP_KEEPALIVE", v))
+            .into_iter()
+            .collect();
+        let srv = start(dir.path(), &env, &[], None);
+        let to = server_addr(&srv);
+        let s = idle_connection(to);
+        let me = s.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let timer = server_end_timer(to, me);
+            if let Some((2, when)) = timer {
+                assert!(
+                    when > 0 && when <= secs * ticks,
+                    "keepalive fires in {when} ticks, beyond {secs} s"
+                );
+                break;
+            }
             assert!(
-                when > 0 && when <= 30 * ticks,
-                "keepalive fires in {when} ticks"
+                Instant::now() < deadline,
+                "the server's end of an idle connection runs no keepalive timer: {timer:?}"
             );
-            break;
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            Instant::now() < deadline,
-            "the server's end of an idle connection runs no keepalive timer: {timer:?}"
-        );
+        drop(s);
+        srv.stop();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let srv = start(dir.path(), &[("REVAULT_TCP_KEEPALIVE", "0")], &[], None);
+    let to = server_addr(&srv);
+    let s = idle_connection(to);
+    let me = s.local_addr().unwrap();
+    for _ in 0..20 {
+        let timer = server_end_timer(to, me);
+        assert!(timer.is_some(), "the connection is not in /proc/net/tcp");
+        assert_ne!(timer.unwrap().0, 2, "--tcp-keepalive 0 still probes");
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(s);

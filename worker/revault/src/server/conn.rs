@@ -70,6 +70,7 @@ struct Ctx {
     tls: Option<TlsAcceptor>,
     tls_timeout: Option<Duration>,
     send_timeout: Option<Duration>,
+    keepalive: Option<Duration>,
     counter: Arc<ConnCounter>,
     metrics: Arc<Metrics>,
     rejections: LogEvery,
@@ -99,6 +100,7 @@ pub fn serve(
         tls: tls.map(|c| TlsAcceptor::from(Arc::new(c))),
         tls_timeout: limits::enabled(limits.tls_handshake_timeout),
         send_timeout: limits::enabled(limits.send_timeout),
+        keepalive: limits::enabled(limits.tcp_keepalive),
         counter: counter.clone(),
         metrics,
         rejections: LogEvery::new(Duration::from_secs(10)),
@@ -158,24 +160,19 @@ async fn accept_loop(
     Ok(())
 }
 
-/// TCP keepalive of accepted connections: probes after this long without a
-/// packet from the client, then every [`KEEPALIVE_INTERVAL`], and the
-/// connection fails after [`KEEPALIVE_PROBES`] unanswered ones.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 3;
-
-/// Turns TCP keepalive on. A client whose host vanished (a backup pod's node
-/// lost, a pod whose kernel aborted the connection and is gone) never sends a
-/// FIN or RST; without probes the server would wait on its body for
-/// --body-idle-timeout, holding the series and a backup slot, and the Job's
-/// next pod would be refused as busy. A live client's kernel answers the
-/// probes however slowly its program sends.
-fn keep_alive(tcp: &TcpStream) {
+/// Turns TCP keepalive on (`--tcp-keepalive`: probes after `idle` without a
+/// packet, then every third of it, failing after three unanswered). A client
+/// whose host vanished (a backup pod's node lost, a pod whose kernel aborted
+/// the connection and is gone) never sends a FIN or RST; without probes the
+/// server would wait on its body for --body-idle-timeout, holding the series
+/// and a backup slot, and the Job's next pod would be refused as busy. A live
+/// client's kernel answers the probes however slowly its program sends.
+fn keep_alive(tcp: &TcpStream, idle: Option<Duration>) {
+    let Some(idle) = idle else { return };
     let ka = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
+        .with_time(idle)
+        .with_interval((idle / 3).max(Duration::from_secs(1)))
+        .with_retries(3);
     if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
         tracing::warn!(error = %e, "cannot turn TCP keepalive on for a connection");
     }
@@ -183,7 +180,7 @@ fn keep_alive(tcp: &TcpStream) {
 
 /// Serves one connection to its end.
 async fn connection(ctx: Arc<Ctx>, tcp: TcpStream, slot: Slot, mut phase: watch::Receiver<Phase>) {
-    keep_alive(&tcp);
+    keep_alive(&tcp, ctx.keepalive);
     let state = Arc::new(ConnState::default());
     let io = ConnIo {
         _slot: slot,

@@ -64,6 +64,12 @@ pub struct LimitArgs {
     /// long is aborted, and the work behind it ends.
     #[arg(long, env = "REVAULT_SEND_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub send_timeout: Duration,
+    /// TCP keepalive of every connection: probes start after this long
+    /// without a packet from the client, then every third of it, and the
+    /// connection fails after three unanswered (so a client whose host
+    /// vanished is dropped after twice this, its backup with it).
+    #[arg(long, env = "REVAULT_TCP_KEEPALIVE", default_value = "30s", value_parser = parse_duration)]
+    pub tcp_keepalive: Duration,
     /// Backups run at once; more wait their turn, first come first served,
     /// reading nothing of their bodies meanwhile (0: no limit).
     #[arg(long, env = "REVAULT_MAX_BACKUPS", default_value_t = 4,
@@ -391,6 +397,7 @@ mod tests {
             body_min_rate: min_rate,
             body_rate_window: Duration::from_secs(window),
             send_timeout: Duration::ZERO,
+            tcp_keepalive: Duration::ZERO,
             max_backups: 0,
         }
     }
