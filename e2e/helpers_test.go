@@ -532,7 +532,21 @@ func jobAttempts(ns, job, series, media, node string) string {
 	if media == "" {
 		return b.String()
 	}
-	pod := workerPod(media, node)
+	// No waiting and no assertion here: a missing worker must not hide the Job's failure.
+	var workers corev1.PodList
+	if err := k.List(ctx, &workers, client.InNamespace(systemNS),
+		client.MatchingLabels{"app.kubernetes.io/component": "worker", "revault.io/pool": media}); err != nil {
+		return b.String() + fmt.Sprintf("\n  (listing the %s workers: %v)", media, err)
+	}
+	var pod *corev1.Pod
+	for i := range workers.Items {
+		if workers.Items[i].Spec.NodeName == node {
+			pod = &workers.Items[i]
+		}
+	}
+	if pod == nil {
+		return b.String() + fmt.Sprintf("\n  (no %s worker pod on %s)", media, node)
+	}
 	logs, err := cs.CoreV1().Pods(systemNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil {
 		return b.String() + fmt.Sprintf("\n  (the log of worker %s: %v)", pod.Name, err)

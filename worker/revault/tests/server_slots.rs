@@ -425,7 +425,11 @@ fn a_push_waits_for_the_running_backup_of_its_series() {
     // A backup that does not end within --wait-ready: the push sends anyway and is refused.
     let c = Upload::open(&srv, "default/a", random(2 << 20, 13), 1 << 20);
     srv.wait_for("backup c to run", LIMIT, |s| is_running(s, "default/a"));
-    let (push, lines) = start_push(&srv, "default/a", &file, "1s", true);
+    // A small body: the 409 comes before the worker reads any of it, and a large one still
+    // being sent could meet a reset connection instead of the answer.
+    let small = dir.path().join("small.bin");
+    std::fs::write(&small, random(1024, 14)).unwrap();
+    let (push, lines) = start_push(&srv, "default/a", &small, "1s", true);
     let out = wait_child(push, Duration::from_secs(60));
     assert!(!out.status.success());
     let said: Vec<String> = lines.try_iter().collect();
@@ -441,4 +445,42 @@ fn a_push_waits_for_the_running_backup_of_its_series() {
     c.stop_sending();
     let rc = c.wait();
     assert_ne!(rc.status, 201, "{}", rc.text());
+}
+
+/// A push waiting in the queue of a worker that stops answering (a node lost, a process
+/// stopped) gives up once the worker has answered nothing for --wait-ready, saying so: its
+/// socket, sending into a zero window, would not fail for half an hour or more (never, here:
+/// a stopped process's kernel still answers the window probes). Its backup creates no version.
+#[test]
+fn a_queued_push_gives_up_on_a_worker_that_answers_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
+    let a_data = random(2 << 20, 15);
+    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let file = dir.path().join("b.bin");
+    std::fs::write(&file, random(16 << 20, 16)).unwrap();
+    let (push, lines) = start_push(&srv, "default/b", &file, "3s", true);
+    srv.wait_for("push b to queue", LIMIT, |s| is_queued(s, "default/b"));
+
+    srv.signal(libc::SIGSTOP);
+    let out = wait_child(push, Duration::from_secs(60));
+    srv.signal(libc::SIGCONT);
+    assert!(!out.status.success());
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let msg = err["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("has answered nothing for 3s"),
+        "{err} {:?}",
+        lines.try_iter().collect::<Vec<_>>()
+    );
+
+    a.finish();
+    assert_eq!(a.wait().status, 201);
+    assert!(restored(&srv, "default/a") == a_data);
+    srv.wait_for("b's abandoned backup to end", LIMIT, |s| {
+        progress(s, "default/b")["running"] == false
+    });
+    let none = srv.get("/v1/series/default/b/versions/latest", None);
+    assert_eq!(none.status, 404, "{}", none.text());
 }

@@ -49,7 +49,9 @@ pub struct ServerArgs {
     #[arg(long)]
     pub ca_cert: Option<PathBuf>,
     /// How long to wait for a worker that is starting (its store still opening, or not
-    /// listening yet) before giving up, e.g. `2m`; `0` does not wait.
+    /// listening yet) before giving up, e.g. `2m`; `0` does not wait. A push also waits this
+    /// long for a backup of its series that is running, and gives up on a worker that has
+    /// answered nothing for this long while its upload is open.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub wait_ready: Duration,
 }
@@ -90,7 +92,9 @@ impl Conn {
             // queued body), and with a user timeout the client's own kernel aborts it after
             // 30 s ("Connection timed out") while the worker still holds the series for it.
             // A worker that vanishes is still noticed: by TCP keepalive while the connection
-            // is idle, by the kernel's retransmission limit while data is unacknowledged.
+            // is idle, by the kernel's retransmission limit while data is unacknowledged, and
+            // while a push waits in the queue by asking it on another connection
+            // (`push::watch_worker`).
             .tcp_user_timeout(None)
             .tcp_nodelay(true)
             .user_agent(concat!("revault/", env!("CARGO_PKG_VERSION")));
