@@ -142,8 +142,11 @@ async fn watch_worker(conn: &Conn, progress: &str) -> anyhow::Error {
             .send()
             .await;
         match asked {
-            // Any answer, an error status too, says the worker is there.
+            // Any answer, an error status too, says the worker is there. So does a refused
+            // connection: a draining worker listens no more, and one that exits closes the
+            // upload's connection itself.
             Ok(_) => answered = tokio::time::Instant::now(),
+            Err(e) if super::refused(&e) => answered = tokio::time::Instant::now(),
             Err(e) if answered.elapsed() >= conn.wait_ready => {
                 return anyhow::Error::new(e).context(format!(
                     "the worker at {} has answered nothing for {} (--wait-ready) while the upload \
