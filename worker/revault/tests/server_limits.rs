@@ -361,21 +361,7 @@ fn slow_and_idle_connections_are_closed_after_the_header_timeout() {
     expect_closed(&srv, s, "a silent connection");
 
     // A keep-alive connection: answered, then closed once idle.
-    let mut s = connect_from([127, 0, 0, 1], to).unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: revault\r\n\r\n")
-        .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.ends_with(b"ok\n") {
-        let n = s.read(&mut buf).expect("the keep-alive response");
-        assert!(n > 0, "closed before answering");
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(
-        got.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&got)
-    );
+    let s = idle_connection(to);
     expect_closed(&srv, s, "an idle keep-alive connection");
 
     let header = srv.metric("revault_timeouts_total{kind=\"header\"}");
@@ -404,8 +390,8 @@ fn server_end_timer(server: SocketAddr, client: SocketAddr) -> Option<(u32, u64)
     })
 }
 
-/// Connects from 127.0.0.1 and has one request answered, so the server has
-/// accepted and set up the connection, which stays open and idle.
+/// Connects from 127.0.0.1 and has one request answered (200), so the server
+/// has accepted and set up the connection, which stays open and idle.
 fn idle_connection(to: SocketAddr) -> TcpStream {
     let mut s = connect_from([127, 0, 0, 1], to).unwrap();
     s.write_all(b"GET /healthz HTTP/1.1\r\nHost: revault\r\n\r\n")
@@ -417,6 +403,11 @@ fn idle_connection(to: SocketAddr) -> TcpStream {
         assert!(n > 0, "closed before answering");
         got.extend_from_slice(&buf[..n]);
     }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
     s
 }
 

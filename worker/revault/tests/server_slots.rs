@@ -111,14 +111,20 @@ fn restored(srv: &Server, series: &str) -> Vec<u8> {
     r.body
 }
 
+/// A server with `slots` backup slots, in a new temporary directory, and a backup of
+/// `default/a` running on it: the first MiB of `data` sent, the rest for the test to send.
+fn with_a_running(slots: &str, data: Vec<u8>) -> (tempfile::TempDir, Server, Upload) {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = Server::start(&dir.path().join("store"), &["--max-backups", slots]);
+    let a = Upload::open(&srv, "default/a", data, 1 << 20);
+    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    (dir, srv, a)
+}
+
 #[test]
 fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
     let (a_data, b_data) = (random(4 << 20, 1), random(2 << 20, 2));
-
-    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
-    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let (_dir, srv, mut a) = with_a_running("1", a_data.clone());
     let mut b = Upload::open(&srv, "default/b", b_data.clone(), 0);
     b.finish();
     srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
@@ -173,10 +179,7 @@ fn backups_beyond_the_limit_wait_their_turn_and_then_commit_byte_exact() {
 /// queue goes on.
 #[test]
 fn a_client_that_gives_up_while_queued_can_retry_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
-    let mut a = Upload::open(&srv, "default/a", random(2 << 20, 3), 1 << 20);
-    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let (_dir, srv, mut a) = with_a_running("1", random(2 << 20, 3));
     let b = Upload::open(&srv, "default/b", random(1 << 20, 4), 0);
     srv.wait_for("backup b to queue", LIMIT, |s| is_queued(s, "default/b"));
     let c_data = random(1 << 20, 5);
@@ -293,25 +296,13 @@ fn shutting_down_answers_the_waiting_backups_and_lets_the_running_one_finish() {
 /// (e2e 13: fifty series scheduled at once).
 #[test]
 fn a_push_queued_longer_than_a_tcp_user_timeout_still_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
-    let mut a = Upload::open(&srv, "default/a", random(2 << 20, 9), 1 << 20);
-    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let (dir, srv, mut a) = with_a_running("1", random(2 << 20, 9));
 
     // More than the socket buffers of both ends hold, so the window closes.
     let b_data = random(32 << 20, 10);
     let b_file = dir.path().join("b.bin");
     std::fs::write(&b_file, &b_data).unwrap();
-    let url = srv.url();
-    let mut push = std::process::Command::new(bin())
-        .args(["--json", "push", "--server", &url, "--series", "default/b"])
-        .arg(&b_file)
-        .env("REVAULT_LOG", "warn")
-        .env_remove("REVAULT_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut push, lines) = start_push(&srv, "default/b", &b_file, "2m", true);
     srv.wait_for("push b to queue", LIMIT, |s| is_queued(s, "default/b"));
 
     // Longer than 30 s in the queue, the client still waits.
@@ -321,9 +312,10 @@ fn a_push_queued_longer_than_a_tcp_user_timeout_still_commits() {
         if let Some(st) = push.try_wait().unwrap() {
             let out = push.wait_with_output().unwrap();
             panic!(
-                "the queued push gave up after {:?} ({st}): {}",
+                "the queued push gave up after {:?} ({st}): {} {:?}",
                 queued.elapsed(),
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&out.stdout),
+                lines.try_iter().collect::<Vec<_>>()
             );
         }
     }
@@ -387,11 +379,7 @@ fn start_push(
 /// --wait-ready it sends anyway and reports the worker's 409.
 #[test]
 fn a_push_waits_for_the_running_backup_of_its_series() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "2"]);
-    let a_data = random(2 << 20, 11);
-    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
-    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let (dir, srv, mut a) = with_a_running("2", random(2 << 20, 11));
 
     let file = dir.path().join("next.bin");
     let next = random(3 << 20, 12);
@@ -453,11 +441,8 @@ fn a_push_waits_for_the_running_backup_of_its_series() {
 /// a stopped process's kernel still answers the window probes). Its backup creates no version.
 #[test]
 fn a_queued_push_gives_up_on_a_worker_that_answers_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = Server::start(&dir.path().join("store"), &["--max-backups", "1"]);
     let a_data = random(2 << 20, 15);
-    let mut a = Upload::open(&srv, "default/a", a_data.clone(), 1 << 20);
-    srv.wait_for("backup a to run", LIMIT, |s| is_running(s, "default/a"));
+    let (dir, srv, mut a) = with_a_running("1", a_data.clone());
     let file = dir.path().join("b.bin");
     std::fs::write(&file, random(16 << 20, 16)).unwrap();
     let (push, lines) = start_push(&srv, "default/b", &file, "3s", true);
