@@ -34,7 +34,9 @@ impl Upload {
     /// Opens `PUT …/versions` of `series` and sends the first `first` bytes of `body`.
     fn open(srv: &Server, series: &str, body: Vec<u8>, first: usize) -> Upload {
         let mut s = TcpStream::connect(&srv.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        // Longer than any wait of the tests (a worker stopped for over a minute): `wait`
+        // bounds the wait for the answer.
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
         let head = format!(
             "PUT /v1/series/{series}/versions HTTP/1.1\r\nHost: revault\r\nConnection: close\r\n\
              Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
@@ -436,26 +438,31 @@ fn a_push_waits_for_the_running_backup_of_its_series() {
 }
 
 /// A push waiting in the queue of a worker that stops answering (a node lost, a process
-/// stopped) gives up once the worker has answered nothing for --wait-ready, saying so: its
-/// socket, sending into a zero window, would not fail for half an hour or more (never, here:
-/// a stopped process's kernel still answers the window probes). Its backup creates no version.
+/// stopped) gives up once the worker has neither read its upload nor answered for --wait-ready
+/// (a minute at least, whatever the flag says), saying so: its socket, sending into a zero
+/// window, would not fail for half an hour or more (never, here: a stopped process's kernel
+/// still answers the window probes). Its backup creates no version.
 #[test]
 fn a_queued_push_gives_up_on_a_worker_that_answers_nothing() {
     let a_data = random(2 << 20, 15);
     let (dir, srv, mut a) = with_a_running("1", a_data.clone());
     let file = dir.path().join("b.bin");
     std::fs::write(&file, random(16 << 20, 16)).unwrap();
-    let (push, lines) = start_push(&srv, "default/b", &file, "3s", true);
+    let (mut push, lines) = start_push(&srv, "default/b", &file, "3s", true);
     srv.wait_for("push b to queue", LIMIT, |s| is_queued(s, "default/b"));
 
+    assert!(
+        push.try_wait().unwrap().is_none(),
+        "the push gave up before the worker stopped"
+    );
     srv.signal(libc::SIGSTOP);
-    let out = wait_child(push, Duration::from_secs(60));
+    let out = wait_child(push, Duration::from_secs(180));
     srv.signal(libc::SIGCONT);
     assert!(!out.status.success());
     let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let msg = err["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("has answered nothing for 3s"),
+        msg.contains("has neither read the upload nor answered for 1m"),
         "{err} {:?}",
         lines.try_iter().collect::<Vec<_>>()
     );

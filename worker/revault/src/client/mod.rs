@@ -8,6 +8,8 @@ pub mod push;
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -51,7 +53,7 @@ pub struct ServerArgs {
     /// How long to wait for a worker that is starting (its store still opening, or not
     /// listening yet) before giving up, e.g. `2m`; `0` does not wait. A push also waits this
     /// long for a backup of its series that is running, and gives up on a worker that has
-    /// answered nothing for this long while its upload is open.
+    /// neither read its upload nor answered for this long (a minute at least).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub wait_ready: Duration,
 }
@@ -93,8 +95,8 @@ impl Conn {
             // 30 s ("Connection timed out") while the worker still holds the series for it.
             // A worker that vanishes is still noticed: by TCP keepalive while the connection
             // is idle, by the kernel's retransmission limit while data is unacknowledged, and
-            // while a push waits in the queue by asking it on another connection
-            // (`push::watch_worker`).
+            // while an upload waits in the queue by asking it on another connection
+            // (`Conn::send_watched`).
             .tcp_user_timeout(None)
             .tcp_nodelay(true)
             .user_agent(concat!("revault/", env!("CARGO_PKG_VERSION")));
@@ -186,6 +188,73 @@ impl Conn {
             said = why;
             tokio::time::sleep(backoff.min(deadline - now)).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Bytes of an upload's body the connection has taken so far: the sign that a worker still
+/// reads it (see [`Conn::send_watched`]).
+#[derive(Clone, Default)]
+pub struct Sent(Arc<AtomicU64>);
+
+impl Sent {
+    pub fn add(&self, n: usize) {
+        self.0.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The shortest silence after which [`Conn::send_watched`] gives up, whatever --wait-ready
+/// says: a probe lost now and then (a SYN retransmitted after 1 s) is no sign of a lost worker.
+const SILENCE_FLOOR: Duration = Duration::from_secs(60);
+
+impl Conn {
+    /// Sends an upload whose body counts into `sent`, and gives up once the worker has neither
+    /// taken a byte of the body nor answered `GET progress` (asked on another connection now and
+    /// then; any HTTP answer counts) for --wait-ready, or a minute if that is longer. A worker
+    /// that queues the upload for a backup slot reads nothing of it: the client sends into a
+    /// zero window, which the kernel fails only after its window probes run out (half an hour
+    /// or more) when the worker's node is lost, and never when the worker is stopped or cut off.
+    /// A refused connection is no answer: a Service whose pod is gone refuses.
+    pub async fn send_watched(
+        &self,
+        req: reqwest::RequestBuilder,
+        progress: &str,
+        sent: &Sent,
+    ) -> Result<reqwest::Response> {
+        tokio::select! {
+            r = req.send() => r.with_context(|| format!("uploading to {}", self.base)),
+            why = self.watch(progress, sent) => Err(why),
+        }
+    }
+
+    async fn watch(&self, progress: &str, sent: &Sent) -> anyhow::Error {
+        let silence = self.wait_ready.max(SILENCE_FLOOR);
+        let every = (silence / 4).min(Duration::from_secs(30));
+        let (mut heard, mut bytes) = (tokio::time::Instant::now(), sent.get());
+        loop {
+            tokio::time::sleep(every).await;
+            let asked = self
+                .req(reqwest::Method::GET, progress)
+                .timeout(every.min(Duration::from_secs(10)))
+                .send()
+                .await;
+            let now_bytes = sent.get();
+            match asked {
+                Err(e) if now_bytes == bytes && heard.elapsed() >= silence => {
+                    return anyhow::Error::new(e).context(format!(
+                        "the worker at {} has neither read the upload nor answered for {}: gave \
+                         up on the upload (whether it created a version is unknown)",
+                        self.base,
+                        humantime::format_duration(silence)
+                    ));
+                }
+                Err(_) if now_bytes == bytes => {}
+                _ => (heard, bytes) = (tokio::time::Instant::now(), now_bytes),
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use clap::Args;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::{check, runtime, series_path, Conn, ServerArgs};
+use super::{check, runtime, series_path, Conn, Sent, ServerArgs};
 use crate::output;
 
 #[derive(Args, Clone, Debug)]
@@ -397,9 +397,12 @@ async fn copy_version(
     let resp = check(resp).await?;
     let hasher = Arc::new(Mutex::new(blake3::Hasher::new()));
     let h2 = hasher.clone();
+    let sent = Sent::default();
+    let counted = sent.clone();
     let body = reqwest::Body::wrap_stream(resp.bytes_stream().map(move |b| {
         if let Ok(b) = &b {
             h2.lock().unwrap().update(b);
+            counted.add(b.len());
         }
         b
     }));
@@ -408,14 +411,15 @@ async fn copy_version(
         ("time", v.time.clone()),
         ("unit", unit.to_string()),
     ];
-    let resp = dst
+    let upload = dst
         .req(reqwest::Method::PUT, &format!("{path}/versions"))
         .query(&q)
         .header(reqwest::header::CONTENT_TYPE, content_type(&v.kind))
-        .body(body)
-        .send()
-        .await
-        .with_context(|| format!("uploading to {}", dst.base))?;
+        .body(body);
+    // The destination may queue the copy for a backup slot like any backup.
+    let resp = dst
+        .send_watched(upload, &format!("{path}/backup"), &sent)
+        .await?;
     let rep: Value = check(resp)
         .await?
         .json()

@@ -12,7 +12,7 @@ use clap::Args;
 use indicatif::ProgressBar;
 use tokio::sync::mpsc;
 
-use super::{check, runtime, series_path, ChannelWrite, Conn, ServerArgs, QUEUE};
+use super::{check, runtime, series_path, ChannelWrite, Conn, Sent, ServerArgs, QUEUE};
 use crate::cli::NewVersionArgs;
 use crate::output::{self, mib, rate};
 
@@ -123,43 +123,6 @@ async fn wait_while_series_busy(conn: &Conn, path: &str, series: &str, quiet: bo
     }
 }
 
-/// Ends in an error once the worker has answered nothing for --wait-ready (a `0` never does).
-/// A push waiting for its turn sends into a zero window, and a worker whose node is lost fails
-/// that connection only after the kernel's window probes run out, half an hour or more; a
-/// stopped or partitioned worker never does. So while the upload is open the client asks
-/// `progress` on another connection now and then.
-async fn watch_worker(conn: &Conn, progress: &str) -> anyhow::Error {
-    if conn.wait_ready.is_zero() {
-        return std::future::pending().await;
-    }
-    let every = (conn.wait_ready / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
-    let mut answered = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(every).await;
-        let asked = conn
-            .req(reqwest::Method::GET, progress)
-            .timeout(every.min(Duration::from_secs(10)))
-            .send()
-            .await;
-        match asked {
-            // Any answer, an error status too, says the worker is there. So does a refused
-            // connection: a draining worker listens no more, and one that exits closes the
-            // upload's connection itself.
-            Ok(_) => answered = tokio::time::Instant::now(),
-            Err(e) if super::refused(&e) => answered = tokio::time::Instant::now(),
-            Err(e) if answered.elapsed() >= conn.wait_ready => {
-                return anyhow::Error::new(e).context(format!(
-                    "the worker at {} has answered nothing for {} (--wait-ready) while the upload \
-                     was open: gave up on it (it may have created no version)",
-                    conn.base,
-                    humantime::format_duration(conn.wait_ready)
-                ));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
     let NewVersionArgs { series, unit, time } = &a.version;
     let path = series_path(series)?;
@@ -193,10 +156,18 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
             .name("revault-push".into())
             .spawn(move || produce(input, tx, pb2))
             .context("starting the reader thread")?;
-        let body =
-            reqwest::Body::wrap_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            }));
+        let sent = Sent::default();
+        let counted = sent.clone();
+        let body = reqwest::Body::wrap_stream(futures_util::stream::unfold(rx, move |mut rx| {
+            let counted = counted.clone();
+            async move {
+                let x = rx.recv().await?;
+                if let Ok(b) = &x {
+                    counted.add(b.len());
+                }
+                Some((x, rx))
+            }
+        }));
         let mut q: Vec<(&str, String)> = Vec::new();
         if let Some(u) = unit {
             q.push(("unit", u.clone()));
@@ -211,17 +182,9 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
         if let Some(n) = size {
             req = req.header(reqwest::header::CONTENT_LENGTH, n);
         }
-        let progress = format!("{path}/backup");
-        let sent = tokio::select! {
-            r = req.body(body).send() => r,
-            why = watch_worker(&conn, &progress) => return Err(why),
-        };
-        let resp = match sent {
-            Ok(r) => r,
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!("uploading to {}", conn.base)))
-            }
-        };
+        let resp = conn
+            .send_watched(req.body(body), &format!("{path}/backup"), &sent)
+            .await?;
         let resp = check(resp).await?;
         let v: serde_json::Value = resp.json().await.context("reading the server's report")?;
         let _ = tokio::task::spawn_blocking(move || producer.join()).await;
