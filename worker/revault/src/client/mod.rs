@@ -198,12 +198,25 @@ impl Conn {
 pub struct Sent(Arc<AtomicU64>);
 
 impl Sent {
-    pub fn add(&self, n: usize) {
+    fn add(&self, n: usize) {
         self.0.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// `body` with every chunk it yields counted here.
+    pub fn counting<S, E>(&self, body: S) -> impl futures_util::Stream<Item = Result<Bytes, E>>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, E>>,
+    {
+        let counted = self.clone();
+        futures_util::StreamExt::inspect(body, move |b| {
+            if let Ok(b) = b {
+                counted.add(b.len());
+            }
+        })
     }
 }
 
@@ -212,8 +225,9 @@ impl Sent {
 const SILENCE_FLOOR: Duration = Duration::from_secs(60);
 
 impl Conn {
-    /// Sends an upload whose body counts into `sent`, and gives up once the worker has neither
-    /// taken a byte of the body nor answered `GET progress` (asked on another connection now and
+    /// Sends an upload to the series at `path` whose body counts into `sent`, and gives up once
+    /// the worker has neither taken a byte of the body nor answered `GET {path}/backup` (asked
+    /// on another connection now and
     /// then; any HTTP answer counts) for --wait-ready, or a minute if that is longer. A worker
     /// that queues the upload for a backup slot reads nothing of it: the client sends into a
     /// zero window, which the kernel fails only after its window probes run out (half an hour
@@ -222,12 +236,13 @@ impl Conn {
     pub async fn send_watched(
         &self,
         req: reqwest::RequestBuilder,
-        progress: &str,
+        path: &str,
         sent: &Sent,
     ) -> Result<reqwest::Response> {
+        let progress = format!("{path}/backup");
         tokio::select! {
             r = req.send() => r.with_context(|| format!("uploading to {}", self.base)),
-            why = self.watch(progress, sent) => Err(why),
+            why = self.watch(&progress, sent) => Err(why),
         }
     }
 

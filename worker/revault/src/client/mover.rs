@@ -398,14 +398,12 @@ async fn copy_version(
     let hasher = Arc::new(Mutex::new(blake3::Hasher::new()));
     let h2 = hasher.clone();
     let sent = Sent::default();
-    let counted = sent.clone();
-    let body = reqwest::Body::wrap_stream(resp.bytes_stream().map(move |b| {
+    let body = reqwest::Body::wrap_stream(sent.counting(resp.bytes_stream().map(move |b| {
         if let Ok(b) = &b {
             h2.lock().unwrap().update(b);
-            counted.add(b.len());
         }
         b
-    }));
+    })));
     let q = [
         ("version", v.number.to_string()),
         ("time", v.time.clone()),
@@ -417,9 +415,7 @@ async fn copy_version(
         .header(reqwest::header::CONTENT_TYPE, content_type(&v.kind))
         .body(body);
     // The destination may queue the copy for a backup slot like any backup.
-    let resp = dst
-        .send_watched(upload, &format!("{path}/backup"), &sent)
-        .await?;
+    let resp = dst.send_watched(upload, path, &sent).await?;
     let rep: Value = check(resp)
         .await?
         .json()

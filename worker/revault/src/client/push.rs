@@ -157,17 +157,11 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
             .spawn(move || produce(input, tx, pb2))
             .context("starting the reader thread")?;
         let sent = Sent::default();
-        let counted = sent.clone();
-        let body = reqwest::Body::wrap_stream(futures_util::stream::unfold(rx, move |mut rx| {
-            let counted = counted.clone();
-            async move {
-                let x = rx.recv().await?;
-                if let Ok(b) = &x {
-                    counted.add(b.len());
-                }
-                Some((x, rx))
-            }
-        }));
+        let body = reqwest::Body::wrap_stream(
+            sent.counting(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            })),
+        );
         let mut q: Vec<(&str, String)> = Vec::new();
         if let Some(u) = unit {
             q.push(("unit", u.clone()));
@@ -182,9 +176,7 @@ pub fn push(a: PushArgs, json: bool, quiet: bool) -> Result<()> {
         if let Some(n) = size {
             req = req.header(reqwest::header::CONTENT_LENGTH, n);
         }
-        let resp = conn
-            .send_watched(req.body(body), &format!("{path}/backup"), &sent)
-            .await?;
+        let resp = conn.send_watched(req.body(body), &path, &sent).await?;
         let resp = check(resp).await?;
         let v: serde_json::Value = resp.json().await.context("reading the server's report")?;
         let _ = tokio::task::spawn_blocking(move || producer.join()).await;
