@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::server::{client, client_ok, Server};
+use common::server::{client, client_ok, slow_push, wait_child, Server};
 use common::tree::{make_tree, tree_listing};
 use common::*;
 
@@ -333,4 +333,63 @@ fn a_version_expired_on_the_source_since_an_earlier_copy_is_pruned_from_the_dest
         "{rep}"
     );
     assert_eq!(listed(&b, s), listed(&a, s));
+}
+
+/// A destination busy with other backups queues the move's copies for a slot like any backup
+/// (reading nothing meanwhile); the move waits its turn and every version arrives byte-exact.
+#[test]
+fn a_move_into_a_busy_destination_waits_for_a_slot() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(&dir.path().join("a"), &[]);
+    let b = Server::start(&dir.path().join("b"), &["--max-backups", "1"]);
+    let s = "team/db";
+    let v1 = random(3 << 20, 41);
+    let f1 = dir.path().join("v1");
+    std::fs::write(&f1, &v1).unwrap();
+    push(&a.url(), s, f1.to_str().unwrap(), "2026-01-01T00:00:00Z");
+
+    let before = listed(&a, s);
+    // Another series' backup holds b's only slot.
+    let mut holder = slow_push(&b.url(), "team/other", None);
+    let mut input = holder.stdin.take().unwrap();
+    input.write_all(&random(1 << 20, 42)).unwrap();
+    b.wait_for(
+        "the holder to run",
+        std::time::Duration::from_secs(30),
+        |b| b.get("/v1/series/team/other/backup", None).json()["running"] == true,
+    );
+    let (from, to) = (a, b);
+    let mover = {
+        let (f, t) = (from.url(), to.url());
+        std::thread::spawn(move || client(&["--json", "move", s, "--from", &f, "--to", &t], None))
+    };
+    to.wait_for(
+        "the copy to queue",
+        std::time::Duration::from_secs(30),
+        |b| b.get(&format!("/v1/series/{s}/backup"), None).json()["queued"] == true,
+    );
+    assert!(!mover.is_finished(), "the move did not wait for its slot");
+    drop(input);
+    let held = wait_child(holder, std::time::Duration::from_secs(60));
+    assert!(
+        held.status.success(),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+
+    let out = mover.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(listed(&to, s), before);
+    assert!(listed(&from, s).is_empty(), "the source's copy was deleted");
+    let got = dir.path().join("got");
+    pulled(&to.url(), s, 1, &got);
+    assert!(
+        std::fs::read(&got).unwrap() == v1,
+        "version 1 restores byte-exact"
+    );
 }
