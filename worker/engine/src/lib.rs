@@ -41,8 +41,8 @@ pub use index::SampledStats;
 pub use scale::{bench_index, IndexBenchOptions, IndexBenchPoint, IndexBenchReport};
 pub use store::domain::{domain_tag, DedupDomain};
 pub use store::{
-    check_series_name, now_unix, ColdTier, InitOptions, OpenMode, PauseHook, ReadView, Store,
-    VersionSel, META_DIR,
+    check_series_name, now_unix, ColdTier, InitOptions, OnSealed, OpenMode, PauseHook, ReadView,
+    Store, VersionSel, META_DIR,
 };
 
 // A store's settings.

@@ -25,7 +25,22 @@ pub trait ColdTier: Send + Sync {
     fn cancel_prefetch(&self, _id: ContainerId) {}
 }
 
+/// Told the id of every container a write session of this store seals, once its file is
+/// complete (written, not yet fsynced), on the thread that wrote it: the durable tier may start
+/// uploading it while the session goes on. The container may still be abandoned with its
+/// session (an error, a crash), so a listener must not treat it as committed.
+pub type OnSealed = Arc<dyn Fn(ContainerId) + Send + Sync>;
+
 impl Store {
+    /// Calls `f` with every container sealed from now on (see [`OnSealed`]).
+    pub fn on_container_sealed(&self, f: OnSealed) {
+        *self.on_sealed.write() = Some(f);
+    }
+
+    pub(crate) fn sealed_listener(&self) -> Option<OnSealed> {
+        self.on_sealed.read().clone()
+    }
+
     /// Reads containers missing from the data directory through `tier` from now on.
     pub fn set_cold_tier(&self, tier: Arc<dyn ColdTier>) {
         *self.cold.write() = Some(tier);

@@ -28,7 +28,7 @@ mod pins;
 mod session;
 mod view;
 
-pub use cold::ColdTier;
+pub use cold::{ColdTier, OnSealed};
 pub use failpoints::PauseHook;
 pub(crate) use pins::{PinState, Undoom, UnitCopy};
 pub(crate) use session::{ContainerAlloc, Session};
@@ -101,6 +101,8 @@ pub struct Store {
     maintenance: Mutex<()>,
     /// Where containers missing from the data directory are read (the durable tier).
     cold: parking_lot::RwLock<Option<Arc<dyn ColdTier>>>,
+    /// Who is told of each sealed container (the durable tier's early uploads).
+    on_sealed: parking_lot::RwLock<Option<OnSealed>>,
     /// Test hook: the failpoint that will simulate a crash, if armed.
     failpoint: Mutex<Option<String>>,
     /// Test hook: what runs when the engine reaches a pause point.
@@ -261,6 +263,7 @@ impl Store {
             readers: Mutex::new(ReaderState::default()),
             maintenance: Mutex::new(()),
             cold: parking_lot::RwLock::new(None),
+            on_sealed: parking_lot::RwLock::new(None),
             failpoint: Mutex::new(None),
             pause_hooks: Mutex::new(Vec::new()),
             crashed: Arc::new(std::sync::atomic::AtomicBool::new(false)),

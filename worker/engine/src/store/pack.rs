@@ -22,7 +22,7 @@ use crate::format::container::{
 };
 use crate::format::records::ContainerRecord;
 use crate::format::unit::UnitRecord;
-use crate::store::ContainerAlloc;
+use crate::store::{ContainerAlloc, OnSealed};
 use std::collections::BTreeSet;
 
 enum Msg {
@@ -73,6 +73,7 @@ impl PackWriter {
             cfg.container_bytes,
             cfg.block_bytes,
             cfg.compression,
+            store.sealed_listener(),
         )
     }
 
@@ -82,11 +83,12 @@ impl PackWriter {
         container_bytes: u64,
         block_bytes: u32,
         compression: Compression,
+        on_sealed: Option<OnSealed>,
     ) -> Self {
         let (tx, rx) = bounded(32);
         let handle = std::thread::Builder::new()
             .name("revault-pack".into())
-            .spawn(move || writer_thread(rx, data_dir, compression))
+            .spawn(move || writer_thread(rx, data_dir, compression, on_sealed))
             .expect("spawn pack writer");
         PackWriter {
             alloc,
@@ -235,6 +237,7 @@ fn writer_thread(
     rx: Receiver<Msg>,
     data_dir: PathBuf,
     compression: Compression,
+    on_sealed: Option<OnSealed>,
 ) -> Result<Vec<Written>> {
     let mut sealed = Vec::new();
     let mut cur: Option<ContainerWriter> = None;
@@ -283,7 +286,11 @@ fn writer_thread(
                 Msg::Seal => {
                     write_pending(&mut cur, &mut pending, compression)?;
                     let w = cur.take().expect("a container is open when sealed");
-                    sealed.push(w.finish_unsynced()?);
+                    let done = w.finish_unsynced()?;
+                    if let Some(f) = &on_sealed {
+                        f(done.0.id);
+                    }
+                    sealed.push(done);
                 }
             }
         }
