@@ -5,7 +5,8 @@ throughput step:
 
 1. backup of the last version with the remote on (the CLI returns once the bucket holds it)
    and off, into fresh copies of stores holding the other versions — interleaved off/on, so both
-   see the same machine; the remote-on copies get a copy of the bucket too; and the same through
+   see the same machine; the remote-on copies get a copy of the bucket too; the first version
+   into empty stores, on and off interleaved (every container new); and the same through
    `revault serve` + `revault push`, where the worker acknowledges from local disk and uploads in
    the background (what Kubernetes users run);
 2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
@@ -113,7 +114,7 @@ def run(rv, timed_cpu, log, tars, work, hack, runs, bin_path):
     os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
                        "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"})
     try:
-        return measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path)
+        return measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3.pid)
     finally:
         s3.terminate()
         s3.wait()
@@ -121,7 +122,13 @@ def run(rv, timed_cpu, log, tars, work, hack, runs, bin_path):
         os.environ.update(env_before)
 
 
-def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
+def cpu_seconds(pid):
+    """User + system CPU seconds process `pid` has used so far (the S3 server's share of a run)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
     series = "bench/remote"
     key = work / "remote-key"
     key.unlink(missing_ok=True)
@@ -160,6 +167,26 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
             wall, c, _ = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
             backup[mode].append(wall)
             cpu[mode].append(c)
+    # The first version into an empty store: every container is new, so this is where
+    # uploading containers while the backup runs (rather than after it) counts most.
+    first = {"off": [], "on": []}
+    first_cpu = {"off": [], "on": []}
+    first_s3_cpu = []
+    for i in range(runs):
+        for mode in ("off", "on"):
+            empty = work / f"remote-{mode}-first"
+            shutil.rmtree(empty, ignore_errors=True)
+            shutil.rmtree(s3root / bucket / f"first{i}", ignore_errors=True)
+            extra = ["--remote", f"s3://{bucket}/first{i}", "--key-file", key] if mode == "on" else []
+            rv("init", "--store", empty, *extra, "--json")
+            subprocess.run(["sync"])
+            s3_before = cpu_seconds(s3_pid)
+            wall, c, _ = timed_cpu("backup", "--store", empty, "--series", series, tars[0], "--json")
+            first[mode].append(wall)
+            first_cpu[mode].append(c)
+            if mode == "on":
+                first_s3_cpu.append(cpu_seconds(s3_pid) - s3_before)
+            shutil.rmtree(empty, ignore_errors=True)
     served = {"off": [], "on": []}
     for i in range(runs):
         for mode in ("off", "on"):
@@ -206,6 +233,13 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
         "backup_on_mb_s": logical / 1e6 / med(backup["on"]),
         "backup_on_vs_off": med(backup["off"]) / med(backup["on"]),
         "backup_runs_s": backup,
+        "logical_bytes_first": tars[0].stat().st_size,
+        "first_backup_off_mb_s": tars[0].stat().st_size / 1e6 / med(first["off"]),
+        "first_backup_on_mb_s": tars[0].stat().st_size / 1e6 / med(first["on"]),
+        "first_backup_on_vs_off": med(first["off"]) / med(first["on"]),
+        "first_backup_runs_s": first,
+        "first_backup_cpu_s": {m: med(v) for m, v in first_cpu.items()},
+        "first_backup_s3_server_cpu_s": med(first_s3_cpu),
         "served_push_off_mb_s": logical / 1e6 / med(served["off"]),
         "served_push_on_mb_s": logical / 1e6 / med(served["on"]),
         "served_push_on_vs_off": med(served["off"]) / med(served["on"]),
@@ -229,7 +263,9 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path):
         "bucket_vs_local": bucket_bytes / (local_data + local_meta),
     }
     log(f"remote: backup off {res['backup_off_mb_s']:.0f} MB/s, on {res['backup_on_mb_s']:.0f} MB/s "
-        f"(on/off time {1 / res['backup_on_vs_off']:.2f}); served push off {res['served_push_off_mb_s']:.0f}, "
+        f"(on/off time {1 / res['backup_on_vs_off']:.2f}); first backup off {res['first_backup_off_mb_s']:.0f}, "
+        f"on {res['first_backup_on_mb_s']:.0f} MB/s (CPU s off {res['first_backup_cpu_s']['off']:.2f}, on "
+        f"{res['first_backup_cpu_s']['on']:.2f}, the S3 server {res['first_backup_s3_server_cpu_s']:.2f}); served push off {res['served_push_off_mb_s']:.0f}, "
         f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s "
         f"({res['restore_gets_per_container_read']:.1f} GETs per container read; system s {res['restore_system_s']['off']:.2f}, "
         f"with huge pages {res['restore_system_s']['on']:.2f}); "

@@ -69,5 +69,8 @@ fn a_failed_backups_containers_are_heard_too() {
         !heard.lock().unwrap().is_empty(),
         "containers sealed before the failure were heard (a listener may have uploaded them)"
     );
-    assert!(st.list_series().unwrap().is_empty(), "nothing was committed");
+    assert!(
+        st.list_series().unwrap().is_empty(),
+        "nothing was committed"
+    );
 }

@@ -3,8 +3,8 @@
 //! A store writes to its remote under a *generation*. `init` claims generation 1; every
 //! `recover` claims the next one (`gens/GGGGGGGG`, written with `If-None-Match: *`, so two
 //! recoveries cannot claim the same one) before it reads the newest head. A store checks the
-//! claims before each step that could hurt a newer owner — uploading containers, publishing a
-//! head, deleting anything — and stops with [`RemoteError::Fenced`] once a higher generation
+//! claims before each step that could hurt a newer owner — uploading containers (every batch of
+//! at most 64, early uploads included), publishing a head, deleting anything — and stops with [`RemoteError::Fenced`] once a higher generation
 //! exists. Why that is enough (with S3's read-after-write consistency for PUT and LIST): a
 //! deletion the old store makes after its check is of an object its own newest head no longer
 //! names; the recovering store claimed after that check, so the head it reads afterwards is

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use revault_engine::Store;
 
 use crate::bucket::{Bucket, ObjectLock};
@@ -14,7 +13,7 @@ use crate::keys::{create_key_file, Descriptor, KeyFile};
 use crate::seal::{random, DataKey, DEFAULT_FRAME_LOG2};
 use crate::state::{LocalConfig, State};
 use crate::url::RemoteUrl;
-use crate::{block, layout, runtime, sync, tier, Inner, Remote};
+use crate::{block, layout, runtime, sync, tier, Parts, Remote};
 
 /// `revault init --remote URL --key-file FILE`.
 #[derive(Clone, Debug)]
@@ -83,22 +82,16 @@ impl Remote {
         };
         conf.write(&root)?;
         let state = State::open(&root, false)?;
-        let remote = Remote {
-            inner: Arc::new(Inner {
-                rt: Some(rt),
-                bucket,
-                key,
-                desc,
-                conf: Mutex::new(conf),
-                state,
-                root,
-                sync_lock: Mutex::new(sync::Progress::default()),
-                head: Mutex::new(None),
-                failpoint: Mutex::new(None),
-                before_head: Mutex::new(None),
-                whole_opens: Default::default(),
-            }),
-        };
+        let remote = Remote::from_parts(Parts {
+            rt,
+            bucket,
+            key,
+            desc,
+            conf,
+            state,
+            root,
+            head: None,
+        })?;
         store.set_cold_tier(Arc::new(tier::Tier::new(remote.clone())));
         remote.sync(store)?;
         Ok((

@@ -13,6 +13,7 @@
 //! threads and the server's blocking pool call it alike.
 
 mod bucket;
+mod early;
 mod error;
 mod fence;
 #[doc(hidden)]
@@ -82,6 +83,10 @@ struct Inner {
     before_head: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Containers opened from a whole read-ahead (`tier.rs`), for the tests to see it work.
     whole_opens: std::sync::atomic::AtomicU64,
+    early: early::Early,
+    /// Whether `remote/state` says the bucket holds nothing a listing would remove (see
+    /// [`State::is_clean`]); the lock orders marking it against early uploads.
+    clean: Mutex<bool>,
 }
 
 impl Drop for Inner {
@@ -129,7 +134,41 @@ fn block<T: Send + 'static>(
         .expect("the remote's runtime runs its tasks to completion")
 }
 
+/// What a [`Remote`] is made of, once its bucket, key and records are open.
+pub(crate) struct Parts {
+    rt: tokio::runtime::Runtime,
+    bucket: Bucket,
+    key: DataKey,
+    desc: Descriptor,
+    conf: LocalConfig,
+    state: State,
+    root: PathBuf,
+    head: Option<Head>,
+}
+
 impl Remote {
+    pub(crate) fn from_parts(p: Parts) -> Result<Remote> {
+        let clean = p.state.is_clean()?;
+        Ok(Remote {
+            inner: Arc::new(Inner {
+                rt: Some(p.rt),
+                bucket: p.bucket,
+                key: p.key,
+                desc: p.desc,
+                conf: Mutex::new(p.conf),
+                state: p.state,
+                root: p.root,
+                sync_lock: Mutex::new(sync::Progress::new(clean)),
+                head: Mutex::new(p.head),
+                failpoint: Mutex::new(None),
+                before_head: Mutex::new(None),
+                whole_opens: Default::default(),
+                early: Default::default(),
+                clean: Mutex::new(clean),
+            }),
+        })
+    }
+
     /// The remote of the store at `root`, if it has one: connected, its key unwrapped, and
     /// set as the store's cold tier. `key_file` overrides the recorded key file's path.
     pub fn attach(store: &Store, key_file: Option<&Path>) -> Result<Option<Remote>> {
@@ -181,21 +220,15 @@ impl Remote {
         conf.object_lock = desc.object_lock;
         let state = State::open(root, read_only)?;
         let head = state.head()?;
-        Ok(Remote {
-            inner: Arc::new(Inner {
-                rt: Some(rt),
-                bucket,
-                key,
-                desc,
-                conf: Mutex::new(conf),
-                state,
-                root: root.to_path_buf(),
-                sync_lock: Mutex::new(sync::Progress::default()),
-                head: Mutex::new(head),
-                failpoint: Mutex::new(None),
-                before_head: Mutex::new(None),
-                whole_opens: Default::default(),
-            }),
+        Remote::from_parts(Parts {
+            rt,
+            bucket,
+            key,
+            desc,
+            conf,
+            state,
+            root: root.to_path_buf(),
+            head,
         })
     }
 

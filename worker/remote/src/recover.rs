@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use revault_engine::{keys, ContainerId, OpenMode, Store};
 use serde::Serialize;
 
@@ -30,10 +29,10 @@ use crate::keys::KeyFile;
 use crate::seal::{self, DataKey};
 use crate::state::{LocalConfig, State};
 use crate::url::RemoteUrl;
-use crate::{block, layout, runtime, sync, Inner, Remote};
+use crate::{block, layout, runtime, sync, Parts, Remote};
 
 /// Session ids a recovered store skips: a fenced store that has not yet seen the new
-/// generation can write at most a few more sessions (it checks before every upload), so
+/// generation can write at most a few more sessions (it checks before every 64 uploads), so
 /// this many keeps their container names apart.
 pub const SESSION_GAP: u64 = 1 << 16;
 
@@ -254,22 +253,16 @@ fn rebuild(
     conf.write(root)?;
     let state = State::open(root, false)?;
     state.reset(&uploaded, &head)?;
-    let remote = Remote {
-        inner: Arc::new(Inner {
-            rt: Some(rt),
-            bucket,
-            key,
-            desc,
-            conf: Mutex::new(conf),
-            state,
-            root: root.to_path_buf(),
-            sync_lock: Mutex::new(sync::Progress::default()),
-            head: Mutex::new(Some(head)),
-            failpoint: Mutex::new(None),
-            before_head: Mutex::new(None),
-            whole_opens: Default::default(),
-        }),
-    };
+    let remote = Remote::from_parts(Parts {
+        rt,
+        bucket,
+        key,
+        desc,
+        conf,
+        state,
+        root: root.to_path_buf(),
+        head: Some(head),
+    })?;
     remote.serve_cold_reads(&store);
     remote.sync(&store)?;
     Ok((store, remote, rep))

@@ -83,6 +83,8 @@ pub struct State {
 const UPLOADED: u8 = b'u';
 const STUB: u8 = b't';
 const HEAD: &[u8] = b"h";
+/// Present while the bucket holds nothing a listing would remove (see [`State::is_clean`]).
+const CLEAN: &[u8] = b"c";
 /// The ledger of Object Lock retention: object name → when its retention ends at the
 /// earliest (Unix seconds).
 const LOCKED: u8 = b'l';
@@ -204,6 +206,27 @@ impl State {
     pub fn set_stub(&self, id: ContainerId, stub: &[u8]) -> Result<()> {
         let mut b = WriteBatch::default();
         b.put(key(STUB, id), stub);
+        self.put(b, true)
+    }
+
+    /// Whether the bucket holds nothing but what the newest head and these records name: no
+    /// upload of a sync or an early upload that was not followed by a finished sync, no
+    /// deletion left to do. When it is not (or these records were lost), the next process
+    /// lists the bucket for leftovers; when it is, that listing, which costs a request per
+    /// thousand objects, is skipped.
+    pub fn is_clean(&self) -> Result<bool> {
+        Ok(self.db.get(CLEAN).map_err(db_err)?.is_some())
+    }
+
+    /// Sets or removes the clean marker (synced: removing it must be durable before an
+    /// upload starts, and setting it records that every upload before it is accounted for).
+    pub fn set_clean(&self, clean: bool) -> Result<()> {
+        let mut b = WriteBatch::default();
+        if clean {
+            b.put(CLEAN, []);
+        } else {
+            b.delete(CLEAN);
+        }
         self.put(b, true)
     }
 

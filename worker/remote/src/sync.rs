@@ -15,7 +15,11 @@
 //!
 //! Steps 2 to 4 first check the fence ([`crate::fence`]). A crash anywhere leaves the bucket
 //! holding the previous head and everything it names; what a crashed sync uploaded or failed
-//! to delete is found by a listing at the next process's first sync and removed.
+//! to delete is found by a listing at the next process's first sync and removed. That listing
+//! is skipped when the records are clean ([`crate::state::State::is_clean`]): the marker is
+//! removed before anything is uploaded and set again only once a sync has finished.
+//!
+//! Each step's time is logged at debug level (`REVAULT_LOG=revault_remote=debug`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -36,7 +40,7 @@ use crate::seal::{self, DataKey, DEFAULT_FRAME_LOG2};
 use crate::Remote;
 
 /// Uploads (or deletions) in flight at once.
-const PARALLEL: usize = 8;
+pub(crate) const PARALLEL: usize = 8;
 
 /// What the uploader remembers between syncs of one process.
 #[derive(Default)]
@@ -47,7 +51,8 @@ pub(crate) struct Progress {
     pub(crate) head_containers: HashSet<ContainerId>,
     /// Deletions that had to wait (for readers, or a failed request).
     deletions_pending: bool,
-    /// The bucket was listed for leftovers of crashed syncs since this process started.
+    /// The bucket was listed for leftovers of crashed syncs since this process started, or
+    /// needs no listing: its records were clean when it opened ([`crate::state::State::is_clean`]).
     listed: bool,
     /// Metadata files older heads named and the newest does not.
     stale_meta: Vec<String>,
@@ -96,13 +101,50 @@ struct Snapshot {
     files: Vec<(String, std::path::PathBuf)>,
 }
 
+impl Progress {
+    /// A process's first: the bucket is listed for leftovers at the first sync unless the
+    /// records were `clean`.
+    pub(crate) fn new(clean: bool) -> Progress {
+        Progress {
+            listed: clean,
+            ..Progress::default()
+        }
+    }
+}
+
 impl Remote {
+    /// Removes the clean marker, durably, before anything is uploaded; `clean` is
+    /// `Inner::clean`, locked by the caller.
+    pub(crate) fn mark_dirty(&self, clean: &mut bool) -> Result<()> {
+        if *clean {
+            self.inner.state.set_clean(false)?;
+            *clean = false;
+        }
+        Ok(())
+    }
+
+    /// Sets the clean marker once a sync has published and deleted everything it had to, and
+    /// no early upload is left that no sync took.
+    fn mark_clean_if_done(&self, p: &Progress) -> Result<()> {
+        let mut clean = self.inner.clean.lock();
+        if !*clean && p.listed && !p.deletions_pending && !self.early_left() {
+            self.inner.state.set_clean(true)?;
+            *clean = true;
+        }
+        Ok(())
+    }
+
     /// Makes the remote hold the store as it is now; returns once the new head is written.
     pub fn sync(&self, store: &Store) -> Result<SyncReport> {
         let t0 = Instant::now();
         let mut p = self.inner.sync_lock.lock();
         let mut rep = SyncReport::default();
         let synced = self.publish_and_delete(store, &mut p, &mut rep);
+        if synced.is_err() {
+            // A failed sync may leave uploads no head names, or listed leftovers it did not
+            // delete: the next sync of this process lists the bucket again.
+            p.listed = false;
+        }
         // Object Lock upkeep runs whatever became of the upload: a store whose uploads keep
         // failing must not let the last published head's objects fall out of their lock. Its
         // own failure is reported beside the sync's outcome, not as it (the change is durable).
@@ -124,7 +166,12 @@ impl Remote {
         let seq = store.meta_sequence();
         if p.synced_seq != Some(seq) {
             let view = store.read_view();
+            let t = Instant::now();
             let snap = self.checkpoint(store)?;
+            tracing::debug!(
+                ms = t.elapsed().as_millis() as u64,
+                "sync: checkpoint taken"
+            );
             let before = self.head();
             self.upload_and_publish(store, &snap, rep)?;
             if let (Some(old), Some(new)) = (before, self.head()) {
@@ -147,10 +194,12 @@ impl Remote {
             let _ = std::fs::remove_dir_all(self.checkpoint_dir());
         }
         if p.deletions_pending || !p.listed {
+            let t = Instant::now();
             let done = self.delete_unneeded(store, p, rep)?;
             p.deletions_pending = !done;
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "sync: deletions done");
         }
-        Ok(())
+        self.mark_clean_if_done(p)
     }
 
     /// Whether the store changed since the newest head (a sync would publish one).
@@ -227,8 +276,10 @@ impl Remote {
         snap: &Snapshot,
         rep: &mut SyncReport,
     ) -> Result<()> {
+        let t = Instant::now();
         let gen = self.generation();
         self.fence_check(gen)?;
+        self.mark_dirty(&mut self.inner.clean.lock())?;
         let uploaded: HashSet<ContainerId> = self
             .inner
             .state
@@ -242,9 +293,35 @@ impl Remote {
         let seq = self.next_seq(gen, prev.as_ref())?;
         // The metadata files go up while the containers do: no head names either yet.
         let (meta_files, meta_up) = self.upload_meta_files(&snap.files, prev.as_ref(), rep)?;
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "sync: fence checked, heads listed"
+        );
+        // Containers uploaded early, while the command that wrote them ran, are waited for
+        // rather than sent again; those whose early upload failed are sent below.
+        let early = self.collect_early(&todo);
+        let sent: HashSet<ContainerId> = early.iter().map(|d| d.0).collect();
+        let early_n = sent.len();
+        self.record_uploads(
+            early
+                .into_iter()
+                .map(|(id, h, n, until)| ((id, h, n), until)),
+            rep,
+        )?;
+        todo.retain(|id| !sent.contains(id));
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            early = early_n,
+            "sync: early uploads collected"
+        );
         let uploaded = self
             .upload_containers(gen, store.data_dir(), &todo, rep)
             .and_then(|()| self.failpoint("sync.uploaded"));
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            containers = todo.len(),
+            "sync: containers uploaded"
+        );
         if let Err(e) = uploaded {
             // A store fenced out (or failing) stops uploading: the metadata too.
             meta_up.task.abort();
@@ -260,6 +337,10 @@ impl Remote {
             self.note_locked(names, *until);
         }
         self.failpoint("sync.meta")?;
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "sync: metadata uploaded"
+        );
         let head = Head {
             format: 1,
             store: self.store_id().to_string(),
@@ -300,6 +381,7 @@ impl Remote {
         }
         *self.inner.head.lock() = Some(head);
         rep.published = true;
+        tracing::debug!(ms = t.elapsed().as_millis() as u64, head = %name, "sync: head published");
         rep.head = Some(name);
         self.failpoint("sync.published")
     }
@@ -360,24 +442,33 @@ impl Remote {
             let locked_until = lock.map(|l| locks::now_secs() + l.seconds as i64);
             let done = self
                 .run(move |b| async move { upload_batch(b, key, lock, data_dir, batch).await })?;
-            if let Some(until) = locked_until {
-                // Not those found already in the bucket (n = 0): their retention is older.
-                let names: Vec<String> = done
-                    .iter()
-                    .filter(|(_, _, n)| *n > 0)
-                    .map(|(id, _, _)| layout::container(*id))
-                    .collect();
-                self.note_locked(&names, until);
-            }
-            for (_, _, bytes) in &done {
-                rep.containers_uploaded += 1;
-                rep.container_bytes_uploaded += bytes;
-            }
-            let items: Vec<(ContainerId, Vec<u8>)> =
-                done.into_iter().map(|(id, h, _)| (id, h)).collect();
-            self.inner.state.set_uploaded(&items)?;
+            self.record_uploads(done.into_iter().map(|d| (d, locked_until)), rep)?;
         }
         Ok(())
+    }
+
+    /// Records finished container uploads ((container, sealed header, bytes), the end of
+    /// their Object Lock retention): in the records, the ledger of locks and the report.
+    fn record_uploads(
+        &self,
+        done: impl Iterator<Item = ((ContainerId, Vec<u8>, u64), Option<i64>)>,
+        rep: &mut SyncReport,
+    ) -> Result<()> {
+        let mut items = Vec::new();
+        let mut locked: HashMap<i64, Vec<String>> = HashMap::new();
+        for ((id, header, bytes), until) in done {
+            // Not those found already in the bucket (bytes = 0): their retention is older.
+            if let (Some(until), true) = (until, bytes > 0) {
+                locked.entry(until).or_default().push(layout::container(id));
+            }
+            rep.containers_uploaded += 1;
+            rep.container_bytes_uploaded += bytes;
+            items.push((id, header));
+        }
+        for (until, names) in locked {
+            self.note_locked(&names, until);
+        }
+        self.inner.state.set_uploaded(&items)
     }
 
     /// Starts uploading the checkpoint's metadata files the remote lacks, [`PARALLEL`] at a
@@ -438,6 +529,7 @@ impl Remote {
         let uploaded: HashMap<ContainerId, Vec<u8>> =
             self.inner.state.uploaded()?.into_iter().collect();
         let waiting: HashSet<ContainerId> = store.freed_awaiting_readers().into_iter().collect();
+        let mut left_over = false;
         if !p.listed {
             // Leftovers of crashed syncs: uploads not recorded, deletions not finished.
             let listed = self.run(|b| async move { b.list("").await })?;
@@ -447,11 +539,18 @@ impl Remote {
                 if let Some(id) = layout::parse_container(&o.name) {
                     if p.head_containers.contains(&id) && !uploaded.contains_key(&id) {
                         adopt.push(id);
-                    } else if !p.head_containers.contains(&id)
-                        && !uploaded.contains_key(&id)
-                        && !waiting.contains(&id)
-                    {
-                        doomed.push(o.name.clone());
+                    } else if !p.head_containers.contains(&id) && !uploaded.contains_key(&id) {
+                        if self.early_pending(id) {
+                            // Its session may still commit it; while it is pending, the
+                            // records are not marked clean.
+                        } else if waiting.contains(&id) {
+                            // A reader may still need it: recorded, so a later sync deletes
+                            // it (below, with what waits for readers) once none does.
+                            adopt.push(id);
+                            left_over = true;
+                        } else {
+                            doomed.push(o.name.clone());
+                        }
                     }
                 } else if o.name.starts_with(layout::META) && !files.contains(o.name.as_str()) {
                     doomed.push(o.name.clone());
@@ -491,7 +590,6 @@ impl Remote {
             freed.push(*id);
             doomed.push(layout::container(*id));
         }
-        p.listed = true;
         // Whatever else said so, nothing the newest head names is deleted (a metadata file it
         // names may be one an older head named too, re-uploaded since).
         let needed: HashSet<String> = head
@@ -502,6 +600,10 @@ impl Remote {
             .chain(p.head_containers.iter().map(|c| layout::container(*c)))
             .collect();
         doomed.retain(|n| !needed.contains(n));
+        p.listed = true;
+        if left_over {
+            all_done = false;
+        }
         if doomed.is_empty() {
             p.stale_meta.clear();
             return Ok(all_done);

@@ -69,10 +69,16 @@ fn a_store_whose_disk_went_back_in_time_uploads_and_deletes_nothing() {
     std::fs::rename(dir.path().join("snapshot"), &root).unwrap();
     let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
     let remote = Remote::attach(&store, None).unwrap().unwrap();
+    // As the CLI does: containers go up as they are sealed. The rolled-back store reuses the
+    // session (so the container names) of version 2, whose only copy is in the bucket now.
+    remote.upload_as_sealed(&store);
     backup_bytes(&store, "ns/a", &random(300_000, 3), DedupUnit::Chunk);
     let e = remote.sync(&store).unwrap_err();
     assert_eq!(e.code(), "remote_diverged", "{e}");
     assert!(e.to_string().contains("revault recover"), "{e}");
+    // Early uploads still under way get the time to land (a PUT may, after its process
+    // ended): none may have replaced version 2's container.
+    std::thread::sleep(Duration::from_secs(2));
     // The bucket still holds the newer state, whole.
     drop(remote);
     drop(store);

@@ -588,13 +588,25 @@ fn a_sync_stopped_at_any_step_leaves_a_recoverable_bucket() {
         "sync.published",
         "sync.deleting",
     ] {
-        for node_dies in [true, false] {
-            stopped_sync(step, node_dies);
+        for after in [After::NodeDies, After::Restarts, After::GoesOn] {
+            stopped_sync(step, after);
         }
     }
 }
 
-fn stopped_sync(step: &str, node_dies: bool) {
+/// What happens after a sync stopped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum After {
+    /// The node is lost: the store is rebuilt from the bucket.
+    NodeDies,
+    /// The process restarts and syncs.
+    Restarts,
+    /// The same process syncs again (a worker retrying): it must clean up as a new process
+    /// would, though it opened with clean records and never listed the bucket.
+    GoesOn,
+}
+
+fn stopped_sync(step: &str, after_stop: After) {
     let url = fresh_url(&step.replace('.', "-"));
     let dir = tempfile::tempdir().unwrap();
     let (store, remote) = new_store_with_remote(dir.path(), &url);
@@ -617,7 +629,7 @@ fn stopped_sync(step: &str, node_dies: bool) {
     let mut after = expected.clone();
     after[0].1.push((v, extra));
     after[1].1.retain(|(n, _)| *n != 1);
-    if node_dies {
+    if after_stop == After::NodeDies {
         if matches!(step, "sync.published" | "sync.deleting") {
             expected = after;
         }
@@ -627,16 +639,38 @@ fn stopped_sync(step: &str, node_dies: bool) {
         check_clean(&s2);
         return;
     }
-    // The process restarts.
-    drop(remote);
-    drop(store);
-    let store = Store::open(&dir.path().join("store"), OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = if after_stop == After::Restarts {
+        drop(remote);
+        drop(store);
+        let store = Store::open(&dir.path().join("store"), OpenMode::ReadWrite, "test").unwrap();
+        let remote = Remote::attach(&store, None).unwrap().unwrap();
+        (store, remote)
+    } else {
+        remote.set_failpoint(None);
+        (store, remote)
+    };
     remote.sync(&store).unwrap();
     assert_eq!(
         bucket_containers(&url),
         store_containers(&store),
-        "{step}: leftovers"
+        "{step}, {after_stop:?}: leftover containers"
+    );
+    let named: BTreeSet<String> = remote
+        .head()
+        .unwrap()
+        .meta_files
+        .into_iter()
+        .map(|f| f.object)
+        .collect();
+    let meta: BTreeSet<String> = s3()
+        .objects(&url)
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("meta/"))
+        .collect();
+    assert_eq!(
+        meta, named,
+        "{step}, {after_stop:?}: leftover metadata files"
     );
     let heads = s3()
         .objects(&url)

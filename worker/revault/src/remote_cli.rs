@@ -121,6 +121,11 @@ pub fn open(store: &StoreArg, mode: OpenMode, what: &str) -> Result<Opened> {
         }
         Err(e) => return Err(e.into()),
     };
+    if let (Some(r), OpenMode::ReadWrite) = (&remote, mode) {
+        // The command returns only once the bucket holds its change: its containers go up
+        // while it runs rather than all after it (docs/remote.md, "Sync").
+        r.upload_as_sealed(&s);
+    }
     Ok(Opened {
         store: s,
         remote,

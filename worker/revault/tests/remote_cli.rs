@@ -217,3 +217,128 @@ fn a_backup_while_the_bucket_is_away_is_kept_and_said_to_be_not_durable() {
     let st = ok_json(&["remote", "status", "--store", s]);
     assert_eq!(st["series"][0]["durableVersion"], 1, "{st}");
 }
+
+/// Data objects under `url`.
+fn data_objects(url: &revault_remote::RemoteUrl) -> std::collections::BTreeSet<String> {
+    s3().objects(url)
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("data/"))
+        .collect()
+}
+
+#[test]
+fn containers_go_up_while_the_backup_runs_and_a_killed_backup_leaves_nothing_behind() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let url = fresh_url("cli-early");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let key = dir.path().join("key");
+    let k = key.to_str().unwrap();
+    ok_json(&[
+        "init",
+        "--store",
+        s,
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        k,
+    ]);
+    let first = dir.path().join("v1.bin");
+    std::fs::write(&first, random(6 << 20, 21)).unwrap();
+    ok_json(&[
+        "backup",
+        "--store",
+        s,
+        "--series",
+        "default/db",
+        first.to_str().unwrap(),
+    ]);
+    let committed = data_objects(&url);
+    assert!(!committed.is_empty());
+
+    // A second backup from a pipe that is fed 16 MiB and then held open: its sealed
+    // containers reach the bucket while it still waits for input, before any commit.
+    let mut child = Command::new(bin())
+        .args([
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            "-",
+            "--json",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&random(16 << 20, 22)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let early = loop {
+        let now = data_objects(&url);
+        let new: Vec<String> = now.difference(&committed).cloned().collect();
+        if !new.is_empty() {
+            break new;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no container of the running backup reached the bucket within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the backup is still running"
+    );
+    // The node dies: the backup is never committed, its uploads are left in the bucket.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    // A PUT whose body was sent before the kill may still land: let it.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(early.iter().all(|n| data_objects(&url).contains(n)));
+
+    // The next command that changes the store lists the bucket (the killed process never
+    // marked it clean) and removes what no head names.
+    ok_json(&["remote", "sync", "--store", s]);
+    assert_eq!(
+        data_objects(&url),
+        committed,
+        "the killed backup's early uploads are gone; the committed containers stay"
+    );
+    // And the bucket alone still rebuilds the store: version 1 byte-exact, check clean.
+    std::fs::remove_dir_all(&store).unwrap();
+    let rebuilt = dir.path().join("rebuilt");
+    let rs = rebuilt.to_str().unwrap();
+    ok_json(&[
+        "recover",
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        k,
+        "--store",
+        rs,
+    ]);
+    let out = dir.path().join("out.bin");
+    ok_json(&[
+        "restore",
+        "--store",
+        rs,
+        "--series",
+        "default/db",
+        "--version",
+        "1",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(sha256_file(&out), sha256_file(&first));
+    assert_check_ok(&rebuilt);
+    let l = ok_json(&["list", "--store", rs, "--series", "default/db"]);
+    assert_eq!(l["versions"].as_array().unwrap().len(), 1, "{l}");
+}
