@@ -128,8 +128,9 @@ impl Remote {
             gate: self.inner.early.gate.clone(),
             slots: self.inner.early.slots.clone(),
         };
-        let task = self.rt().spawn(upload_one(job, id, data_dir));
+        // Listed as pending before it can land, so no listing takes it for a leftover.
         let mut started = self.inner.early.started.lock();
+        let task = self.rt().spawn(upload_one(job, id, data_dir));
         started.insert(id, Started { task, locked_until });
     }
 

@@ -555,7 +555,16 @@ impl Remote {
                 } else if o.name.starts_with(layout::META) && !files.contains(o.name.as_str()) {
                     doomed.push(o.name.clone());
                 } else if let Some((g, s)) = layout::parse_head(&o.name) {
-                    if g <= gen && (g, s) != (head.generation, head.seq) {
+                    if g == gen && s > head.seq {
+                        // A newer head of this generation than ours: another copy of this
+                        // store published it, and what it names must not be deleted.
+                        return Err(self.diverged(&format!(
+                            "it holds {} and this store last published {}",
+                            o.name,
+                            layout::head(head.generation, head.seq)
+                        )));
+                    }
+                    if g <= gen && (g, s) < (head.generation, head.seq) {
                         doomed.push(o.name.clone());
                     }
                 }
