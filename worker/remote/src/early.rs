@@ -121,10 +121,7 @@ impl Remote {
             lock,
             store: self.store_id().to_string(),
             generation: self.generation(),
-            published: self
-                .head()
-                .filter(|h| h.generation == self.generation())
-                .map_or(0, |h| h.seq),
+            published: self.published_seq(),
             gate: self.inner.early.gate.clone(),
             slots: self.inner.early.slots.clone(),
         };

@@ -113,6 +113,21 @@ impl Progress {
 }
 
 impl Remote {
+    /// The sequence number of the newest head of this generation this store wrote: the
+    /// newest recorded, or one written but not recorded yet.
+    pub(crate) fn published_seq(&self) -> u64 {
+        let gen = self.generation();
+        let recorded = self
+            .head()
+            .filter(|h| h.generation == gen)
+            .map_or(0, |h| h.seq);
+        let writing = match self.inner.state.writing_head() {
+            Ok(Some((g, s))) if g == gen => s,
+            _ => 0,
+        };
+        recorded.max(writing)
+    }
+
     /// Removes the clean marker, durably, before anything is uploaded; `clean` is
     /// `Inner::clean`, locked by the caller.
     pub(crate) fn mark_dirty(&self, clean: &mut bool) -> Result<()> {
@@ -366,12 +381,14 @@ impl Remote {
         }
         let lock = self.object_lock();
         let locked_until = lock.map(|l| locks::now_secs() + l.seconds as i64);
+        self.inner.state.set_writing_head(gen, seq)?;
         let n = name.clone();
         // Written once: a second writer of this store (a copy of it, or its metadata put
         // back) cannot replace a head it did not write.
         if !self.run(move |b| async move { b.put_new(&n, body.into(), lock).await })? {
             return Err(self.diverged(&format!("{name} was written by someone else meanwhile")));
         }
+        self.failpoint("sync.head_written")?;
         // A recovery may have claimed the remote between the check above and the head: then
         // the new owner may not have seen this head, and it is not durable.
         self.fence_check(gen)?;
@@ -398,8 +415,10 @@ impl Remote {
             .filter(|(g, _)| *g == gen)
             .map(|(_, s)| s)
             .max();
+        // A head this store wrote but died (or failed) before recording is its own.
+        let ours = self.inner.state.writing_head()? == newest.map(|n| (gen, n));
         match (prev, newest) {
-            (Some(p), Some(n)) if n > p.seq => Err(self.diverged(&format!(
+            (Some(p), Some(n)) if n > p.seq && !ours => Err(self.diverged(&format!(
                 "it holds {} and this store last published {}",
                 layout::head(gen, n),
                 layout::head(gen, p.seq)
@@ -533,6 +552,7 @@ impl Remote {
         if !p.listed {
             // Leftovers of crashed syncs: uploads not recorded, deletions not finished.
             let listed = self.run(|b| async move { b.list("").await })?;
+            let writing = self.inner.state.writing_head()?;
             let files: HashSet<&str> = head.meta_files.iter().map(|f| f.object.as_str()).collect();
             let mut adopt = Vec::new();
             for o in &listed {
@@ -555,6 +575,12 @@ impl Remote {
                 } else if o.name.starts_with(layout::META) && !files.contains(o.name.as_str()) {
                     doomed.push(o.name.clone());
                 } else if let Some((g, s)) = layout::parse_head(&o.name) {
+                    if g == gen && s > head.seq && writing == Some((g, s)) {
+                        // This store's own head, written but not recorded (the process died
+                        // or the sync failed in between): the next sync publishes past it.
+                        // Nothing is deleted until then, since it may name what is listed.
+                        return Ok(false);
+                    }
                     if g == gen && s > head.seq {
                         // A newer head of this generation than ours: another copy of this
                         // store published it, and what it names must not be deleted.

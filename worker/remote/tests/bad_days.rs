@@ -330,3 +330,31 @@ fn a_descriptor_edited_without_the_key_is_refused() {
     assert!(e.to_string().contains("MAC"), "{e}");
     assert!(!out.path().join("s").join("revault.store").exists());
 }
+
+/// A worker killed (or a sync failing) after its head is in the bucket but before it recorded
+/// it: the next sync must take that head for its own and go on, not stop as if its disk had
+/// gone back in time (found when e2e scenario 7 killed a worker at that moment).
+#[test]
+fn a_head_written_but_not_recorded_is_the_stores_own() {
+    let url = fresh_url("unrecorded");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, remote) = new_store_with_remote(dir.path(), &url);
+    let v1 = random(900_000, 1);
+    backup_bytes(&store, "ns/a", &v1, DedupUnit::Chunk);
+    remote.set_failpoint(Some("sync.head_written"));
+    assert!(remote.sync(&store).is_err());
+    // The process dies there.
+    drop(remote);
+    drop(store);
+    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
+    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let v2 = random(900_000, 2);
+    backup_bytes(&store, "ns/a", &v2, DedupUnit::Chunk);
+    remote.sync(&store).unwrap();
+    assert_eq!(remote.durable_version("ns/a"), Some(2));
+    drop(remote);
+    drop(store);
+    let (_d, s2, _r2) = rebuild(&url, &dir.path().join("key"));
+    assert_holds(&s2, &[("ns/a", vec![(1, v1), (2, v2)])]);
+}
