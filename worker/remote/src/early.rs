@@ -16,9 +16,9 @@
 //!
 //! Early uploads must not do what the sync refuses to do. Before the first of them goes up,
 //! and again before every 64th, they check the fence (a store taken over uploads nothing)
-//! and that the bucket holds no head of this generation newer than the newest this store
-//! published (a store whose disk went back in time reuses the session numbers, so the
-//! container names, of the state it lost, whose only copy may be in the bucket). Each is
+//! and that the newest head of this generation in the bucket is this store's own
+//! ([`crate::head::newest`]: a store whose disk went back in time reuses the session numbers,
+//! so the container names, of the state it lost, whose only copy may be in the bucket). Each is
 //! written with `If-None-Match: *` besides: a freshly sealed container never exists yet, so
 //! one that does is left alone and the upload fails (the sync, which checks both again,
 //! decides). After a failed check no further early upload starts in this process.
@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{RemoteError, Result};
 use crate::fence;
+use crate::head::{self, Published};
 use crate::layout;
 use crate::locks;
 use crate::seal::{self, DEFAULT_FRAME_LOG2};
@@ -85,8 +86,8 @@ struct Job {
     lock: Option<crate::bucket::ObjectLock>,
     store: String,
     generation: u32,
-    /// The sequence number of the newest head this store published in its generation.
-    published: u64,
+    /// What this store published in its generation, when the upload started.
+    mine: Published,
     gate: Arc<Gate>,
     slots: Arc<tokio::sync::Semaphore>,
 }
@@ -121,7 +122,13 @@ impl Remote {
             lock,
             store: self.store_id().to_string(),
             generation: self.generation(),
-            published: self.published_seq(),
+            mine: match self.published(self.generation()) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(container = %id, error = %e, "not uploading early");
+                    return;
+                }
+            },
             gate: self.inner.early.gate.clone(),
             slots: self.inner.early.slots.clone(),
         };
@@ -162,10 +169,10 @@ impl Remote {
         !self.inner.early.started.lock().is_empty()
     }
 
-    /// Whether container `id` was uploaded early and no sync took it yet: its session may
-    /// still commit it, so a listing must not delete it.
-    pub(crate) fn early_pending(&self, id: ContainerId) -> bool {
-        self.inner.early.started.lock().contains_key(&id)
+    /// Containers uploaded early that no sync took yet: their sessions may still commit
+    /// them, so a listing must not delete them.
+    pub(crate) fn early_pending(&self) -> std::collections::HashSet<ContainerId> {
+        self.inner.early.started.lock().keys().copied().collect()
     }
 }
 
@@ -194,18 +201,16 @@ impl Job {
 
     async fn check(&self) -> Result<()> {
         fence::check(&self.bucket, &self.key, &self.store, self.generation).await?;
-        let heads = self.bucket.list(layout::HEADS).await?;
-        let newer = heads
-            .iter()
-            .filter_map(|o| layout::parse_head(&o.name))
-            .any(|(g, s)| g == self.generation && s > self.published);
-        if newer {
-            return Err(RemoteError::Diverged {
+        match head::newest(&self.bucket, self.generation, self.mine).await? {
+            Some(n) if !n.ours => Err(RemoteError::Diverged {
                 remote: self.bucket.url.to_string(),
-                detail: "it holds a head newer than any this store published".into(),
-            });
+                detail: format!(
+                    "it holds {}, a head this store did not write",
+                    layout::head(self.generation, n.seq)
+                ),
+            }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 

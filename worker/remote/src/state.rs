@@ -83,7 +83,8 @@ pub struct State {
 const UPLOADED: u8 = b'u';
 const STUB: u8 = b't';
 const HEAD: &[u8] = b"h";
-/// The head being written (generation, sequence number), until it is recorded as the newest.
+/// The head being written (generation, sequence number, BLAKE3 of its sealed bytes), until it
+/// is recorded as the newest.
 const WRITING: &[u8] = b"w";
 /// Present while the bucket holds nothing a listing would remove (see [`State::is_clean`]).
 const CLEAN: &[u8] = b"c";
@@ -241,23 +242,27 @@ impl State {
         }
     }
 
-    /// Records, durably, that head (`generation`, `seq`) is about to be written: if the
-    /// process dies between writing it and [`State::set_head`], the next one knows the newer
-    /// head in the bucket is its own, not a sign that its disk went back in time.
-    pub fn set_writing_head(&self, generation: u32, seq: u64) -> Result<()> {
+    /// Records, durably, that head (`generation`, `seq`), whose sealed bytes hash to `hash`
+    /// (BLAKE3), is about to be written: if the process stops between writing it and
+    /// [`State::set_head`], the next one can tell that head in the bucket is its own
+    /// ([`crate::head::newest`]), not a sign that its disk went back in time.
+    pub fn set_writing_head(&self, generation: u32, seq: u64, hash: &[u8; 32]) -> Result<()> {
         let mut b = WriteBatch::default();
         let mut v = generation.to_be_bytes().to_vec();
         v.extend_from_slice(&seq.to_be_bytes());
+        v.extend_from_slice(hash);
         b.put(WRITING, v);
         self.put(b, true)
     }
 
-    /// The head recorded by [`State::set_writing_head`] and not yet by [`State::set_head`].
-    pub fn writing_head(&self) -> Result<Option<(u32, u64)>> {
+    /// The head recorded by [`State::set_writing_head`] and not yet by [`State::set_head`]:
+    /// (generation, sequence number, hash).
+    pub fn writing_head(&self) -> Result<Option<(u32, u64, [u8; 32])>> {
         Ok(self.db.get(WRITING).map_err(db_err)?.and_then(|v| {
             let g = u32::from_be_bytes(v.get(..4)?.try_into().ok()?);
             let s = u64::from_be_bytes(v.get(4..12)?.try_into().ok()?);
-            Some((g, s))
+            let h: [u8; 32] = v.get(12..44)?.try_into().ok()?;
+            Some((g, s, h))
         }))
     }
 

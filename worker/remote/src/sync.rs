@@ -33,7 +33,7 @@ use serde::Serialize;
 use crate::bucket::{Bucket, ObjectLock};
 use crate::error::{IoCtx, RemoteError, Result};
 use crate::fence;
-use crate::head::{Head, MetaFile, SeriesAt};
+use crate::head::{self, Head, MetaFile, Published, SeriesAt};
 use crate::layout;
 use crate::locks;
 use crate::seal::{self, DataKey, DEFAULT_FRAME_LOG2};
@@ -113,19 +113,22 @@ impl Progress {
 }
 
 impl Remote {
-    /// The sequence number of the newest head of this generation this store wrote: the
-    /// newest recorded, or one written but not recorded yet.
-    pub(crate) fn published_seq(&self) -> u64 {
-        let gen = self.generation();
+    /// What this store knows it published in generation `gen` ([`crate::head::newest`]).
+    pub(crate) fn published(&self, gen: u32) -> Result<Published> {
         let recorded = self
-            .head()
+            .inner
+            .head
+            .lock()
+            .as_ref()
             .filter(|h| h.generation == gen)
-            .map_or(0, |h| h.seq);
-        let writing = match self.inner.state.writing_head() {
-            Ok(Some((g, s))) if g == gen => s,
-            _ => 0,
-        };
-        recorded.max(writing)
+            .map(|h| h.seq);
+        let writing = self
+            .inner
+            .state
+            .writing_head()?
+            .filter(|(g, _, _)| *g == gen)
+            .map(|(_, s, h)| (s, h));
+        Ok(Published { recorded, writing })
     }
 
     /// Removes the clean marker, durably, before anything is uploaded; `clean` is
@@ -381,7 +384,10 @@ impl Remote {
         }
         let lock = self.object_lock();
         let locked_until = lock.map(|l| locks::now_secs() + l.seconds as i64);
-        self.inner.state.set_writing_head(gen, seq)?;
+        self.inner
+            .state
+            .set_writing_head(gen, seq, blake3::hash(&body).as_bytes())?;
+        self.failpoint("sync.head_writing")?;
         let n = name.clone();
         // Written once: a second writer of this store (a copy of it, or its metadata put
         // back) cannot replace a head it did not write.
@@ -408,22 +414,16 @@ impl Remote {
     /// back in time (a disk snapshot put back) or a copy of it must not publish an older state
     /// over a newer one, nor delete what the newer one needs.
     fn next_seq(&self, gen: u32, prev: Option<&Head>) -> Result<u64> {
-        let heads = self.run(|b| async move { b.list(layout::HEADS).await })?;
-        let newest = heads
-            .iter()
-            .filter_map(|o| layout::parse_head(&o.name))
-            .filter(|(g, _)| *g == gen)
-            .map(|(_, s)| s)
-            .max();
-        // A head this store wrote but died (or failed) before recording is its own.
-        let ours = self.inner.state.writing_head()? == newest.map(|n| (gen, n));
+        let mine = self.published(gen)?;
+        let newest = self.run(move |b| async move { head::newest(&b, gen, mine).await })?;
         match (prev, newest) {
-            (Some(p), Some(n)) if n > p.seq && !ours => Err(self.diverged(&format!(
+            (Some(p), Some(n)) if !n.ours => Err(self.diverged(&format!(
                 "it holds {} and this store last published {}",
-                layout::head(gen, n),
+                layout::head(gen, n.seq),
                 layout::head(gen, p.seq)
             ))),
-            (p, n) => Ok(p.map_or(0, |h| h.seq).max(n.unwrap_or(0)) + 1),
+            // With no head recorded (the records lost) the newest is taken as this store's.
+            (p, n) => Ok(p.map_or(0, |h| h.seq).max(n.map_or(0, |n| n.seq)) + 1),
         }
     }
 
@@ -551,8 +551,25 @@ impl Remote {
         let mut left_over = false;
         if !p.listed {
             // Leftovers of crashed syncs: uploads not recorded, deletions not finished.
+            let mine = self.published(gen)?;
+            match self.run(move |b| async move { head::newest(&b, gen, mine).await })? {
+                Some(n) if !n.ours => {
+                    // Another copy of this store went on: nothing it names may be deleted.
+                    return Err(self.diverged(&format!(
+                        "it holds {} and this store last published {}",
+                        layout::head(gen, n.seq),
+                        layout::head(head.generation, head.seq)
+                    )));
+                }
+                Some(n) if n.seq > head.seq => {
+                    // This store's own head, written but not recorded: the next sync
+                    // publishes past it; until then it may name what is listed.
+                    return Ok(false);
+                }
+                _ => {}
+            }
             let listed = self.run(|b| async move { b.list("").await })?;
-            let writing = self.inner.state.writing_head()?;
+            let pending = self.early_pending();
             let files: HashSet<&str> = head.meta_files.iter().map(|f| f.object.as_str()).collect();
             let mut adopt = Vec::new();
             for o in &listed {
@@ -560,7 +577,7 @@ impl Remote {
                     if p.head_containers.contains(&id) && !uploaded.contains_key(&id) {
                         adopt.push(id);
                     } else if !p.head_containers.contains(&id) && !uploaded.contains_key(&id) {
-                        if self.early_pending(id) {
+                        if pending.contains(&id) {
                             // Its session may still commit it; while it is pending, the
                             // records are not marked clean.
                         } else if waiting.contains(&id) {
@@ -575,21 +592,6 @@ impl Remote {
                 } else if o.name.starts_with(layout::META) && !files.contains(o.name.as_str()) {
                     doomed.push(o.name.clone());
                 } else if let Some((g, s)) = layout::parse_head(&o.name) {
-                    if g == gen && s > head.seq && writing == Some((g, s)) {
-                        // This store's own head, written but not recorded (the process died
-                        // or the sync failed in between): the next sync publishes past it.
-                        // Nothing is deleted until then, since it may name what is listed.
-                        return Ok(false);
-                    }
-                    if g == gen && s > head.seq {
-                        // A newer head of this generation than ours: another copy of this
-                        // store published it, and what it names must not be deleted.
-                        return Err(self.diverged(&format!(
-                            "it holds {} and this store last published {}",
-                            o.name,
-                            layout::head(head.generation, head.seq)
-                        )));
-                    }
                     if g <= gen && (g, s) < (head.generation, head.seq) {
                         doomed.push(o.name.clone());
                     }

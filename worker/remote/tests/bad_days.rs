@@ -358,3 +358,44 @@ fn a_head_written_but_not_recorded_is_the_stores_own() {
     let (_d, s2, _r2) = rebuild(&url, &dir.path().join("key"));
     assert_holds(&s2, &[("ns/a", vec![(1, v1), (2, v2)])]);
 }
+
+/// A copy of a store taken after it recorded the head it was about to write but before it
+/// wrote it (a disk snapshot at that moment): the original then writes that head itself, with
+/// its own bytes. The copy must not take it for the head it was writing, and must not publish
+/// over it.
+#[test]
+fn a_copy_taken_while_a_head_was_being_written_does_not_take_the_originals_head_for_its_own() {
+    let url = fresh_url("writingcopy");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let (store, remote) = new_store_with_remote(dir.path(), &url);
+    let v1 = random(900_000, 1);
+    backup_bytes(&store, "ns/a", &v1, DedupUnit::Chunk);
+    remote.sync(&store).unwrap();
+    let v2 = random(900_000, 2);
+    backup_bytes(&store, "ns/a", &v2, DedupUnit::Chunk);
+    remote.set_failpoint(Some("sync.head_writing"));
+    assert!(remote.sync(&store).is_err());
+    drop(remote);
+    drop(store);
+    copy_dir(&root, &dir.path().join("snapshot"));
+    // The original goes on and writes that head (same name, its own bytes).
+    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
+    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    remote.sync(&store).unwrap();
+    assert_eq!(remote.durable_version("ns/a"), Some(2));
+    drop(remote);
+    drop(store);
+    // The copy comes back.
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::rename(dir.path().join("snapshot"), &root).unwrap();
+    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
+    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    backup_bytes(&store, "ns/a", &random(300_000, 3), DedupUnit::Chunk);
+    let e = remote.sync(&store).unwrap_err();
+    assert_eq!(e.code(), "remote_diverged", "{e}");
+    drop(remote);
+    drop(store);
+    let (_d, s2, _r2) = rebuild(&url, &dir.path().join("key"));
+    assert_holds(&s2, &[("ns/a", vec![(1, v1), (2, v2)])]);
+}
