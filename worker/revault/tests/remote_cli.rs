@@ -22,6 +22,23 @@ fn run(args: &[String]) -> serde_json::Value {
     ok_json(&a)
 }
 
+/// A new store `DIR/store` whose remote is a fresh prefix, its key file `DIR/key`.
+fn store_with_remote(what: &str) -> (revault_remote::RemoteUrl, tempfile::TempDir) {
+    let url = fresh_url(what);
+    let dir = tempfile::tempdir().unwrap();
+    let (store, key) = (dir.path().join("store"), dir.path().join("key"));
+    ok_json(&[
+        "init",
+        "--store",
+        store.to_str().unwrap(),
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        key.to_str().unwrap(),
+    ]);
+    (url, dir)
+}
+
 #[test]
 fn init_backup_recover_restore_through_the_cli() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,20 +186,9 @@ fn init_backup_recover_restore_through_the_cli() {
 #[test]
 fn a_backup_while_the_bucket_is_away_is_kept_and_said_to_be_not_durable() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let url = fresh_url("cli-outage");
-    let dir = tempfile::tempdir().unwrap();
+    let (_url, dir) = store_with_remote("cli-outage");
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
-    let key = dir.path().join("key");
-    ok_json(&[
-        "init",
-        "--store",
-        s,
-        "--remote",
-        &url.to_string(),
-        "--key-file",
-        key.to_str().unwrap(),
-    ]);
     let input = dir.path().join("in.bin");
     std::fs::write(&input, random(1 << 20, 9)).unwrap();
     s3().stop();
@@ -232,21 +238,11 @@ fn containers_go_up_while_the_backup_runs_and_a_killed_backup_leaves_nothing_beh
     use std::io::Write;
     use std::process::{Command, Stdio};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let url = fresh_url("cli-early");
-    let dir = tempfile::tempdir().unwrap();
+    let (url, dir) = store_with_remote("cli-early");
     let store = dir.path().join("store");
     let s = store.to_str().unwrap();
     let key = dir.path().join("key");
     let k = key.to_str().unwrap();
-    ok_json(&[
-        "init",
-        "--store",
-        s,
-        "--remote",
-        &url.to_string(),
-        "--key-file",
-        k,
-    ]);
     let first = dir.path().join("v1.bin");
     std::fs::write(&first, random(6 << 20, 21)).unwrap();
     ok_json(&[
