@@ -8,7 +8,9 @@ throughput step:
    see the same machine; the remote-on copies get a copy of the bucket too; the first version
    into empty stores, on and off interleaved (every container new); and the same through
    `revault serve` + `revault push`, where the worker acknowledges from local disk and uploads in
-   the background (what Kubernetes users run);
+   the background (what Kubernetes users run); where the remote-on backup's time goes: the
+   sync's steps (its `revault_remote=debug` log) and opening the remote (`revault list` with
+   and without one, interleaved);
 2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
    read from the bucket (the container caches read whole containers ahead, one GET each),
    with the GETs it cost (versitygw's request log) and its system time beside a restore with
@@ -122,6 +124,21 @@ def run(rv, timed_cpu, log, tars, work, hack, runs, bin_path):
         os.environ.update(env_before)
 
 
+def sync_step_ms(log_text):
+    """The sync's step times (ms) from a command's `revault_remote=debug` log: the checkpoint,
+    the upload and publication of the head (its times count from the step's start, so the last
+    one is the step's), and the deletions."""
+    import re
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log_text)
+    out = {}
+    for key, msg in (("checkpoint", "sync: checkpoint taken"), ("publish", "sync: head published"),
+                     ("deletions", "sync: deletions done")):
+        found = re.findall(re.escape(msg) + r"\s+ms=(\d+)", text)
+        if found:
+            out[key] = int(found[-1])
+    return out
+
+
 def cpu_seconds(pid):
     """User + system CPU seconds process `pid` has used so far (the S3 server's share of a run)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -167,6 +184,22 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
             wall, c, _ = timed_cpu("backup", "--store", trial, "--series", series, tars[-1], "--json")
             backup[mode].append(wall)
             cpu[mode].append(c)
+    # Where the remote-on backup's extra time goes: the sync's steps, from its debug log, and
+    # opening the remote (`revault list` on the same store with and without one, interleaved).
+    sync_steps = {"checkpoint": [], "publish": [], "deletions": []}
+    for i in range(runs):
+        trial = fresh_copy("on", "steps", i)
+        env = {**os.environ, "REVAULT_LOG": "revault_remote=debug", "NO_COLOR": "1"}
+        p = subprocess.run([bin_path, "backup", "--store", str(trial), "--series", series, str(tars[-1])],
+                           capture_output=True, text=True, env=env, check=True)
+        for step, ms in sync_step_ms(p.stderr).items():
+            sync_steps[step].append(ms)
+    open_ms = {"off": [], "on": []}
+    for _ in range(2 * runs):
+        for mode in ("off", "on"):
+            t0 = time.perf_counter()
+            rv("list", "--store", stores[mode][0])
+            open_ms[mode].append((time.perf_counter() - t0) * 1000)
     # The first version into an empty store: every container is new, so this is where
     # uploading containers while the backup runs (rather than after it) counts most.
     first = {"off": [], "on": []}
@@ -239,6 +272,8 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
         "first_backup_on_vs_off": med(first["off"]) / med(first["on"]),
         "first_backup_runs_s": first,
         "first_backup_cpu_s": {m: med(v) for m, v in first_cpu.items()},
+        "sync_step_ms": {k: med(v) for k, v in sync_steps.items() if v},
+        "open_list_ms": {m: med(v) for m, v in open_ms.items()},
         "first_backup_s3_server_cpu_s": med(first_s3_cpu),
         "served_push_off_mb_s": logical / 1e6 / med(served["off"]),
         "served_push_on_mb_s": logical / 1e6 / med(served["on"]),
@@ -265,7 +300,8 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
     log(f"remote: backup off {res['backup_off_mb_s']:.0f} MB/s, on {res['backup_on_mb_s']:.0f} MB/s "
         f"(on/off time {1 / res['backup_on_vs_off']:.2f}); first backup off {res['first_backup_off_mb_s']:.0f}, "
         f"on {res['first_backup_on_mb_s']:.0f} MB/s (CPU s off {res['first_backup_cpu_s']['off']:.2f}, on "
-        f"{res['first_backup_cpu_s']['on']:.2f}, the S3 server {res['first_backup_s3_server_cpu_s']:.2f}); served push off {res['served_push_off_mb_s']:.0f}, "
+        f"{res['first_backup_cpu_s']['on']:.2f}, the S3 server {res['first_backup_s3_server_cpu_s']:.2f}); "
+        f"sync steps ms {res['sync_step_ms']}; `revault list` ms {res['open_list_ms']}; served push off {res['served_push_off_mb_s']:.0f}, "
         f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s "
         f"({res['restore_gets_per_container_read']:.1f} GETs per container read; system s {res['restore_system_s']['off']:.2f}, "
         f"with huge pages {res['restore_system_s']['on']:.2f}); "
