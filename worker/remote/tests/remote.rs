@@ -585,11 +585,17 @@ fn a_sync_stopped_at_any_step_leaves_a_recoverable_bucket() {
     for step in [
         "sync.uploaded",
         "sync.meta",
+        "sync.head_writing",
+        "sync.head_written",
         "sync.published",
         "sync.deleting",
     ] {
         for after in [After::NodeDies, After::Restarts, After::GoesOn] {
-            stopped_sync(step, after);
+            // Without and with early uploads (the CLI's): the containers of the new version
+            // and of gc's compaction then go up while they are written.
+            for early in [false, true] {
+                stopped_sync(step, after, early);
+            }
         }
     }
 }
@@ -606,10 +612,13 @@ enum After {
     GoesOn,
 }
 
-fn stopped_sync(step: &str, after_stop: After) {
-    let url = fresh_url(&step.replace('.', "-"));
+fn stopped_sync(step: &str, after_stop: After, early: bool) {
+    let url = fresh_url(&step.replace(['.', '_'], "-"));
     let dir = tempfile::tempdir().unwrap();
     let (store, remote) = new_store_with_remote(dir.path(), &url);
+    if early {
+        remote.upload_as_sealed(&store);
+    }
     let mut expected = history(&store, &remote, 2);
     // What the stopped sync was to publish: a new version, an expiry, a gc.
     let extra = version_data(1, 5, 1_300_000);
@@ -630,7 +639,10 @@ fn stopped_sync(step: &str, after_stop: After) {
     after[0].1.push((v, extra));
     after[1].1.retain(|(n, _)| *n != 1);
     if after_stop == After::NodeDies {
-        if matches!(step, "sync.published" | "sync.deleting") {
+        if matches!(
+            step,
+            "sync.head_written" | "sync.published" | "sync.deleting"
+        ) {
             expected = after;
         }
         let rebuilt = tempfile::tempdir().unwrap();
@@ -644,6 +656,9 @@ fn stopped_sync(step: &str, after_stop: After) {
         drop(store);
         let store = Store::open(&dir.path().join("store"), OpenMode::ReadWrite, "test").unwrap();
         let remote = Remote::attach(&store, None).unwrap().unwrap();
+        if early {
+            remote.upload_as_sealed(&store);
+        }
         (store, remote)
     } else {
         remote.set_failpoint(None);
@@ -653,7 +668,7 @@ fn stopped_sync(step: &str, after_stop: After) {
     assert_eq!(
         bucket_containers(&url),
         store_containers(&store),
-        "{step}, {after_stop:?}: leftover containers"
+        "{step}, {after_stop:?}, early {early}: leftover containers"
     );
     let named: BTreeSet<String> = remote
         .head()
@@ -670,7 +685,7 @@ fn stopped_sync(step: &str, after_stop: After) {
         .collect();
     assert_eq!(
         meta, named,
-        "{step}, {after_stop:?}: leftover metadata files"
+        "{step}, {after_stop:?}, early {early}: leftover metadata files"
     );
     let heads = s3()
         .objects(&url)
