@@ -5,9 +5,8 @@
 //! under a key-encryption key derived from a *key file* (BLAKE3 `derive_key` over the file's
 //! bytes). Several key files may wrap the same data key, which is how a key file is rotated
 //! without re-encrypting the bucket: wrap the data key under the new file, then drop the old
-//! file's wrapping (not built yet: docs/remote.md, "Keys"). Rotation would replace who can
-//! unwrap the data key; it would not re-key data that someone holding the old file and the
-//! bucket may already have read.
+//! file's wrapping ([`crate::rotate`]). Rotation replaces who can unwrap the data key; it does
+//! not re-key data that someone holding the old file and the bucket may already have read.
 //!
 //! A key file is any file of at least 32 bytes (trailing white space ignored);
 //! [`create_key_file`] writes 32 random bytes as hex.

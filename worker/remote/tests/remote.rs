@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use revault_engine::{DedupUnit, OpenMode, Store};
-use revault_remote::{recover, EvictOptions, RecoverOptions, Remote};
+use revault_remote::{
+    owner, recover, rotate_key, EvictOptions, RecoverOptions, Remote, RotateOptions,
+};
 
 type History = Vec<(&'static str, Vec<(u32, Vec<u8>)>)>;
 
@@ -537,6 +539,105 @@ fn a_wrong_key_file_opens_nothing() {
     drop(remote);
     let e = Remote::attach(&store, Some(&other)).err().unwrap();
     assert_eq!(e.code(), "wrong_key", "{e}");
+}
+
+/// A leaked key file is replaced without re-encrypting anything. Half-way (the old key files
+/// kept, as a cluster rotates) both open the remote; after it the old one opens nothing, the
+/// store goes on syncing with the key file it now records, and the new one rebuilds every
+/// version. A rotation given a key file that does not open the remote changes nothing.
+#[test]
+fn a_rotated_key_file_replaces_the_old_one() {
+    let url = fresh_url("rotate");
+    let dir = tempfile::tempdir().unwrap();
+    let (store, remote) = new_store_with_remote(dir.path(), &url);
+    let mut expected = history(&store, &remote, 2);
+    // Reopened without its remote, as `revault remote rotate-key --store` holds it.
+    drop(remote);
+    drop(store);
+    let store = Store::open(&dir.path().join("store"), OpenMode::ReadWrite, "test").unwrap();
+    let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
+    let opts = |key: &std::path::Path, keep_old: bool| RotateOptions {
+        url: url.clone(),
+        key_file: key.to_path_buf(),
+        new_key_file: new.clone(),
+        keep_old,
+        store_root: Some(store.root().to_path_buf()),
+    };
+    let stranger = dir.path().join("stranger");
+    revault_remote::create_key_file(&stranger).unwrap();
+    assert_eq!(
+        rotate_key(&opts(&stranger, false)).unwrap_err().code(),
+        "wrong_key"
+    );
+    assert!(!new.exists(), "a refused rotation creates no key file");
+    owner(&url, &old).unwrap();
+
+    let half = rotate_key(&opts(&old, true)).unwrap();
+    assert!(
+        half.created_key_file && half.added && half.removed.is_empty(),
+        "{half:?}"
+    );
+    assert_eq!(half.key_files.len(), 2, "{half:?}");
+    owner(&url, &old).unwrap();
+    owner(&url, &new).unwrap();
+
+    // Finished with the new key file (the old one would do too): only it is left.
+    let done = rotate_key(&opts(&new, false)).unwrap();
+    assert!(!done.added && !done.created_key_file, "{done:?}");
+    assert_eq!(done.removed.len(), 1, "{done:?}");
+    assert_eq!(done.key_files, vec![done.new_key_file.clone()]);
+    assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
+
+    // The store reads the new key file from its record, and goes on.
+    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let next = version_data(1, 7, 1_300_000);
+    let v = backup_bytes(&store, "ns/seg", &next, DedupUnit::Segment).version;
+    remote.sync(&store).unwrap();
+    assert_eq!(remote.durable_version("ns/seg"), Some(v));
+    expected[0].1.push((v, next));
+    drop(remote);
+    drop(store);
+
+    let rebuilt = tempfile::tempdir().unwrap();
+    let e = recover(&RecoverOptions {
+        url: url.clone(),
+        key_file: old.clone(),
+        store: rebuilt.path().join("old"),
+        data_dir: None,
+        lazy: false,
+    })
+    .err()
+    .unwrap();
+    assert_eq!(e.code(), "wrong_key", "{e}");
+    let (s2, _r2) = recover_into(&rebuilt.path().join("new"), &url, &new, false);
+    assert_holds(&s2, &expected);
+    check_clean(&s2);
+}
+
+/// Under Object Lock the descriptor's name takes a new version; the rotation works the same,
+/// and the rebuilt store restores with the new key file alone.
+#[test]
+fn a_key_file_rotates_under_object_lock() {
+    let url = fresh_url("rotate-locked");
+    let dir = tempfile::tempdir().unwrap();
+    let (store, remote) = locked_store(dir.path(), &url, 8);
+    let expected = history(&store, &remote, 1);
+    drop(remote);
+    drop(store);
+    let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
+    let rep = rotate_key(&RotateOptions {
+        url: url.clone(),
+        key_file: old.clone(),
+        new_key_file: new.clone(),
+        keep_old: false,
+        store_root: None,
+    })
+    .unwrap();
+    assert!(rep.added && rep.removed.len() == 1, "{rep:?}");
+    assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
+    let rebuilt = tempfile::tempdir().unwrap();
+    let (s2, _r2) = recover_into(rebuilt.path(), &url, &new, true);
+    assert_holds(&s2, &expected);
 }
 
 #[test]

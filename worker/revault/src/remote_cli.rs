@@ -8,7 +8,10 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Args;
 use revault_engine::{OpenMode, Store};
-use revault_remote::{EvictOptions, ObjectLock, RecoverOptions, Remote, RemoteError, RemoteUrl};
+use revault_remote::{
+    EvictOptions, LocalConfig, ObjectLock, RecoverOptions, Remote, RemoteError, RemoteUrl,
+    RotateOptions,
+};
 
 use crate::cli::StoreArg;
 use crate::output::{self, mib};
@@ -275,6 +278,36 @@ pub enum RemoteCmd {
     /// Remove from local disk the containers no live version reads (they stay in the
     /// bucket and are read back on demand).
     Evict(EvictArgs),
+    /// Let a new key file open the remote and (unless --keep-old) no other; nothing is
+    /// re-encrypted (docs/remote.md, "Keys").
+    RotateKey(RotateKeyArgs),
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["store", "remote"])))]
+pub struct RotateKeyArgs {
+    /// The store whose remote it is; its recorded key file becomes the new one. The store
+    /// must not be in use (stop its worker; in a cluster, use --remote).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// The remote, s3://BUCKET[/PREFIX], when no store here records it (a worker keeps
+    /// running on its key meanwhile).
+    #[arg(long)]
+    pub remote: Option<String>,
+    /// A key file that opens the remote now (default with --store: the one it records).
+    #[arg(long, env = "REVAULT_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Every store under --remote (in a cluster, the remote.url all workers' prefixes are
+    /// under), one after another; stops at the first that fails (run again to go on).
+    #[arg(long, requires = "remote")]
+    pub every_store: bool,
+    /// The key file that will open it (created, 32 random bytes, if missing).
+    #[arg(long)]
+    pub new_key_file: PathBuf,
+    /// Keep the other key files' access too: the first half of a rotation in a cluster; run
+    /// again without it once every worker has the new key file.
+    #[arg(long)]
+    pub keep_old: bool,
 }
 
 #[derive(Args)]
@@ -310,6 +343,7 @@ pub fn remote(c: RemoteCmd, json: bool) -> Result<()> {
             }
             Ok(())
         }
+        RemoteCmd::RotateKey(a) => rotate_key(a, json),
         RemoteCmd::Evict(a) => {
             let o = open(&a.store, OpenMode::ReadWrite, "revault remote evict")?;
             let r = require(&o)?;
@@ -335,6 +369,90 @@ pub fn remote(c: RemoteCmd, json: bool) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn rotate_key(a: RotateKeyArgs, json: bool) -> Result<()> {
+    // With a store, it is held open (its lock) so that nothing else rewrites its record of
+    // the remote while the rotation changes the key file in it.
+    let store = match &a.store {
+        Some(root) => Some(Store::open(
+            root,
+            OpenMode::ReadWrite,
+            "revault remote rotate-key",
+        )?),
+        None => None,
+    };
+    let recorded = match &store {
+        Some(s) => Some(
+            LocalConfig::read(s.root())?
+                .ok_or_else(|| anyhow::anyhow!("{} has no remote", s.root().display()))?,
+        ),
+        None => None,
+    };
+    let url = match (&a.remote, &recorded) {
+        (Some(u), _) => RemoteUrl::parse(u)?,
+        (None, Some(c)) => c.url.clone(),
+        (None, None) => bail!("give --store or --remote"),
+    };
+    let key_file = match (a.key_file, &recorded) {
+        (Some(k), _) => k,
+        (None, Some(c)) => c.key_file.clone(),
+        (None, None) => bail!("give --key-file: a key file that opens {url} now"),
+    };
+    let urls = if a.every_store {
+        let found = revault_remote::stores_under(&url)?;
+        if found.is_empty() {
+            bail!("{url} holds no store (no revault-remote.json under it)");
+        }
+        found
+    } else {
+        vec![url]
+    };
+    let mut reports = Vec::new();
+    for url in urls {
+        let rep = revault_remote::rotate_key(&RotateOptions {
+            url: url.clone(),
+            key_file: key_file.clone(),
+            new_key_file: a.new_key_file.clone(),
+            keep_old: a.keep_old,
+            store_root: store.as_ref().map(|s| s.root().to_path_buf()),
+        })
+        .map_err(|e| anyhow::anyhow!("rotating the key file of {url}: {e}"))?;
+        if !json {
+            say_rotated(&rep, &a.new_key_file);
+        }
+        reports.push(rep);
+    }
+    if json {
+        if a.every_store {
+            output::json(&reports);
+        } else {
+            output::json(&reports[0]);
+        }
+    }
+    Ok(())
+}
+
+fn say_rotated(rep: &revault_remote::RotateReport, new_key_file: &std::path::Path) {
+    if rep.created_key_file {
+        println!(
+            "new key file {}: keep a copy elsewhere, the remote cannot be read without it",
+            new_key_file.display()
+        );
+    }
+    println!(
+        "{}: {} key file {}{}; opened now by key file{} {}",
+        rep.remote,
+        if rep.added { "added" } else { "already had" },
+        rep.new_key_file,
+        if rep.removed.is_empty() {
+            String::new()
+        } else {
+            format!(", removed {}", rep.removed.join(", "))
+        },
+        if rep.key_files.len() == 1 { "" } else { "s" },
+        rep.key_files.join(", ")
+    );
 }
 
 fn require(o: &Opened) -> Result<&Remote> {

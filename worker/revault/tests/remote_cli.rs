@@ -338,3 +338,179 @@ fn containers_go_up_while_the_backup_runs_and_a_killed_backup_leaves_nothing_beh
     let l = ok_json(&["list", "--store", rs, "--series", "default/db"]);
     assert_eq!(l["versions"].as_array().unwrap().len(), 1, "{l}");
 }
+
+/// A key file rotated in two halves, as a cluster does it: the new key file added beside the
+/// old through the remote alone while the store keeps working on the old one, then the old
+/// one dropped through the store, which records the new one and goes on with it. Afterwards
+/// only the new key file rebuilds the store, every version byte-exact.
+#[test]
+fn a_key_file_is_rotated_without_stopping_backups() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (url, dir) = store_with_remote("cli-rotate");
+    let (store, old, new) = (
+        dir.path().join("store"),
+        dir.path().join("key"),
+        dir.path().join("new-key"),
+    );
+    let s = store.to_str().unwrap();
+    let backup = |i: u64| {
+        let input = dir.path().join(format!("v{i}.bin"));
+        std::fs::write(&input, random(1 << 20, 70 + i)).unwrap();
+        ok_json(&[
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ]);
+        input
+    };
+    let mut inputs = vec![backup(1)];
+    let half = ok_json(&[
+        "remote",
+        "rotate-key",
+        "--remote",
+        &url.to_string(),
+        "--key-file",
+        old.to_str().unwrap(),
+        "--new-key-file",
+        new.to_str().unwrap(),
+        "--keep-old",
+    ]);
+    assert_eq!(half["keyFiles"].as_array().unwrap().len(), 2, "{half}");
+    assert!(half["createdKeyFile"].as_bool().unwrap(), "{half}");
+    inputs.push(backup(2));
+    let done = ok_json(&[
+        "remote",
+        "rotate-key",
+        "--store",
+        s,
+        "--new-key-file",
+        new.to_str().unwrap(),
+    ]);
+    assert_eq!(done["removed"].as_array().unwrap().len(), 1, "{done}");
+    assert_eq!(
+        done["keyFiles"],
+        serde_json::json!([done["newKeyFile"]]),
+        "{done}"
+    );
+    inputs.push(backup(3));
+
+    let recover = |key: &std::path::Path, to: &str| {
+        vec![
+            "recover".to_string(),
+            "--remote".into(),
+            url.to_string(),
+            "--key-file".into(),
+            key.to_str().unwrap().into(),
+            "--store".into(),
+            dir.path().join(to).to_str().unwrap().into(),
+        ]
+    };
+    let a = recover(&old, "with-old");
+    let e = fails(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(e.contains("does not open the remote"), "{e}");
+    let r = run(&recover(&new, "with-new"));
+    assert_eq!(r["series"][0]["versions"], 3, "{r}");
+    let rebuilt = dir.path().join("with-new");
+    for (i, input) in inputs.iter().enumerate() {
+        let out = dir.path().join(format!("out{i}.bin"));
+        ok_json(&[
+            "restore",
+            "--store",
+            rebuilt.to_str().unwrap(),
+            "--series",
+            "default/db",
+            "--version",
+            &(i + 1).to_string(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(sha256_file(&out), sha256_file(input), "version {}", i + 1);
+    }
+}
+
+/// In a cluster every worker's store has its own prefix under one remote.url, all opened by
+/// one key Secret: `--every-store` rotates each of them, and afterwards each opens with the
+/// new key file only.
+#[test]
+fn every_store_under_a_remote_is_rotated() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let url = fresh_url("cli-every");
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
+    let node = |n: &str| format!("{url}/ssd/{n}");
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, random(1 << 20, 90)).unwrap();
+    for n in ["node-a", "node-b"] {
+        let s = dir.path().join(n);
+        let s = s.to_str().unwrap();
+        let k = old.to_str().unwrap();
+        ok_json(&["init", "--store", s, "--remote", &node(n), "--key-file", k]);
+        ok_json(&[
+            "backup",
+            "--store",
+            s,
+            "--series",
+            "default/db",
+            input.to_str().unwrap(),
+        ]);
+    }
+    let reps = ok_json(&[
+        "remote",
+        "rotate-key",
+        "--remote",
+        &url.to_string(),
+        "--every-store",
+        "--key-file",
+        old.to_str().unwrap(),
+        "--new-key-file",
+        new.to_str().unwrap(),
+    ]);
+    let remotes: Vec<&str> = reps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["remote"].as_str().unwrap())
+        .collect();
+    assert_eq!(remotes, [node("node-a"), node("node-b")], "{reps}");
+    for n in ["node-a", "node-b"] {
+        let to = |k: &str| dir.path().join(format!("{n}-{k}"));
+        let e = fails(&[
+            "recover",
+            "--remote",
+            &node(n),
+            "--key-file",
+            old.to_str().unwrap(),
+            "--store",
+            to("old").to_str().unwrap(),
+        ]);
+        assert!(e.contains("does not open the remote"), "{e}");
+        let rebuilt = to("new");
+        let r = rebuilt.to_str().unwrap();
+        ok_json(&[
+            "recover",
+            "--remote",
+            &node(n),
+            "--key-file",
+            new.to_str().unwrap(),
+            "--store",
+            r,
+        ]);
+        let out = to("out");
+        let o = out.to_str().unwrap();
+        ok_json(&[
+            "restore",
+            "--store",
+            r,
+            "--series",
+            "default/db",
+            "--version",
+            "1",
+            "-o",
+            o,
+        ]);
+        assert_eq!(sha256_file(&out), sha256_file(&input), "{n}");
+    }
+}
