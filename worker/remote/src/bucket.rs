@@ -214,6 +214,37 @@ impl Bucket {
             .map_err(|e| map_err(&format!("writing {}", self.key(name)), e))
     }
 
+    /// Replaces object `name` only if it is still the one read with ETag `etag`
+    /// (`If-Match`): the new ETag, or `None` if someone else wrote it meanwhile.
+    pub async fn put_if_match(
+        &self,
+        name: &str,
+        body: Bytes,
+        lock: Option<ObjectLock>,
+        etag: &str,
+    ) -> Result<Option<String>> {
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.url.bucket)
+            .key(self.key(name))
+            .if_match(etag)
+            .checksum_crc32_c(crc32c_of(&body))
+            .body(ByteStream::from(body));
+        if let Some(l) = lock {
+            req = req
+                .object_lock_mode(lock_mode(l))
+                .object_lock_retain_until_date(retain_until(l));
+        }
+        match req.customize().disable_payload_signing().send().await {
+            Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
+            Err(e) => match status_of(&e) {
+                Some(412) | Some(409) => Ok(None),
+                _ => Err(map_err(&format!("writing {}", self.key(name)), e)),
+            },
+        }
+    }
+
     /// Stores object `name` only if it does not exist yet (`If-None-Match: *`); false if it
     /// did. This is how two stores claiming one generation cannot both win.
     pub async fn put_new(&self, name: &str, body: Bytes, lock: Option<ObjectLock>) -> Result<bool> {
@@ -320,13 +351,18 @@ impl Bucket {
 
     /// The whole object, or [`RemoteError::NotFound`].
     pub async fn get(&self, name: &str) -> Result<Bytes> {
+        Ok(self.get_inner(name, None).await?.0)
+    }
+
+    /// The object and its ETag (for a later [`Bucket::put_if_match`]).
+    pub async fn get_tagged(&self, name: &str) -> Result<(Bytes, Option<String>)> {
         self.get_inner(name, None).await
     }
 
     /// The object, or `None` if it does not exist.
     pub async fn get_opt(&self, name: &str) -> Result<Option<Bytes>> {
         match self.get_inner(name, None).await {
-            Ok(b) => Ok(Some(b)),
+            Ok((b, _)) => Ok(Some(b)),
             Err(RemoteError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -335,12 +371,12 @@ impl Bucket {
     /// The object's first `max` bytes at most (all of a shorter one): a read whose length
     /// the caller knows a bound for, so a hostile object cannot make it hold more.
     pub async fn get_at_most(&self, name: &str, max: u64) -> Result<Bytes> {
-        self.get_inner(name, Some(0..max)).await
+        Ok(self.get_inner(name, Some(0..max)).await?.0)
     }
 
     /// Bytes `range` of the object.
     pub async fn get_range(&self, name: &str, range: Range<u64>) -> Result<Bytes> {
-        let b = self.get_inner(name, Some(range.clone())).await?;
+        let (b, _) = self.get_inner(name, Some(range.clone())).await?;
         if b.len() as u64 != range.end - range.start {
             return Err(RemoteError::tampered(
                 &self.key(name),
@@ -355,7 +391,11 @@ impl Bucket {
         Ok(b)
     }
 
-    async fn get_inner(&self, name: &str, range: Option<Range<u64>>) -> Result<Bytes> {
+    async fn get_inner(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+    ) -> Result<(Bytes, Option<String>)> {
         let key = self.key(name);
         let what = format!("reading {key}");
         let mut req = self.client.get_object().bucket(&self.url.bucket).key(&key);
@@ -368,6 +408,7 @@ impl Bucket {
             },
             other => other,
         })?;
+        let etag = out.e_tag().map(str::to_string);
         let body = out
             .body
             .collect()
@@ -376,7 +417,7 @@ impl Bucket {
                 what: what.clone(),
                 detail: e.to_string(),
             })?;
-        Ok(body.into_bytes())
+        Ok((body.into_bytes(), etag))
     }
 
     /// Every object whose name starts with `prefix` (relative to the store's prefix).

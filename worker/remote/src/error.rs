@@ -49,6 +49,11 @@ pub enum RemoteError {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// Someone else changed what this command read and meant to replace; nothing of theirs
+    /// was overwritten.
+    #[error("{what}: {detail}")]
+    Conflict { what: String, detail: String },
+
     #[error("the remote failed ({what}): {detail}")]
     Bucket { what: String, detail: String },
 
@@ -84,6 +89,7 @@ impl RemoteError {
             RemoteError::Exists { .. } => "remote_exists",
             RemoteError::NoStore { .. } => "remote_empty",
             RemoteError::Invalid(_) => "invalid_argument",
+            RemoteError::Conflict { .. } => "remote_conflict",
             RemoteError::Bucket { .. } => "remote_error",
             RemoteError::Io { .. } => "io_error",
             RemoteError::Engine(e) => e.kind().code(),

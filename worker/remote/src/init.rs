@@ -185,7 +185,12 @@ pub(crate) fn read_descriptor(rt: &tokio::runtime::Runtime, bucket: &Bucket) -> 
                 detail: format!("no {}", layout::DESCRIPTOR),
             }
         })?;
-    let d: Descriptor = serde_json::from_slice(&bytes)
+    parse_descriptor(bucket, &bytes)
+}
+
+/// The descriptor in `bytes`, read from `bucket`.
+pub(crate) fn parse_descriptor(bucket: &Bucket, bytes: &[u8]) -> Result<Descriptor> {
+    let d: Descriptor = serde_json::from_slice(bytes)
         .map_err(|e| RemoteError::tampered(&bucket.url.key(layout::DESCRIPTOR), &e.to_string()))?;
     if d.format != 1 {
         return Err(RemoteError::Invalid(format!(

@@ -145,7 +145,16 @@ pub fn create_key_file(path: &Path) -> Result<()> {
         .ctx(|| format!("creating key file {}", path.display()))?;
     f.write_all(format!("{}\n", hex::encode(key)).as_bytes())
         .and_then(|_| f.sync_all())
-        .ctx(|| format!("writing key file {}", path.display()))
+        .ctx(|| format!("writing key file {}", path.display()))?;
+    // The file's name too: a key file that vanishes in a power cut after the remote was
+    // rotated to it would leave a remote nobody can open.
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx(|| format!("syncing {}", dir.display()))
 }
 
 /// One wrapping of the data key.

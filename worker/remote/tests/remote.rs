@@ -541,10 +541,12 @@ fn a_wrong_key_file_opens_nothing() {
     assert_eq!(e.code(), "wrong_key", "{e}");
 }
 
-/// A leaked key file is replaced without re-encrypting anything. Half-way (the old key files
-/// kept, as a cluster rotates) both open the remote; after it the old one opens nothing, the
-/// store goes on syncing with the key file it now records, and the new one rebuilds every
-/// version. A rotation given a key file that does not open the remote changes nothing.
+/// A leaked key file is replaced without re-encrypting anything. Half-way (the old key file
+/// kept, as a cluster rotates) both open the remote; after it the old one opens nothing, an
+/// escrow key file added earlier still does, running it again finds it finished, the store
+/// goes on syncing with the key file it now records, and the new one rebuilds every version.
+/// A rotation given a key file that does not open the remote, or the same key twice, changes
+/// nothing.
 #[test]
 fn a_rotated_key_file_replaces_the_old_one() {
     let url = fresh_url("rotate");
@@ -554,39 +556,73 @@ fn a_rotated_key_file_replaces_the_old_one() {
     // Reopened without its remote, as `revault remote rotate-key --store` holds it.
     drop(remote);
     drop(store);
-    let store = Store::open(&dir.path().join("store"), OpenMode::ReadWrite, "test").unwrap();
-    let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
-    let opts = |key: &std::path::Path, keep_old: bool| RotateOptions {
-        url: url.clone(),
-        key_file: key.to_path_buf(),
-        new_key_file: new.clone(),
-        keep_old,
-        store_root: Some(store.root().to_path_buf()),
+    let root = dir.path().join("store");
+    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
+    let key = |name: &str| dir.path().join(name);
+    let (old, new, escrow) = (key("key"), key("new-key"), key("escrow-key"));
+    let rotation = |from: &std::path::Path, to: &std::path::Path, keep_old: bool| {
+        rotate_key(&RotateOptions {
+            url: url.clone(),
+            key_file: from.to_path_buf(),
+            new_key_file: to.to_path_buf(),
+            keep_old,
+            store_root: Some(root.clone()),
+        })
     };
-    let stranger = dir.path().join("stranger");
+    let recorded = || {
+        revault_remote::LocalConfig::read(&root)
+            .unwrap()
+            .unwrap()
+            .key_file
+    };
+    let stranger = key("stranger");
     revault_remote::create_key_file(&stranger).unwrap();
-    assert_eq!(
-        rotate_key(&opts(&stranger, false)).unwrap_err().code(),
-        "wrong_key"
-    );
+    let e = rotation(&stranger, &new, false).unwrap_err();
+    assert_eq!(e.code(), "wrong_key", "{e}");
     assert!(!new.exists(), "a refused rotation creates no key file");
-    owner(&url, &old).unwrap();
-
-    let half = rotate_key(&opts(&old, true)).unwrap();
+    let e = rotation(&old, &old, false).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    let e = rotation(&old, &root.join("key"), false).unwrap_err();
+    assert!(e.to_string().contains("inside the store"), "{e}");
+    // An escrow key kept offline: added beside the old one, and never dropped by rotations.
+    let esc = rotation(&old, &escrow, true).unwrap();
     assert!(
-        half.created_key_file && half.added && half.removed.is_empty(),
+        esc.added && !esc.finished && esc.removed.is_none(),
+        "{esc:?}"
+    );
+
+    // A key file the run creates exists only here: the old one keeps opening the remote.
+    let half = rotation(&old, &new, false).unwrap();
+    assert!(
+        half.created_key_file && half.added && !half.finished,
         "{half:?}"
     );
-    assert_eq!(half.key_files.len(), 2, "{half:?}");
-    owner(&url, &old).unwrap();
-    owner(&url, &new).unwrap();
+    assert_eq!(half.key_files.len(), 3, "{half:?}");
+    assert_eq!(
+        recorded(),
+        old,
+        "the store keeps its key file until the old one is dropped"
+    );
+    for k in [&old, &new, &escrow] {
+        owner(&url, k).unwrap();
+    }
 
-    // Finished with the new key file (the old one would do too): only it is left.
-    let done = rotate_key(&opts(&new, false)).unwrap();
-    assert!(!done.added && !done.created_key_file, "{done:?}");
-    assert_eq!(done.removed.len(), 1, "{done:?}");
-    assert_eq!(done.key_files, vec![done.new_key_file.clone()]);
+    let done = rotation(&old, &new, false).unwrap();
+    assert!(
+        !done.added && !done.created_key_file && done.finished,
+        "{done:?}"
+    );
+    assert!(done.removed.is_some(), "{done:?}");
+    assert_eq!(done.key_files.len(), 2, "{done:?}");
+    assert_eq!(recorded(), new);
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
+    owner(&url, &escrow).unwrap();
+    // Run once more (it stopped, say, before it could say so): found finished.
+    let again = rotation(&old, &new, false).unwrap();
+    assert!(
+        again.finished && !again.added && again.removed.is_none(),
+        "{again:?}"
+    );
 
     // The store reads the new key file from its record, and goes on.
     let remote = Remote::attach(&store, None).unwrap().unwrap();
@@ -614,8 +650,43 @@ fn a_rotated_key_file_replaces_the_old_one() {
     check_clean(&s2);
 }
 
-/// Under Object Lock the descriptor's name takes a new version; the rotation works the same,
-/// and the rebuilt store restores with the new key file alone.
+/// A descriptor copied over this store's from another store opened by the same key file (a
+/// cluster's stores share one) opens and verifies; a rotation must refuse it rather than
+/// rewrite it, which would leave this store's data key wrapped only in an older version.
+#[test]
+fn a_rotation_refuses_a_descriptor_copied_from_another_store() {
+    let (a, b) = (fresh_url("rotate-swap-a"), fresh_url("rotate-swap-b"));
+    let dir = tempfile::tempdir().unwrap();
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&da).unwrap();
+    std::fs::create_dir_all(&db).unwrap();
+    let (sa, ra) = new_store_with_remote(&da, &a);
+    std::fs::copy(da.join("key"), db.join("key")).unwrap();
+    let (sb, rb) = store_with_remote_and_key(&db, &b);
+    history(&sa, &ra, 1);
+    history(&sb, &rb, 1);
+    let desc = |u: &revault_remote::RemoteUrl| s3().object_path(u, "revault-remote.json");
+    std::fs::copy(desc(&b), desc(&a)).unwrap();
+    let before = std::fs::read(desc(&a)).unwrap();
+    let e = rotate_key(&RotateOptions {
+        url: a.clone(),
+        key_file: da.join("key"),
+        new_key_file: dir.path().join("new-key"),
+        keep_old: false,
+        store_root: None,
+    })
+    .unwrap_err();
+    assert_eq!(e.code(), "remote_corrupt", "{e}");
+    assert_eq!(
+        std::fs::read(desc(&a)).unwrap(),
+        before,
+        "nothing was written"
+    );
+}
+
+/// Under Object Lock the descriptor's name takes a new version; the rotation works the same.
+/// The older versions (they wrap the data key for the old key file) are deleted once their
+/// retention ends, by running the rotation again; the new key file alone rebuilds the store.
 #[test]
 fn a_key_file_rotates_under_object_lock() {
     let url = fresh_url("rotate-locked");
@@ -625,16 +696,31 @@ fn a_key_file_rotates_under_object_lock() {
     drop(remote);
     drop(store);
     let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
-    let rep = rotate_key(&RotateOptions {
-        url: url.clone(),
-        key_file: old.clone(),
-        new_key_file: new.clone(),
-        keep_old: false,
-        store_root: None,
-    })
-    .unwrap();
-    assert!(rep.added && rep.removed.len() == 1, "{rep:?}");
+    revault_remote::create_key_file(&new).unwrap();
+    let rotation = || {
+        rotate_key(&RotateOptions {
+            url: url.clone(),
+            key_file: old.clone(),
+            new_key_file: new.clone(),
+            keep_old: false,
+            store_root: None,
+        })
+        .unwrap()
+    };
+    let rep = rotation();
+    assert!(
+        rep.added && rep.removed.is_some() && rep.finished,
+        "{rep:?}"
+    );
+    assert_eq!(rep.old_descriptors_left, 2, "{rep:?}");
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
+    std::thread::sleep(Duration::from_secs(9));
+    let later = rotation();
+    assert_eq!(
+        (later.old_descriptors_deleted, later.old_descriptors_left),
+        (2, 0),
+        "{later:?}"
+    );
     let rebuilt = tempfile::tempdir().unwrap();
     let (s2, _r2) = recover_into(rebuilt.path(), &url, &new, true);
     assert_holds(&s2, &expected);

@@ -278,8 +278,8 @@ pub enum RemoteCmd {
     /// Remove from local disk the containers no live version reads (they stay in the
     /// bucket and are read back on demand).
     Evict(EvictArgs),
-    /// Let a new key file open the remote and (unless --keep-old) no other; nothing is
-    /// re-encrypted (docs/remote.md, "Keys").
+    /// Let a new key file open the remote instead of the old one; nothing is re-encrypted
+    /// (docs/remote.md, "Keys").
     RotateKey(RotateKeyArgs),
 }
 
@@ -294,17 +294,18 @@ pub struct RotateKeyArgs {
     /// running on its key meanwhile).
     #[arg(long)]
     pub remote: Option<String>,
-    /// A key file that opens the remote now (default with --store: the one it records).
+    /// The key file being replaced, which opens the remote now (default with --store: the
+    /// one it records).
     #[arg(long, env = "REVAULT_KEY_FILE")]
     pub key_file: Option<PathBuf>,
     /// Every store under --remote (in a cluster, the remote.url all workers' prefixes are
-    /// under), one after another; stops at the first that fails (run again to go on).
+    /// under), one after another; one that fails is reported and the others go on.
     #[arg(long, requires = "remote")]
     pub every_store: bool,
     /// The key file that will open it (created, 32 random bytes, if missing).
     #[arg(long)]
     pub new_key_file: PathBuf,
-    /// Keep the other key files' access too: the first half of a rotation in a cluster; run
+    /// Keep the old key file's access too: the first half of a rotation in a cluster; run
     /// again without it once every worker has the new key file.
     #[arg(long)]
     pub keep_old: bool,
@@ -399,60 +400,133 @@ fn rotate_key(a: RotateKeyArgs, json: bool) -> Result<()> {
         (None, Some(c)) => c.key_file.clone(),
         (None, None) => bail!("give --key-file: a key file that opens {url} now"),
     };
-    let urls = if a.every_store {
-        let found = revault_remote::stores_under(&url)?;
-        if found.is_empty() {
-            bail!("{url} holds no store (no revault-remote.json under it)");
-        }
-        found
-    } else {
-        vec![url]
-    };
-    let mut reports = Vec::new();
-    for url in urls {
-        let rep = revault_remote::rotate_key(&RotateOptions {
-            url: url.clone(),
-            key_file: key_file.clone(),
-            new_key_file: a.new_key_file.clone(),
-            keep_old: a.keep_old,
-            store_root: store.as_ref().map(|s| s.root().to_path_buf()),
-        })
-        .map_err(|e| anyhow::anyhow!("rotating the key file of {url}: {e}"))?;
+    // Every store gets the same new key file: made once, up front, and so (as for one
+    // store) the old one is dropped only by a later run, once the new one is copied away.
+    let made_here = a.every_store && !a.new_key_file.exists();
+    if made_here {
+        revault_remote::create_key_file(&a.new_key_file)?;
         if !json {
+            println!(
+                "new key file {}: each store below is opened by it and the old key file; copy it somewhere safe (without it the remotes cannot be read), then run this command again to drop the old key file",
+                a.new_key_file.display()
+            );
+        }
+    }
+    let opts = |url: RemoteUrl| RotateOptions {
+        url,
+        key_file: key_file.clone(),
+        new_key_file: a.new_key_file.clone(),
+        keep_old: a.keep_old || made_here,
+        store_root: store.as_ref().map(|s| s.root().to_path_buf()),
+    };
+    if !a.every_store {
+        let rep = revault_remote::rotate_key(&opts(url))?;
+        if json {
+            output::json(&rep);
+        } else {
             say_rotated(&rep, &a.new_key_file);
         }
-        reports.push(rep);
-    }
-    if json {
-        if a.every_store {
-            output::json(&reports);
-        } else {
-            output::json(&reports[0]);
+        if store.is_some() {
+            warn_if_env_overrides(&a.new_key_file);
         }
+        return Ok(());
+    }
+    let urls = revault_remote::stores_under(&url)?;
+    if urls.is_empty() {
+        bail!("{url} holds no store (no revault-remote.json under it)");
+    }
+    // Every store is tried: one that fails (a stranger's store under the prefix, say) must
+    // not keep the others on the old key.
+    let mut out = Vec::new();
+    let mut failed = Vec::new();
+    for url in urls {
+        match revault_remote::rotate_key(&opts(url.clone())) {
+            Ok(rep) => {
+                if !json {
+                    say_rotated(&rep, &a.new_key_file);
+                }
+                out.push(serde_json::to_value(&rep)?);
+            }
+            Err(e) => {
+                if !json {
+                    eprintln!("{url}: not rotated: {e}");
+                }
+                out.push(serde_json::json!({
+                    "remote": url.to_string(),
+                    "error": {"code": e.code(), "message": e.to_string()},
+                }));
+                failed.push(url.to_string());
+            }
+        }
+    }
+    let msg = format!(
+        "{} of {} stores were not rotated ({}); run the command again once their errors are dealt with",
+        failed.len(),
+        out.len(),
+        failed.join(", ")
+    );
+    if json {
+        // One document: what each store did, and the error if some were not rotated.
+        let mut doc = serde_json::json!({ "stores": out });
+        if !failed.is_empty() {
+            doc["error"] = serde_json::json!({ "code": "partly_rotated", "message": msg });
+            output::json(&doc);
+            eprintln!("error: {msg}");
+            std::process::exit(1);
+        }
+        output::json(&doc);
+        return Ok(());
+    }
+    if !failed.is_empty() {
+        bail!(msg);
     }
     Ok(())
 }
 
 fn say_rotated(rep: &revault_remote::RotateReport, new_key_file: &std::path::Path) {
-    if rep.created_key_file {
-        println!(
-            "new key file {}: keep a copy elsewhere, the remote cannot be read without it",
-            new_key_file.display()
-        );
-    }
-    println!(
-        "{}: {} key file {}{}; opened now by key file{} {}",
-        rep.remote,
-        if rep.added { "added" } else { "already had" },
-        rep.new_key_file,
-        if rep.removed.is_empty() {
-            String::new()
-        } else {
-            format!(", removed {}", rep.removed.join(", "))
-        },
+    let opened_by = format!(
+        "opened now by key file{} {}",
         if rep.key_files.len() == 1 { "" } else { "s" },
         rep.key_files.join(", ")
     );
+    match (&rep.removed, rep.finished) {
+        (_, false) if rep.created_key_file => println!(
+            "{}: new key file {} ({}) added; {opened_by}. Copy {} somewhere safe (without it the remote cannot be read), then run this command again to drop the old key file",
+            rep.remote,
+            new_key_file.display(),
+            rep.new_key_file,
+            new_key_file.display()
+        ),
+        (_, false) => println!(
+            "{}: key file {} {}; {opened_by}. The old key file keeps opening it until this runs without --keep-old",
+            rep.remote,
+            rep.new_key_file,
+            if rep.added { "added" } else { "was already added" }
+        ),
+        (Some(old), true) => println!("{}: key file {old} dropped; {opened_by}", rep.remote),
+        (None, true) => println!("{}: already rotated; {opened_by}", rep.remote),
+    }
+    if rep.old_descriptors_left > 0 {
+        println!(
+            "  {} older versions of its descriptor, which the old key file still opens, are under Object Lock until their retention ends: run this again then to delete them",
+            rep.old_descriptors_left
+        );
+    }
+}
+
+/// `REVAULT_KEY_FILE` is read before the store's record: left pointing at the old key file,
+/// it would make every later command fail.
+fn warn_if_env_overrides(new_key_file: &std::path::Path) {
+    let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    if let Some(env) = std::env::var_os("REVAULT_KEY_FILE") {
+        if abs(std::path::Path::new(&env)) != abs(new_key_file) {
+            eprintln!(
+                "warning: REVAULT_KEY_FILE={} overrides the key file the store records ({}); point it at the new one",
+                std::path::Path::new(&env).display(),
+                new_key_file.display()
+            );
+        }
+    }
 }
 
 fn require(o: &Opened) -> Result<&Remote> {

@@ -389,7 +389,8 @@ fn a_key_file_is_rotated_without_stopping_backups() {
         "--new-key-file",
         new.to_str().unwrap(),
     ]);
-    assert_eq!(done["removed"].as_array().unwrap().len(), 1, "{done}");
+    assert!(done["finished"].as_bool().unwrap(), "{done}");
+    assert!(done["removed"].is_string(), "{done}");
     assert_eq!(
         done["keyFiles"],
         serde_json::json!([done["newKeyFile"]]),
@@ -432,22 +433,36 @@ fn a_key_file_is_rotated_without_stopping_backups() {
 }
 
 /// In a cluster every worker's store has its own prefix under one remote.url, all opened by
-/// one key Secret: `--every-store` rotates each of them, and afterwards each opens with the
-/// new key file only.
+/// one key Secret: `--every-store` rotates each of them — the first run only adds the new key
+/// file it creates, the second drops the old one — and a store under the prefix that the key
+/// file does not open (another cluster's) is reported without stopping the others.
+/// Afterwards each opens with the new key file only.
 #[test]
 fn every_store_under_a_remote_is_rotated() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let url = fresh_url("cli-every");
     let dir = tempfile::tempdir().unwrap();
-    let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
+    let key = |n: &str| dir.path().join(n);
+    let (old, new) = (key("key"), key("new-key"));
     let node = |n: &str| format!("{url}/ssd/{n}");
     let input = dir.path().join("in.bin");
     std::fs::write(&input, random(1 << 20, 90)).unwrap();
-    for n in ["node-a", "node-b"] {
+    for (n, k) in [
+        ("node-a", &old),
+        ("node-b", &old),
+        ("node-c", &key("strangers-key")),
+    ] {
         let s = dir.path().join(n);
         let s = s.to_str().unwrap();
-        let k = old.to_str().unwrap();
-        ok_json(&["init", "--store", s, "--remote", &node(n), "--key-file", k]);
+        ok_json(&[
+            "init",
+            "--store",
+            s,
+            "--remote",
+            &node(n),
+            "--key-file",
+            k.to_str().unwrap(),
+        ]);
         ok_json(&[
             "backup",
             "--store",
@@ -457,25 +472,49 @@ fn every_store_under_a_remote_is_rotated() {
             input.to_str().unwrap(),
         ]);
     }
-    let reps = ok_json(&[
-        "remote",
-        "rotate-key",
-        "--remote",
-        &url.to_string(),
-        "--every-store",
-        "--key-file",
-        old.to_str().unwrap(),
-        "--new-key-file",
-        new.to_str().unwrap(),
-    ]);
-    let remotes: Vec<&str> = reps
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["remote"].as_str().unwrap())
-        .collect();
-    assert_eq!(remotes, [node("node-a"), node("node-b")], "{reps}");
+    let rotate = || {
+        let out = revault(&[
+            "remote",
+            "rotate-key",
+            "--remote",
+            &url.to_string(),
+            "--every-store",
+            "--key-file",
+            old.to_str().unwrap(),
+            "--new-key-file",
+            new.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(
+            !out.status.success(),
+            "node-c cannot be rotated with this key file"
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["error"]["code"], "partly_rotated", "{doc}");
+        let reps = &doc["stores"];
+        let by_remote: std::collections::BTreeMap<String, serde_json::Value> = reps
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["remote"].as_str().unwrap().to_string(), r.clone()))
+            .collect();
+        assert_eq!(by_remote.len(), 3, "{reps}");
+        assert_eq!(
+            by_remote[&node("node-c")]["error"]["code"],
+            "wrong_key",
+            "{reps}"
+        );
+        by_remote
+    };
+    let first = rotate();
+    assert!(new.exists());
     for n in ["node-a", "node-b"] {
+        assert_eq!(first[&node(n)]["finished"], false, "{:?}", first[&node(n)]);
+    }
+    let second = rotate();
+    for n in ["node-a", "node-b"] {
+        let rep = &second[&node(n)];
+        assert_eq!(rep["finished"], true, "{rep}");
         let to = |k: &str| dir.path().join(format!("{n}-{k}"));
         let e = fails(&[
             "recover",

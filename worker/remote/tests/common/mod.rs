@@ -31,8 +31,16 @@ pub fn small_config() -> StoreConfig {
     }
 }
 
-/// A new store at `dir/store` with a remote at `url`; the key file is `dir/key`.
+/// A new store at `dir/store` with a remote at `url`; the key file is `dir/key`, created.
 pub fn new_store_with_remote(dir: &Path, url: &RemoteUrl) -> (Store, Remote) {
+    assert!(!dir.join("key").exists());
+    store_with_remote_and_key(dir, url)
+}
+
+/// A new store at `dir/store` with a remote at `url`, opened by key file `dir/key` (created
+/// if missing).
+pub fn store_with_remote_and_key(dir: &Path, url: &RemoteUrl) -> (Store, Remote) {
+    let existed = dir.join("key").exists();
     let root = dir.join("store");
     Store::init(
         &root,
@@ -52,7 +60,7 @@ pub fn new_store_with_remote(dir: &Path, url: &RemoteUrl) -> (Store, Remote) {
         },
     )
     .unwrap();
-    assert!(rep.created_key_file);
+    assert_eq!(rep.created_key_file, !existed);
     (store, remote)
 }
 
