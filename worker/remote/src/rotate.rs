@@ -1,17 +1,14 @@
 //! Rotating the key file: the data key stays, who can unwrap it changes.
 //!
 //! The descriptor lists the data key wrapped under each key file that may open the remote
-//! ([`crate::keys`]). A rotation adds the new key file's wrapping, then (unless told to keep
-//! it) drops the old key file's: two writes of the descriptor, nothing re-encrypted. Other
-//! wrappings (an escrow key kept offline) stay. Each write is a whole object, conditional on
-//! the descriptor being the one read (`If-Match`), so two rotations cannot silently undo
-//! each other; between the two writes both key files open the remote, so a rotation stopped
-//! half-way is finished by running it again, and running it once more finds it finished.
-//! That middle state is also how a cluster rotates without a window in which its workers
-//! cannot open their remote: add the new key file (keeping the old), roll the new key Secret
-//! out, then drop the old one (docs/remote.md, "Keys"). A new key file this run creates is
-//! never the only key at once: the old one is dropped by a later run, after the user has put
-//! a copy somewhere safe.
+//! ([`crate::keys`]). A rotation takes two runs of the same command: the first adds the new key
+//! file's wrapping, the second (once the new file is copied somewhere safe, and in a cluster
+//! rolled out to the workers) drops the old key file's. Nothing is re-encrypted, and other
+//! wrappings (an escrow key kept offline) stay. A run never both adds and drops: a file given as
+//! the new key by mistake (a config file, a typo) is never the only key at once. Each write is
+//! a whole object, conditional on the descriptor being the one read (`If-Match`), so two
+//! rotations cannot silently undo each other; between the runs both key files open the
+//! remote, and a run after the last finds it finished (docs/remote.md, "Keys").
 //!
 //! Before anything is written, the data key must open this prefix's generation claims (a
 //! descriptor copied from another store would not), and each new descriptor is checked
@@ -35,20 +32,18 @@ use crate::{block, fence, layout, runtime};
 #[derive(Clone, Debug)]
 pub struct RotateOptions {
     pub url: RemoteUrl,
-    /// The key file being replaced: it opens the remote now (or did, before a rotation that
-    /// already dropped it, which is then found finished).
+    /// The key file being replaced: it opens the remote now (or did, before a run that
+    /// dropped it, which is then found finished).
     pub key_file: PathBuf,
     /// The key file that will open it (created, 32 random bytes, if missing).
     pub new_key_file: PathBuf,
-    /// Keep the old key file's wrapping (the first half of a rotation in a cluster).
-    pub keep_old: bool,
     /// A store whose recorded key file (remote/remote.json) becomes the new one, written
     /// just before the old one is dropped (both open the remote then). The caller holds the
     /// store open, so no other process rewrites that file meanwhile.
     pub store_root: Option<PathBuf>,
 }
 
-/// What a rotation did.
+/// What a run of a rotation did.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RotateReport {
@@ -56,23 +51,24 @@ pub struct RotateReport {
     /// The new key file's id, and whether this run created the file.
     pub new_key_file: String,
     pub created_key_file: bool,
-    /// Whether the data key was wrapped for the new key file by this run (false: it already
-    /// was, by a rotation stopped half-way or one that kept the old key file).
+    /// This run wrapped the data key for the new key file (the first run).
     pub added: bool,
-    /// The key file whose wrapping this run removed (the old one), if it did.
+    /// The key file whose wrapping this run removed (the old one, by the second run).
     pub removed: Option<String>,
     /// The old key file opens the remote no more.
     pub finished: bool,
     /// The key files that open the remote now.
     pub key_files: Vec<String>,
-    /// Older versions of the descriptor (a versioned bucket keeps them) deleted, and left
-    /// because their Object Lock retention has not ended: those still hold the data key
-    /// wrapped for the old key file; running the rotation again later deletes them.
-    pub old_descriptors_deleted: u32,
-    pub old_descriptors_left: u32,
+    /// The old and the new key file are one key, and the only one that opens the remote:
+    /// nothing to rotate (with `--store`, the record after a finished rotation).
+    pub same_key: bool,
+    /// Older versions of the descriptor a versioned bucket keeps (they wrap the data key for
+    /// the key files of their day); `None` if the bucket could not list them.
+    pub older_descriptor_versions: Option<u32>,
 }
 
-/// Rotates the key file of the remote at `opts.url` (see the module's documentation).
+/// Runs one step of the rotation of the remote at `opts.url` (see the module's
+/// documentation).
 pub fn rotate_key(opts: &RotateOptions) -> Result<RotateReport> {
     rotate(opts, &|| {})
 }
@@ -86,20 +82,12 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
         true => Some(KeyFile::read(&opts.new_key_file)?),
         false => None,
     };
-    if existing.as_ref().is_some_and(|n| n.id == old.id) {
-        return Err(RemoteError::Invalid(format!(
-            "{} and {} are the same key ({}): a rotation needs a new key file",
-            opts.key_file.display(),
-            opts.new_key_file.display(),
-            old.id
-        )));
-    }
     let rt = runtime()?;
     let bucket = block(&rt, Bucket::connect(opts.url.clone()))?;
     let remote = opts.url.to_string();
     let (desc, etag) = read_tagged(&rt, &bucket)?;
-    // The old key file opens it; or, once a rotation dropped it, the new one does: running
-    // the same command again then finds it finished instead of failing.
+    // The old key file opens it; or, once a run dropped it, the new one does: running the
+    // same command again then finds it finished instead of failing.
     let key = match (old.unwrap(&remote, &desc), &existing) {
         (Ok(k), _) => k,
         (Err(e @ RemoteError::WrongKey { .. }), Some(n)) => {
@@ -112,6 +100,9 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
     if let Some(root) = &opts.store_root {
         check_store(root, &desc, generation)?;
     }
+    if existing.as_ref().is_some_and(|n| n.id == old.id) {
+        return same_key(opts, &desc, &old, older_versions(&rt, &bucket));
+    }
     // Only once the old key file is known to open the remote: a refused rotation leaves no
     // new key file behind to be mistaken for one that works.
     let created_key_file = existing.is_none();
@@ -122,28 +113,24 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
 
     let mut now = (desc, etag);
     let added = !now.0.keys.iter().any(|w| w.key_file == new.id);
+    let mut removed = None;
     if added {
         let mut next = now.0.clone();
         next.keys.push(new.wrap(&next.store, &key));
         before_write();
         now = write(&rt, &bucket, next, &key, &now.1, &new)?;
-    }
-    // A key file this run created exists only here: the old one goes on opening the remote
-    // until the user has put a copy of the new one somewhere safe and runs this again.
-    let mut removed = None;
-    let wrapped_old = now.0.keys.iter().any(|w| w.key_file == old.id);
-    if !opts.keep_old && !created_key_file && wrapped_old {
-        // The file must still be the key just wrapped for (not, say, a log or a config file
-        // that changed since it was read).
-        if KeyFile::read(&opts.new_key_file)?.id != new.id {
-            return Err(RemoteError::Invalid(format!(
-                "{} changed while the rotation ran; the old key file still opens the remote",
-                opts.new_key_file.display()
-            )));
-        }
+    } else if now.0.keys.iter().any(|w| w.key_file == old.id) {
         // The store switches to the new key file while both open the remote.
         if let Some(root) = &opts.store_root {
             record_key_file(root, &opts.new_key_file)?;
+        }
+        // The file must still be the key wrapped for by the first run (not, say, a config
+        // file that changed since, or the store's record just rewritten).
+        if KeyFile::read(&opts.new_key_file)?.id != new.id {
+            return Err(RemoteError::Invalid(format!(
+                "{} is no longer the key file the first run added; the old key file still opens the remote",
+                opts.new_key_file.display()
+            )));
         }
         let mut next = now.0.clone();
         next.keys.retain(|w| w.key_file != old.id);
@@ -156,10 +143,6 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
         // Again, for a store whose rotation stopped between the drop and its record.
         record_key_file(root, &opts.new_key_file)?;
     }
-    let (deleted, left) = match finished {
-        true => delete_old_descriptors(&rt, &bucket)?,
-        false => (0, 0),
-    };
     Ok(RotateReport {
         remote,
         new_key_file: new.id,
@@ -168,8 +151,40 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
         removed,
         finished,
         key_files: now.0.keys.iter().map(|w| w.key_file.clone()).collect(),
-        old_descriptors_deleted: deleted,
-        old_descriptors_left: left,
+        same_key: false,
+        older_descriptor_versions: older_versions(&rt, &bucket),
+    })
+}
+
+/// The old and the new key file are one key (with `--store`, the store records the new one
+/// once the old one is dropped): finished if it is the only key file left, refused otherwise,
+/// since which wrapping is the old one cannot be told.
+fn same_key(
+    opts: &RotateOptions,
+    desc: &Descriptor,
+    key: &KeyFile,
+    older: Option<u32>,
+) -> Result<RotateReport> {
+    let key_files: Vec<String> = desc.keys.iter().map(|w| w.key_file.clone()).collect();
+    if key_files != [key.id.clone()] {
+        return Err(RemoteError::Invalid(format!(
+            "{} is the key file {} that opens {} now (with {}): give the key file to drop as --key-file",
+            opts.new_key_file.display(),
+            key.id,
+            opts.url,
+            key_files.join(", ")
+        )));
+    }
+    Ok(RotateReport {
+        remote: opts.url.to_string(),
+        new_key_file: key.id.clone(),
+        created_key_file: false,
+        added: false,
+        removed: None,
+        finished: true,
+        key_files,
+        same_key: true,
+        older_descriptor_versions: older,
     })
 }
 
@@ -180,8 +195,14 @@ fn refuse_key_in_store(opts: &RotateOptions) -> Result<()> {
     let Some(root) = &opts.store_root else {
         return Ok(());
     };
-    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    if abs(&opts.new_key_file).starts_with(abs(root)) {
+    // Symlinks and `..` resolved: the key file's directory exists (or the file cannot be made).
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dir = opts
+        .new_key_file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if real(dir).starts_with(real(root)) {
         return Err(RemoteError::Invalid(format!(
             "the new key file {} is inside the store {}: keep it outside (it must survive the node)",
             opts.new_key_file.display(),
@@ -267,13 +288,22 @@ fn check_store(root: &Path, desc: &Descriptor, generation: u32) -> Result<()> {
             conf.store
         )));
     }
-    if conf.generation != generation {
+    if conf.generation < generation {
         return Err(RemoteError::Fenced {
             remote: conf.url.to_string(),
             ours: conf.generation,
             theirs: generation,
             by: String::new(),
         });
+    }
+    if conf.generation > generation {
+        return Err(RemoteError::Invalid(format!(
+            "the store at {} records generation {}, but the newest claim in {} is generation {}",
+            root.display(),
+            conf.generation,
+            conf.url,
+            generation
+        )));
     }
     Ok(())
 }
@@ -309,13 +339,15 @@ fn write(
         b.put_if_match(layout::DESCRIPTOR, body.into(), lock, &tag)
             .await
     })?;
-    if written.is_none() {
+    let back = read_tagged(rt, bucket)?;
+    // A 412 may also answer a retry of a write that went through (its response lost): then
+    // the descriptor is ours.
+    if written.is_none() && back.0 != next {
         return Err(RemoteError::Conflict {
             what: format!("rotating the key of {remote}"),
-            detail: "its descriptor was changed by someone else since it was read (another rotation?); this run wrote nothing over it: run it again".into(),
+            detail: "its descriptor was changed by someone else since it was read (another rotation?); this run did not replace it: run it again".into(),
         });
     }
-    let back = read_tagged(rt, bucket)?;
     if back.0 != next {
         return Err(RemoteError::Conflict {
             what: format!("rotating the key of {remote}"),
@@ -338,26 +370,19 @@ fn opens(remote: &str, d: &Descriptor, key: &DataKey, new: &KeyFile) -> Result<(
     d.verify(remote, key)
 }
 
-/// Deletes the older versions of the descriptor a versioned bucket keeps (they wrap the data
-/// key for the old key file too); those still under Object Lock are left, and counted.
-fn delete_old_descriptors(rt: &tokio::runtime::Runtime, bucket: &Bucket) -> Result<(u32, u32)> {
+/// How many older versions of the descriptor the bucket keeps, if it can list them. They
+/// are not deleted here: each wraps the data key for the key files of its day, but telling
+/// that a version is this store's, and never the current one, on every S3 server is more
+/// than a count is worth (docs/remote.md, "Keys", says how to remove them).
+fn older_versions(rt: &tokio::runtime::Runtime, bucket: &Bucket) -> Option<u32> {
     let b = bucket.clone();
-    block(rt, async move {
-        let (mut deleted, mut left) = (0, 0);
-        for v in b.list_versions(layout::DESCRIPTOR).await? {
-            if v.name != layout::DESCRIPTOR || v.latest {
-                continue;
-            }
-            match b.delete_version(&v.name, &v.version_id).await {
-                Ok(()) => deleted += 1,
-                Err(e) => {
-                    tracing::info!(version = %v.version_id, error = %e, "an older descriptor is kept (Object Lock?)");
-                    left += 1;
-                }
-            }
-        }
-        Ok((deleted, left))
-    })
+    let listed = block(rt, async move { b.list_versions(layout::DESCRIPTOR).await });
+    let older = listed
+        .ok()?
+        .iter()
+        .filter(|v| v.name == layout::DESCRIPTOR && !v.latest && !v.delete_marker)
+        .count();
+    Some(older as u32)
 }
 
 #[cfg(test)]
@@ -422,7 +447,6 @@ mod tests {
                 url: url.clone(),
                 key_file: dir.path().join("key"),
                 new_key_file: new,
-                keep_old: false,
                 store_root: None,
             }
         };
@@ -431,7 +455,7 @@ mod tests {
         let e = rotate(&a, &|| {
             if !ran.replace(true) {
                 let rep = rotate_key(&b).unwrap();
-                assert!(rep.finished, "{rep:?}");
+                assert!(rep.added, "{rep:?}");
             }
         })
         .unwrap_err();

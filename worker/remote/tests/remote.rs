@@ -541,12 +541,12 @@ fn a_wrong_key_file_opens_nothing() {
     assert_eq!(e.code(), "wrong_key", "{e}");
 }
 
-/// A leaked key file is replaced without re-encrypting anything. Half-way (the old key file
-/// kept, as a cluster rotates) both open the remote; after it the old one opens nothing, an
-/// escrow key file added earlier still does, running it again finds it finished, the store
-/// goes on syncing with the key file it now records, and the new one rebuilds every version.
-/// A rotation given a key file that does not open the remote, or the same key twice, changes
-/// nothing.
+/// A leaked key file is replaced without re-encrypting anything, in two runs of the same
+/// rotation: after the first both key files open the remote (the new one is copied away, or
+/// rolled out to a cluster, meanwhile); after the second the old one opens nothing, an escrow
+/// key file added earlier still does, a third finds it finished, the store goes on syncing
+/// with the key file it now records, and the new one rebuilds every version. A rotation given
+/// a key file that does not open the remote, or the same key twice, changes nothing.
 #[test]
 fn a_rotated_key_file_replaces_the_old_one() {
     let url = fresh_url("rotate");
@@ -560,12 +560,11 @@ fn a_rotated_key_file_replaces_the_old_one() {
     let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
     let key = |name: &str| dir.path().join(name);
     let (old, new, escrow) = (key("key"), key("new-key"), key("escrow-key"));
-    let rotation = |from: &std::path::Path, to: &std::path::Path, keep_old: bool| {
+    let rotation = |from: &std::path::Path, to: &std::path::Path| {
         rotate_key(&RotateOptions {
             url: url.clone(),
             key_file: from.to_path_buf(),
             new_key_file: to.to_path_buf(),
-            keep_old,
             store_root: Some(root.clone()),
         })
     };
@@ -577,27 +576,26 @@ fn a_rotated_key_file_replaces_the_old_one() {
     };
     let stranger = key("stranger");
     revault_remote::create_key_file(&stranger).unwrap();
-    let e = rotation(&stranger, &new, false).unwrap_err();
+    let e = rotation(&stranger, &new).unwrap_err();
     assert_eq!(e.code(), "wrong_key", "{e}");
     assert!(!new.exists(), "a refused rotation creates no key file");
-    let e = rotation(&old, &old, false).unwrap_err();
-    assert_eq!(e.code(), "invalid_argument", "{e}");
-    let e = rotation(&old, &root.join("key"), false).unwrap_err();
+    let same = rotation(&old, &old).unwrap();
+    assert!(same.same_key && same.removed.is_none(), "{same:?}");
+    let e = rotation(&old, &root.join("key")).unwrap_err();
     assert!(e.to_string().contains("inside the store"), "{e}");
-    // An escrow key kept offline: added beside the old one, and never dropped by rotations.
-    let esc = rotation(&old, &escrow, true).unwrap();
+    // An escrow key kept offline: added beside the old one (a first run), never dropped.
+    let esc = rotation(&old, &escrow).unwrap();
     assert!(
         esc.added && !esc.finished && esc.removed.is_none(),
         "{esc:?}"
     );
 
-    // A key file the run creates exists only here: the old one keeps opening the remote.
-    let half = rotation(&old, &new, false).unwrap();
+    let first = rotation(&old, &new).unwrap();
     assert!(
-        half.created_key_file && half.added && !half.finished,
-        "{half:?}"
+        first.created_key_file && first.added && !first.finished,
+        "{first:?}"
     );
-    assert_eq!(half.key_files.len(), 3, "{half:?}");
+    assert_eq!(first.key_files.len(), 3, "{first:?}");
     assert_eq!(
         recorded(),
         old,
@@ -607,22 +605,22 @@ fn a_rotated_key_file_replaces_the_old_one() {
         owner(&url, k).unwrap();
     }
 
-    let done = rotation(&old, &new, false).unwrap();
-    assert!(
-        !done.added && !done.created_key_file && done.finished,
-        "{done:?}"
-    );
-    assert!(done.removed.is_some(), "{done:?}");
-    assert_eq!(done.key_files.len(), 2, "{done:?}");
+    let second = rotation(&old, &new).unwrap();
+    assert!(!second.added && second.finished, "{second:?}");
+    assert!(second.removed.is_some(), "{second:?}");
+    assert_eq!(second.key_files.len(), 2, "{second:?}");
     assert_eq!(recorded(), new);
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
     owner(&url, &escrow).unwrap();
-    // Run once more (it stopped, say, before it could say so): found finished.
-    let again = rotation(&old, &new, false).unwrap();
+    let third = rotation(&old, &new).unwrap();
     assert!(
-        again.finished && !again.added && again.removed.is_none(),
-        "{again:?}"
+        third.finished && !third.added && third.removed.is_none(),
+        "{third:?}"
     );
+    // With the store's record as the old key file (now the new one): which of the two left
+    // to drop cannot be told, so it is refused.
+    let e = rotation(&new, &new).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
 
     // The store reads the new key file from its record, and goes on.
     let remote = Remote::attach(&store, None).unwrap().unwrap();
@@ -672,11 +670,11 @@ fn a_rotation_refuses_a_descriptor_copied_from_another_store() {
         url: a.clone(),
         key_file: da.join("key"),
         new_key_file: dir.path().join("new-key"),
-        keep_old: false,
         store_root: None,
     })
     .unwrap_err();
     assert_eq!(e.code(), "remote_corrupt", "{e}");
+    assert!(e.to_string().contains("no generation claim"), "{e}");
     assert_eq!(
         std::fs::read(desc(&a)).unwrap(),
         before,
@@ -684,9 +682,9 @@ fn a_rotation_refuses_a_descriptor_copied_from_another_store() {
     );
 }
 
-/// Under Object Lock the descriptor's name takes a new version; the rotation works the same.
-/// The older versions (they wrap the data key for the old key file) are deleted once their
-/// retention ends, by running the rotation again; the new key file alone rebuilds the store.
+/// Under Object Lock the descriptor's name takes a new version at each write; the rotation
+/// works the same, counts the older versions (they still wrap the data key for the old key
+/// file), and the new key file alone rebuilds the store.
 #[test]
 fn a_key_file_rotates_under_object_lock() {
     let url = fresh_url("rotate-locked");
@@ -696,31 +694,21 @@ fn a_key_file_rotates_under_object_lock() {
     drop(remote);
     drop(store);
     let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
-    revault_remote::create_key_file(&new).unwrap();
     let rotation = || {
         rotate_key(&RotateOptions {
             url: url.clone(),
             key_file: old.clone(),
             new_key_file: new.clone(),
-            keep_old: false,
             store_root: None,
         })
         .unwrap()
     };
-    let rep = rotation();
-    assert!(
-        rep.added && rep.removed.is_some() && rep.finished,
-        "{rep:?}"
-    );
-    assert_eq!(rep.old_descriptors_left, 2, "{rep:?}");
+    let first = rotation();
+    assert!(first.added && !first.finished, "{first:?}");
+    let second = rotation();
+    assert!(second.removed.is_some() && second.finished, "{second:?}");
+    assert_eq!(second.older_descriptor_versions, Some(2), "{second:?}");
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
-    std::thread::sleep(Duration::from_secs(9));
-    let later = rotation();
-    assert_eq!(
-        (later.old_descriptors_deleted, later.old_descriptors_left),
-        (2, 0),
-        "{later:?}"
-    );
     let rebuilt = tempfile::tempdir().unwrap();
     let (s2, _r2) = recover_into(rebuilt.path(), &url, &new, true);
     assert_holds(&s2, &expected);

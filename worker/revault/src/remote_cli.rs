@@ -295,8 +295,8 @@ pub struct RotateKeyArgs {
     #[arg(long)]
     pub remote: Option<String>,
     /// The key file being replaced, which opens the remote now (default with --store: the
-    /// one it records).
-    #[arg(long, env = "REVAULT_KEY_FILE")]
+    /// one it records; REVAULT_KEY_FILE is not read here).
+    #[arg(long)]
     pub key_file: Option<PathBuf>,
     /// Every store under --remote (in a cluster, the remote.url all workers' prefixes are
     /// under), one after another; one that fails is reported and the others go on.
@@ -305,10 +305,6 @@ pub struct RotateKeyArgs {
     /// The key file that will open it (created, 32 random bytes, if missing).
     #[arg(long)]
     pub new_key_file: PathBuf,
-    /// Keep the old key file's access too: the first half of a rotation in a cluster; run
-    /// again without it once every worker has the new key file.
-    #[arg(long)]
-    pub keep_old: bool,
 }
 
 #[derive(Args)]
@@ -400,23 +396,14 @@ fn rotate_key(a: RotateKeyArgs, json: bool) -> Result<()> {
         (None, Some(c)) => c.key_file.clone(),
         (None, None) => bail!("give --key-file: a key file that opens {url} now"),
     };
-    // Every store gets the same new key file: made once, up front, and so (as for one
-    // store) the old one is dropped only by a later run, once the new one is copied away.
-    let made_here = a.every_store && !a.new_key_file.exists();
-    if made_here {
+    // Every store gets the same new key file: made once, up front.
+    if a.every_store && !a.new_key_file.exists() {
         revault_remote::create_key_file(&a.new_key_file)?;
-        if !json {
-            println!(
-                "new key file {}: each store below is opened by it and the old key file; copy it somewhere safe (without it the remotes cannot be read), then run this command again to drop the old key file",
-                a.new_key_file.display()
-            );
-        }
     }
     let opts = |url: RemoteUrl| RotateOptions {
         url,
         key_file: key_file.clone(),
         new_key_file: a.new_key_file.clone(),
-        keep_old: a.keep_old || made_here,
         store_root: store.as_ref().map(|s| s.root().to_path_buf()),
     };
     if !a.every_store {
@@ -426,7 +413,7 @@ fn rotate_key(a: RotateKeyArgs, json: bool) -> Result<()> {
         } else {
             say_rotated(&rep, &a.new_key_file);
         }
-        if store.is_some() {
+        if store.is_some() && rep.finished {
             warn_if_env_overrides(&a.new_key_file);
         }
         return Ok(());
@@ -490,26 +477,26 @@ fn say_rotated(rep: &revault_remote::RotateReport, new_key_file: &std::path::Pat
         rep.key_files.join(", ")
     );
     match (&rep.removed, rep.finished) {
-        (_, false) if rep.created_key_file => println!(
-            "{}: new key file {} ({}) added; {opened_by}. Copy {} somewhere safe (without it the remote cannot be read), then run this command again to drop the old key file",
+        (_, false) => println!(
+            "{}: {} key file {} ({}); {opened_by}. Copy {} somewhere safe (without it the remote cannot be read; in a cluster, roll it out to the workers), then run this command again to drop the old key file",
             rep.remote,
+            if rep.created_key_file { "created and added" } else if rep.added { "added" } else { "already added" },
             new_key_file.display(),
             rep.new_key_file,
             new_key_file.display()
         ),
-        (_, false) => println!(
-            "{}: key file {} {}; {opened_by}. The old key file keeps opening it until this runs without --keep-old",
+        (_, true) if rep.same_key => println!(
+            "{}: {} is the key file that opens it, and the only one: nothing to rotate",
             rep.remote,
-            rep.new_key_file,
-            if rep.added { "added" } else { "was already added" }
+            new_key_file.display()
         ),
         (Some(old), true) => println!("{}: key file {old} dropped; {opened_by}", rep.remote),
         (None, true) => println!("{}: already rotated; {opened_by}", rep.remote),
     }
-    if rep.old_descriptors_left > 0 {
+    if rep.finished && rep.older_descriptor_versions.unwrap_or(0) > 0 {
         println!(
-            "  {} older versions of its descriptor, which the old key file still opens, are under Object Lock until their retention ends: run this again then to delete them",
-            rep.old_descriptors_left
+            "  the bucket keeps {} older versions of its descriptor, which the old key file still opens: delete them (docs/remote.md, \"Keys\")",
+            rep.older_descriptor_versions.unwrap_or(0)
         );
     }
 }

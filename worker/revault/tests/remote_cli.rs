@@ -339,12 +339,13 @@ fn containers_go_up_while_the_backup_runs_and_a_killed_backup_leaves_nothing_beh
     assert_eq!(l["versions"].as_array().unwrap().len(), 1, "{l}");
 }
 
-/// A key file rotated in two halves, as a cluster does it: the new key file added beside the
+/// A key file rotated in two runs, as a cluster does it: the new key file added beside the
 /// old through the remote alone while the store keeps working on the old one, then the old
-/// one dropped through the store, which records the new one and goes on with it. Afterwards
-/// only the new key file rebuilds the store, every version byte-exact.
+/// one dropped through the store, which records the new one and goes on with it (a third run
+/// finds nothing to rotate). Afterwards only the new key file rebuilds the store, every
+/// version byte-exact.
 #[test]
-fn a_key_file_is_rotated_without_stopping_backups() {
+fn a_key_file_is_rotated_in_two_runs_while_backups_go_on() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (url, dir) = store_with_remote("cli-rotate");
     let (store, old, new) = (
@@ -367,7 +368,7 @@ fn a_key_file_is_rotated_without_stopping_backups() {
         input
     };
     let mut inputs = vec![backup(1)];
-    let half = ok_json(&[
+    let first = ok_json(&[
         "remote",
         "rotate-key",
         "--remote",
@@ -376,26 +377,31 @@ fn a_key_file_is_rotated_without_stopping_backups() {
         old.to_str().unwrap(),
         "--new-key-file",
         new.to_str().unwrap(),
-        "--keep-old",
     ]);
-    assert_eq!(half["keyFiles"].as_array().unwrap().len(), 2, "{half}");
-    assert!(half["createdKeyFile"].as_bool().unwrap(), "{half}");
+    assert_eq!(first["keyFiles"].as_array().unwrap().len(), 2, "{first}");
+    assert!(first["createdKeyFile"].as_bool().unwrap(), "{first}");
+    assert!(!first["finished"].as_bool().unwrap(), "{first}");
     inputs.push(backup(2));
-    let done = ok_json(&[
-        "remote",
-        "rotate-key",
-        "--store",
-        s,
-        "--new-key-file",
-        new.to_str().unwrap(),
-    ]);
-    assert!(done["finished"].as_bool().unwrap(), "{done}");
-    assert!(done["removed"].is_string(), "{done}");
+    let rotate_store = || {
+        ok_json(&[
+            "remote",
+            "rotate-key",
+            "--store",
+            s,
+            "--new-key-file",
+            new.to_str().unwrap(),
+        ])
+    };
+    let second = rotate_store();
+    assert!(second["finished"].as_bool().unwrap(), "{second}");
+    assert!(second["removed"].is_string(), "{second}");
     assert_eq!(
-        done["keyFiles"],
-        serde_json::json!([done["newKeyFile"]]),
-        "{done}"
+        second["keyFiles"],
+        serde_json::json!([second["newKeyFile"]]),
+        "{second}"
     );
+    let third = rotate_store();
+    assert!(third["sameKey"].as_bool().unwrap(), "{third}");
     inputs.push(backup(3));
 
     let recover = |key: &std::path::Path, to: &str| {
@@ -433,9 +439,10 @@ fn a_key_file_is_rotated_without_stopping_backups() {
 }
 
 /// In a cluster every worker's store has its own prefix under one remote.url, all opened by
-/// one key Secret: `--every-store` rotates each of them — the first run only adds the new key
-/// file it creates, the second drops the old one — and a store under the prefix that the key
-/// file does not open (another cluster's) is reported without stopping the others.
+/// one key Secret: `--every-store` rotates each of them — the first run adds the new key file
+/// it creates, the second drops the old one — and a store under the prefix that the key file
+/// does not open (another cluster's, sorted first here) is reported without stopping the
+/// others.
 /// Afterwards each opens with the new key file only.
 #[test]
 fn every_store_under_a_remote_is_rotated() {
@@ -450,7 +457,7 @@ fn every_store_under_a_remote_is_rotated() {
     for (n, k) in [
         ("node-a", &old),
         ("node-b", &old),
-        ("node-c", &key("strangers-key")),
+        ("node-0", &key("strangers-key")),
     ] {
         let s = dir.path().join(n);
         let s = s.to_str().unwrap();
@@ -487,7 +494,7 @@ fn every_store_under_a_remote_is_rotated() {
         ]);
         assert!(
             !out.status.success(),
-            "node-c cannot be rotated with this key file"
+            "node-0 cannot be rotated with this key file"
         );
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(doc["error"]["code"], "partly_rotated", "{doc}");
@@ -500,7 +507,7 @@ fn every_store_under_a_remote_is_rotated() {
             .collect();
         assert_eq!(by_remote.len(), 3, "{reps}");
         assert_eq!(
-            by_remote[&node("node-c")]["error"]["code"],
+            by_remote[&node("node-0")]["error"]["code"],
             "wrong_key",
             "{reps}"
         );
