@@ -191,7 +191,23 @@ impl Bucket {
         if body.len() > MULTIPART_ABOVE {
             return self.put_parts(name, body, lock).await;
         }
-        let mut req = self
+        self.put_request(name, body, lock)
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err(&format!("writing {}", self.key(name)), e))
+    }
+
+    /// A PutObject of `body` as `name`, with its checksum and Object Lock if `lock` is set.
+    fn put_request(
+        &self,
+        name: &str,
+        body: Bytes,
+        lock: Option<ObjectLock>,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        let req = self
             .client
             .put_object()
             .bucket(&self.url.bucket)
@@ -201,17 +217,12 @@ impl Bucket {
             // that is then evicted); Object Lock PUTs need a checksum anyway.
             .checksum_crc32_c(crc32c_of(&body))
             .body(ByteStream::from(body));
-        if let Some(l) = lock {
-            req = req
+        match lock {
+            Some(l) => req
                 .object_lock_mode(lock_mode(l))
-                .object_lock_retain_until_date(retain_until(l));
+                .object_lock_retain_until_date(retain_until(l)),
+            None => req,
         }
-        req.customize()
-            .disable_payload_signing()
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| map_err(&format!("writing {}", self.key(name)), e))
     }
 
     /// Replaces object `name` only if it is still the one read with ETag `etag`
@@ -223,19 +234,7 @@ impl Bucket {
         lock: Option<ObjectLock>,
         etag: &str,
     ) -> Result<Option<String>> {
-        let mut req = self
-            .client
-            .put_object()
-            .bucket(&self.url.bucket)
-            .key(self.key(name))
-            .if_match(etag)
-            .checksum_crc32_c(crc32c_of(&body))
-            .body(ByteStream::from(body));
-        if let Some(l) = lock {
-            req = req
-                .object_lock_mode(lock_mode(l))
-                .object_lock_retain_until_date(retain_until(l));
-        }
+        let req = self.put_request(name, body, lock).if_match(etag);
         match req.customize().disable_payload_signing().send().await {
             Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
             Err(e) => match status_of(&e) {
@@ -248,21 +247,8 @@ impl Bucket {
     /// Stores object `name` only if it does not exist yet (`If-None-Match: *`); false if it
     /// did. This is how two stores claiming one generation cannot both win.
     pub async fn put_new(&self, name: &str, body: Bytes, lock: Option<ObjectLock>) -> Result<bool> {
-        let mut req = self
-            .client
-            .put_object()
-            .bucket(&self.url.bucket)
-            .key(self.key(name))
-            .if_none_match("*")
-            .checksum_crc32_c(crc32c_of(&body))
-            .body(ByteStream::from(body));
-        if let Some(l) = lock {
-            req = req
-                .object_lock_mode(lock_mode(l))
-                .object_lock_retain_until_date(retain_until(l));
-        }
-        let r = req.customize().disable_payload_signing().send().await;
-        match r {
+        let req = self.put_request(name, body, lock).if_none_match("*");
+        match req.customize().disable_payload_signing().send().await {
             Ok(_) => Ok(true),
             Err(e) => match status_of(&e) {
                 Some(412) | Some(409) => Ok(false),
