@@ -1,14 +1,13 @@
 //! Rotating the key file: the data key stays, who can unwrap it changes.
 //!
 //! The descriptor lists the data key wrapped under each key file that may open the remote
-//! ([`crate::keys`]). A rotation takes two runs of the same command: the first adds the new key
-//! file's wrapping, the second (once the new file is copied somewhere safe, and in a cluster
-//! rolled out to the workers) drops the old key file's. Nothing is re-encrypted, and other
-//! wrappings (an escrow key kept offline) stay. A run never both adds and drops: a file given as
-//! the new key by mistake (a config file, a typo) is never the only key at once. Each write is
-//! a whole object, conditional on the descriptor being the one read (`If-Match`), so two
-//! rotations cannot silently undo each other; between the runs both key files open the
-//! remote, and a run after the last finds it finished (docs/remote.md, "Keys").
+//! ([`crate::keys`]). A rotation takes two steps, each a run of the command: the first adds
+//! the new key file's wrapping; the second, told so explicitly (`drop_old`) once the new file
+//! is copied somewhere safe (and in a cluster rolled out to the workers), drops the old key
+//! file's. Nothing is re-encrypted, and other wrappings (an escrow key kept offline) stay.
+//! Running a step again is harmless: adding finds the key added, dropping finds the rotation
+//! finished. Each write is a whole object, conditional on the descriptor being the one read
+//! (`If-Match`), so two rotations cannot silently undo each other (docs/remote.md, "Keys").
 //!
 //! Before anything is written, the data key must open this prefix's generation claims (a
 //! descriptor copied from another store would not), and each new descriptor is checked
@@ -35,11 +34,14 @@ pub struct RotateOptions {
     /// The key file being replaced: it opens the remote now (or did, before a run that
     /// dropped it, which is then found finished).
     pub key_file: PathBuf,
-    /// The key file that will open it (created, 32 random bytes, if missing).
+    /// The key file that will open it (created, 32 random bytes, by a run that adds it).
     pub new_key_file: PathBuf,
-    /// A store whose recorded key file (remote/remote.json) becomes the new one, written
-    /// just before the old one is dropped (both open the remote then). The caller holds the
-    /// store open, so no other process rewrites that file meanwhile.
+    /// The second step: drop the old key file's wrapping (the new one must be added already).
+    /// Without it a run only adds the new key file.
+    pub drop_old: bool,
+    /// A store whose recorded key file (remote/remote.json) becomes the new one once the old
+    /// one is dropped. The caller holds the store open, so no other process rewrites that
+    /// file, nor opens the store, meanwhile.
     pub store_root: Option<PathBuf>,
 }
 
@@ -86,13 +88,14 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
     let bucket = block(&rt, Bucket::connect(opts.url.clone()))?;
     let remote = opts.url.to_string();
     let (desc, etag) = read_tagged(&rt, &bucket)?;
-    // The old key file opens it; or, once a run dropped it, the new one does: running the
-    // same command again then finds it finished instead of failing.
     let key = match (old.unwrap(&remote, &desc), &existing) {
         (Ok(k), _) => k,
-        (Err(e @ RemoteError::WrongKey { .. }), Some(n)) => {
-            n.unwrap(&remote, &desc).map_err(|_| e)?
-        }
+        // Once the old key file is dropped, the new one opens the remote: a run after the
+        // last (or after a drop whose answer was lost) finds the rotation finished.
+        (Err(e @ RemoteError::WrongKey { .. }), Some(n)) => match n.unwrap(&remote, &desc) {
+            Ok(k) => k,
+            Err(_) => return Err(e),
+        },
         (Err(e), _) => return Err(e),
     };
     desc.verify(&remote, &key)?;
@@ -100,8 +103,23 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
     if let Some(root) = &opts.store_root {
         check_store(root, &desc, generation)?;
     }
-    if existing.as_ref().is_some_and(|n| n.id == old.id) {
-        return same_key(opts, &desc, &old, older_versions(&rt, &bucket));
+    let ids: Vec<String> = desc.keys.iter().map(|w| w.key_file.clone()).collect();
+    if let Some(n) = &existing {
+        if n.id == old.id || !ids.contains(&old.id) {
+            return only_key_left(opts, &rt, &bucket, n, &old, ids);
+        }
+    }
+    if opts.drop_old {
+        return drop_old(
+            opts,
+            &rt,
+            &bucket,
+            (desc, etag),
+            &key,
+            &old,
+            existing,
+            before_write,
+        );
     }
     // Only once the old key file is known to open the remote: a refused rotation leaves no
     // new key file behind to be mistaken for one that works.
@@ -110,82 +128,134 @@ fn rotate(opts: &RotateOptions, before_write: &dyn Fn()) -> Result<RotateReport>
         create_key_file(&opts.new_key_file)?;
     }
     let new = KeyFile::read(&opts.new_key_file)?;
-
-    let mut now = (desc, etag);
-    let added = !now.0.keys.iter().any(|w| w.key_file == new.id);
-    let mut removed = None;
+    let added = !ids.contains(&new.id);
+    let mut now = desc;
     if added {
-        let mut next = now.0.clone();
+        let mut next = now.clone();
         next.keys.push(new.wrap(&next.store, &key));
         before_write();
-        now = write(&rt, &bucket, next, &key, &now.1, &new)?;
-    } else if now.0.keys.iter().any(|w| w.key_file == old.id) {
-        // The store switches to the new key file while both open the remote.
-        if let Some(root) = &opts.store_root {
-            record_key_file(root, &opts.new_key_file)?;
-        }
-        // The file must still be the key wrapped for by the first run (not, say, a config
-        // file that changed since, or the store's record just rewritten).
-        if KeyFile::read(&opts.new_key_file)?.id != new.id {
-            return Err(RemoteError::Invalid(format!(
-                "{} is no longer the key file the first run added; the old key file still opens the remote",
-                opts.new_key_file.display()
-            )));
-        }
-        let mut next = now.0.clone();
-        next.keys.retain(|w| w.key_file != old.id);
-        before_write();
-        now = write(&rt, &bucket, next, &key, &now.1, &new)?;
-        removed = Some(old.id.clone());
+        now = write(&rt, &bucket, next, &key, &etag, &new)?.0;
     }
-    let finished = !now.0.keys.iter().any(|w| w.key_file == old.id);
-    if let (Some(root), true) = (&opts.store_root, finished) {
-        // Again, for a store whose rotation stopped between the drop and its record.
+    Ok(report(
+        opts,
+        &rt,
+        &bucket,
+        &new,
+        &old,
+        &now,
+        created_key_file,
+        added,
+        None,
+    ))
+}
+
+/// The second step: the new key file is added already; the old one's wrapping goes, then
+/// the store's record names the new one.
+#[allow(clippy::too_many_arguments)]
+fn drop_old(
+    opts: &RotateOptions,
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    (desc, etag): (Descriptor, String),
+    key: &DataKey,
+    old: &KeyFile,
+    new: Option<KeyFile>,
+    before_write: &dyn Fn(),
+) -> Result<RotateReport> {
+    let not_added = || {
+        RemoteError::Invalid(format!(
+            "{} does not open {} yet: run the rotation without --drop-old first (it adds it), and copy the key file somewhere safe",
+            opts.new_key_file.display(),
+            opts.url
+        ))
+    };
+    let new = new.ok_or_else(not_added)?;
+    if !desc.keys.iter().any(|w| w.key_file == new.id) {
+        return Err(not_added());
+    }
+    let mut next = desc;
+    next.keys.retain(|w| w.key_file != old.id);
+    before_write();
+    let (now, _) = write(rt, bucket, next, key, &etag, &new)?;
+    // After the drop, not before: a drop that failed leaves the record naming the old key
+    // file, which still opens the remote, and the same command finishes it. One stopped
+    // between the drop and this finds it finished when run again (and writes this then).
+    if let Some(root) = &opts.store_root {
+        record_key_file(root, &opts.new_key_file)?;
+    }
+    Ok(report(
+        opts,
+        rt,
+        bucket,
+        &new,
+        old,
+        &now,
+        false,
+        false,
+        Some(old.id.clone()),
+    ))
+}
+
+/// The new key file opens the remote, and either it is the old one too or the old one does
+/// not open the remote (dropped by an earlier run, or never one of its keys): finished, and
+/// the store's record switched, if the new key file is the only one left. Otherwise which
+/// key file is the old one cannot be told, and nothing is done.
+fn only_key_left(
+    opts: &RotateOptions,
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    new: &KeyFile,
+    old: &KeyFile,
+    ids: Vec<String>,
+) -> Result<RotateReport> {
+    if ids != [new.id.clone()] {
+        return Err(RemoteError::Invalid(format!(
+            "{} is opened by key files {}: {} (given as the key file to replace) is {}; give the key file to replace as --key-file",
+            opts.url,
+            ids.join(", "),
+            opts.key_file.display(),
+            if old.id == new.id { "the new key file itself".to_string() } else { format!("key file {}, not one of them", old.id) }
+        )));
+    }
+    if let Some(root) = &opts.store_root {
         record_key_file(root, &opts.new_key_file)?;
     }
     Ok(RotateReport {
-        remote,
-        new_key_file: new.id,
-        created_key_file,
-        added,
-        removed,
-        finished,
-        key_files: now.0.keys.iter().map(|w| w.key_file.clone()).collect(),
-        same_key: false,
-        older_descriptor_versions: older_versions(&rt, &bucket),
-    })
-}
-
-/// The old and the new key file are one key (with `--store`, the store records the new one
-/// once the old one is dropped): finished if it is the only key file left, refused otherwise,
-/// since which wrapping is the old one cannot be told.
-fn same_key(
-    opts: &RotateOptions,
-    desc: &Descriptor,
-    key: &KeyFile,
-    older: Option<u32>,
-) -> Result<RotateReport> {
-    let key_files: Vec<String> = desc.keys.iter().map(|w| w.key_file.clone()).collect();
-    if key_files != [key.id.clone()] {
-        return Err(RemoteError::Invalid(format!(
-            "{} is the key file {} that opens {} now (with {}): give the key file to drop as --key-file",
-            opts.new_key_file.display(),
-            key.id,
-            opts.url,
-            key_files.join(", ")
-        )));
-    }
-    Ok(RotateReport {
         remote: opts.url.to_string(),
-        new_key_file: key.id.clone(),
+        new_key_file: new.id.clone(),
         created_key_file: false,
         added: false,
         removed: None,
         finished: true,
-        key_files,
-        same_key: true,
-        older_descriptor_versions: older,
+        key_files: ids,
+        same_key: old.id == new.id,
+        older_descriptor_versions: older_versions(rt, bucket),
     })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    opts: &RotateOptions,
+    rt: &tokio::runtime::Runtime,
+    bucket: &Bucket,
+    new: &KeyFile,
+    old: &KeyFile,
+    now: &Descriptor,
+    created_key_file: bool,
+    added: bool,
+    removed: Option<String>,
+) -> RotateReport {
+    RotateReport {
+        remote: opts.url.to_string(),
+        new_key_file: new.id.clone(),
+        created_key_file,
+        added,
+        removed,
+        finished: !now.keys.iter().any(|w| w.key_file == old.id),
+        key_files: now.keys.iter().map(|w| w.key_file.clone()).collect(),
+        same_key: false,
+        older_descriptor_versions: older_versions(rt, bucket),
+    }
 }
 
 /// A key file kept in the store's own directory would be lost with the node, and a file
@@ -447,6 +517,7 @@ mod tests {
                 url: url.clone(),
                 key_file: dir.path().join("key"),
                 new_key_file: new,
+                drop_old: false,
                 store_root: None,
             }
         };

@@ -543,8 +543,8 @@ fn a_wrong_key_file_opens_nothing() {
 
 /// A leaked key file is replaced without re-encrypting anything, in two runs of the same
 /// rotation: after the first both key files open the remote (the new one is copied away, or
-/// rolled out to a cluster, meanwhile); after the second the old one opens nothing, an escrow
-/// key file added earlier still does, a third finds it finished, the store goes on syncing
+/// rolled out to a cluster, meanwhile); after the second (told to drop the old key file) the
+/// old one opens nothing, an escrow key file added earlier still does, the store goes on syncing
 /// with the key file it now records, and the new one rebuilds every version. A rotation given
 /// a key file that does not open the remote, or the same key twice, changes nothing.
 #[test]
@@ -560,11 +560,12 @@ fn a_rotated_key_file_replaces_the_old_one() {
     let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
     let key = |name: &str| dir.path().join(name);
     let (old, new, escrow) = (key("key"), key("new-key"), key("escrow-key"));
-    let rotation = |from: &std::path::Path, to: &std::path::Path| {
+    let rotation = |from: &std::path::Path, to: &std::path::Path, drop_old: bool| {
         rotate_key(&RotateOptions {
             url: url.clone(),
             key_file: from.to_path_buf(),
             new_key_file: to.to_path_buf(),
+            drop_old,
             store_root: Some(root.clone()),
         })
     };
@@ -576,21 +577,21 @@ fn a_rotated_key_file_replaces_the_old_one() {
     };
     let stranger = key("stranger");
     revault_remote::create_key_file(&stranger).unwrap();
-    let e = rotation(&stranger, &new).unwrap_err();
+    let e = rotation(&stranger, &new, false).unwrap_err();
     assert_eq!(e.code(), "wrong_key", "{e}");
     assert!(!new.exists(), "a refused rotation creates no key file");
-    let same = rotation(&old, &old).unwrap();
+    let same = rotation(&old, &old, false).unwrap();
     assert!(same.same_key && same.removed.is_none(), "{same:?}");
-    let e = rotation(&old, &root.join("key")).unwrap_err();
+    let e = rotation(&old, &root.join("key"), false).unwrap_err();
     assert!(e.to_string().contains("inside the store"), "{e}");
     // An escrow key kept offline: added beside the old one (a first run), never dropped.
-    let esc = rotation(&old, &escrow).unwrap();
+    let esc = rotation(&old, &escrow, false).unwrap();
     assert!(
         esc.added && !esc.finished && esc.removed.is_none(),
         "{esc:?}"
     );
 
-    let first = rotation(&old, &new).unwrap();
+    let first = rotation(&old, &new, false).unwrap();
     assert!(
         first.created_key_file && first.added && !first.finished,
         "{first:?}"
@@ -601,26 +602,38 @@ fn a_rotated_key_file_replaces_the_old_one() {
         old,
         "the store keeps its key file until the old one is dropped"
     );
+    // The first step run again (its answer lost, say) adds nothing and drops nothing.
+    let again = rotation(&old, &new, false).unwrap();
+    assert!(
+        !again.added && !again.finished && again.removed.is_none(),
+        "{again:?}"
+    );
     for k in [&old, &new, &escrow] {
         owner(&url, k).unwrap();
     }
+    // A wrong key file given as the one to replace, half-way: not mistaken for a finished
+    // rotation (the new key file opens the remote, but so do others).
+    let e = rotation(&stranger, &new, true).unwrap_err();
+    assert!(e.to_string().contains("not one of them"), "{e}");
+    owner(&url, &old).unwrap();
 
-    let second = rotation(&old, &new).unwrap();
+    let second = rotation(&old, &new, true).unwrap();
     assert!(!second.added && second.finished, "{second:?}");
     assert!(second.removed.is_some(), "{second:?}");
     assert_eq!(second.key_files.len(), 2, "{second:?}");
     assert_eq!(recorded(), new);
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");
     owner(&url, &escrow).unwrap();
-    let third = rotation(&old, &new).unwrap();
-    assert!(
-        third.finished && !third.added && third.removed.is_none(),
-        "{third:?}"
-    );
-    // With the store's record as the old key file (now the new one): which of the two left
-    // to drop cannot be told, so it is refused.
-    let e = rotation(&new, &new).unwrap_err();
+    // Run again, with the escrow key file still there: which key file is the old one cannot
+    // be told, so it is refused rather than said to be finished; and a drop before its add
+    // (a key file that opens nothing yet) is refused and creates nothing.
+    let e = rotation(&old, &new, true).unwrap_err();
     assert_eq!(e.code(), "invalid_argument", "{e}");
+    let e = rotation(&new, &new, true).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    let e = rotation(&new, &key("later"), true).unwrap_err();
+    assert!(e.to_string().contains("without --drop-old first"), "{e}");
+    assert!(!key("later").exists());
 
     // The store reads the new key file from its record, and goes on.
     let remote = Remote::attach(&store, None).unwrap().unwrap();
@@ -670,6 +683,7 @@ fn a_rotation_refuses_a_descriptor_copied_from_another_store() {
         url: a.clone(),
         key_file: da.join("key"),
         new_key_file: dir.path().join("new-key"),
+        drop_old: false,
         store_root: None,
     })
     .unwrap_err();
@@ -694,18 +708,19 @@ fn a_key_file_rotates_under_object_lock() {
     drop(remote);
     drop(store);
     let (old, new) = (dir.path().join("key"), dir.path().join("new-key"));
-    let rotation = || {
+    let rotation = |drop_old: bool| {
         rotate_key(&RotateOptions {
             url: url.clone(),
             key_file: old.clone(),
             new_key_file: new.clone(),
+            drop_old,
             store_root: None,
         })
         .unwrap()
     };
-    let first = rotation();
+    let first = rotation(false);
     assert!(first.added && !first.finished, "{first:?}");
-    let second = rotation();
+    let second = rotation(true);
     assert!(second.removed.is_some() && second.finished, "{second:?}");
     assert_eq!(second.older_descriptor_versions, Some(2), "{second:?}");
     assert_eq!(owner(&url, &old).unwrap_err().code(), "wrong_key");

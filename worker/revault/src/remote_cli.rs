@@ -302,9 +302,14 @@ pub struct RotateKeyArgs {
     /// under), one after another; one that fails is reported and the others go on.
     #[arg(long, requires = "remote")]
     pub every_store: bool,
-    /// The key file that will open it (created, 32 random bytes, if missing).
+    /// The key file that will open it (created, 32 random bytes, by the first step).
     #[arg(long)]
     pub new_key_file: PathBuf,
+    /// The second step: drop the old key file (the first step, without this flag, added
+    /// the new one). Run it once the new key file is copied somewhere safe, and in a
+    /// cluster once every worker runs with it.
+    #[arg(long)]
+    pub drop_old: bool,
 }
 
 #[derive(Args)]
@@ -396,14 +401,11 @@ fn rotate_key(a: RotateKeyArgs, json: bool) -> Result<()> {
         (None, Some(c)) => c.key_file.clone(),
         (None, None) => bail!("give --key-file: a key file that opens {url} now"),
     };
-    // Every store gets the same new key file: made once, up front.
-    if a.every_store && !a.new_key_file.exists() {
-        revault_remote::create_key_file(&a.new_key_file)?;
-    }
     let opts = |url: RemoteUrl| RotateOptions {
         url,
         key_file: key_file.clone(),
         new_key_file: a.new_key_file.clone(),
+        drop_old: a.drop_old,
         store_root: store.as_ref().map(|s| s.root().to_path_buf()),
     };
     if !a.every_store {
@@ -476,22 +478,22 @@ fn say_rotated(rep: &revault_remote::RotateReport, new_key_file: &std::path::Pat
         if rep.key_files.len() == 1 { "" } else { "s" },
         rep.key_files.join(", ")
     );
-    match (&rep.removed, rep.finished) {
-        (_, false) => println!(
-            "{}: {} key file {} ({}); {opened_by}. Copy {} somewhere safe (without it the remote cannot be read; in a cluster, roll it out to the workers), then run this command again to drop the old key file",
+    match &rep.removed {
+        _ if !rep.finished => println!(
+            "{}: {} key file {} ({}); {opened_by}. Copy {} somewhere safe (without it the remote cannot be read; in a cluster, roll it out to the workers), then run this command again with --drop-old",
             rep.remote,
             if rep.created_key_file { "created and added" } else if rep.added { "added" } else { "already added" },
             new_key_file.display(),
             rep.new_key_file,
             new_key_file.display()
         ),
-        (_, true) if rep.same_key => println!(
+        _ if rep.same_key => println!(
             "{}: {} is the key file that opens it, and the only one: nothing to rotate",
             rep.remote,
             new_key_file.display()
         ),
-        (Some(old), true) => println!("{}: key file {old} dropped; {opened_by}", rep.remote),
-        (None, true) => println!("{}: already rotated; {opened_by}", rep.remote),
+        Some(old) => println!("{}: key file {old} dropped; {opened_by}", rep.remote),
+        None => println!("{}: already rotated; {opened_by}", rep.remote),
     }
     if rep.finished && rep.older_descriptor_versions.unwrap_or(0) > 0 {
         println!(

@@ -339,10 +339,10 @@ fn containers_go_up_while_the_backup_runs_and_a_killed_backup_leaves_nothing_beh
     assert_eq!(l["versions"].as_array().unwrap().len(), 1, "{l}");
 }
 
-/// A key file rotated in two runs, as a cluster does it: the new key file added beside the
+/// A key file rotated in two steps, as a cluster does it: the new key file added beside the
 /// old through the remote alone while the store keeps working on the old one, then the old
-/// one dropped through the store, which records the new one and goes on with it (a third run
-/// finds nothing to rotate). Afterwards only the new key file rebuilds the store, every
+/// one dropped (`--drop-old`) through the store, which records the new one and goes on with
+/// it (the drop run again finds nothing to rotate). Afterwards only the new key file rebuilds the store, every
 /// version byte-exact.
 #[test]
 fn a_key_file_is_rotated_in_two_runs_while_backups_go_on() {
@@ -383,13 +383,15 @@ fn a_key_file_is_rotated_in_two_runs_while_backups_go_on() {
     assert!(!first["finished"].as_bool().unwrap(), "{first}");
     inputs.push(backup(2));
     let rotate_store = || {
+        let n = new.to_str().unwrap();
         ok_json(&[
             "remote",
             "rotate-key",
             "--store",
             s,
             "--new-key-file",
-            new.to_str().unwrap(),
+            n,
+            "--drop-old",
         ])
     };
     let second = rotate_store();
@@ -440,10 +442,9 @@ fn a_key_file_is_rotated_in_two_runs_while_backups_go_on() {
 
 /// In a cluster every worker's store has its own prefix under one remote.url, all opened by
 /// one key Secret: `--every-store` rotates each of them — the first run adds the new key file
-/// it creates, the second drops the old one — and a store under the prefix that the key file
-/// does not open (another cluster's, sorted first here) is reported without stopping the
-/// others.
-/// Afterwards each opens with the new key file only.
+/// it creates, the second (`--drop-old`) drops the old one — and a store under the prefix
+/// that the key file does not open (another cluster's, sorted first here) is reported
+/// without stopping the others. Afterwards each opens with the new key file only.
 #[test]
 fn every_store_under_a_remote_is_rotated() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -479,19 +480,22 @@ fn every_store_under_a_remote_is_rotated() {
             input.to_str().unwrap(),
         ]);
     }
-    let rotate = || {
-        let out = revault(&[
+    let rotate = |drop_old: bool| {
+        let u = url.to_string();
+        let mut args = vec![
             "remote",
             "rotate-key",
             "--remote",
-            &url.to_string(),
+            &u,
             "--every-store",
-            "--key-file",
-            old.to_str().unwrap(),
-            "--new-key-file",
-            new.to_str().unwrap(),
             "--json",
-        ]);
+        ];
+        args.extend(["--key-file", old.to_str().unwrap()]);
+        args.extend(["--new-key-file", new.to_str().unwrap()]);
+        if drop_old {
+            args.push("--drop-old");
+        }
+        let out = revault(&args);
         assert!(
             !out.status.success(),
             "node-0 cannot be rotated with this key file"
@@ -513,12 +517,12 @@ fn every_store_under_a_remote_is_rotated() {
         );
         by_remote
     };
-    let first = rotate();
+    let first = rotate(false);
     assert!(new.exists());
     for n in ["node-a", "node-b"] {
         assert_eq!(first[&node(n)]["finished"], false, "{:?}", first[&node(n)]);
     }
-    let second = rotate();
+    let second = rotate(true);
     for n in ["node-a", "node-b"] {
         let rep = &second[&node(n)];
         assert_eq!(rep["finished"], true, "{rep}");
