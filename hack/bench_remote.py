@@ -8,7 +8,8 @@ throughput step:
    see the same machine; the remote-on copies get a copy of the bucket too; the first version
    into empty stores, on and off interleaved (every container new); and the same through
    `revault serve` + `revault push`, where the worker acknowledges from local disk and uploads in
-   the background (what Kubernetes users run); where the remote-on backup's time goes: the
+   the background (what Kubernetes users run); a 1.5 GB daily version (the kube versions but
+   one, shifted by one), on and off interleaved; where the remote-on backup's time goes: the
    sync's steps (its `revault_remote=debug` log) and opening the remote (`revault list` with
    and without one, interleaved);
 2. restore of the latest version from a store rebuilt with `recover --lazy`: every container is
@@ -145,32 +146,46 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def large_version(rv, timed_cpu, tars, work, runs, key, bucket, series, fresh_copy, s3root):
+def base_store(rv, work, name, mode, bucket, key, series, inputs):
+    """A store `remote-NAME-MODE` holding `inputs` as versions of `series` (live window 1,
+    automatic slides); with mode "on", its remote is `s3://BUCKET/NAME-base`. Returns the
+    store and the seconds its backups took."""
+    base = work / f"remote-{name}-{mode}"
+    shutil.rmtree(base, ignore_errors=True)
+    extra = ["--remote", f"s3://{bucket}/{name}-base", "--key-file", key] if mode == "on" else []
+    rv("init", "--store", base, *extra, "--json")
+    rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
+    t0 = time.perf_counter()
+    for t in inputs:
+        rv("backup", "--store", base, "--series", series, t, "--json")
+    return base, time.perf_counter() - t0
+
+
+def large_version(rv, timed_cpu, tars, work, runs, key, bucket, series, fresh_copy, s3root, s3_pid):
     """A daily backup of a larger volume: every kube version but the last, one after another
     in one stream, then every version but the first (the same bytes shifted by one version, a
-    new one at the end). The command's fixed cost with a remote (opening it, the checkpoint,
-    the head; about 50-90 ms) is spread over 1.4 GB instead of the last version's 157 MiB."""
+    new one at the end). Whether the remote's cost is the command's fixed cost (opening it,
+    the checkpoint, the head), which 1.5 GB would hide, or grows with the backup."""
     a, b = work / "remote-large-a.bin", work / "remote-large-b.bin"
     for out, parts in ((a, tars[:-1]), (b, tars[1:])):
         with open(out, "wb") as f:
             for t in parts:
                 with open(t, "rb") as src:
                     shutil.copyfileobj(src, f, 1 << 22)
-    bases = {}
-    for mode in ("off", "on"):
-        base = work / f"remote-large-{mode}"
-        shutil.rmtree(base, ignore_errors=True)
-        extra = ["--remote", f"s3://{bucket}/large-base", "--key-file", key] if mode == "on" else []
-        rv("init", "--store", base, *extra, "--json")
-        rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
-        rv("backup", "--store", base, "--series", series, a, "--json")
-        bases[mode] = base
-    out = {"off": [], "on": [], "bytes": b.stat().st_size}
+    bases = {m: base_store(rv, work, "large", m, bucket, key, series, [a])[0] for m in ("off", "on")}
+    out = {"off": [], "on": [], "bytes": b.stat().st_size, "cpu": {"off": [], "on": []}, "s3_cpu": []}
     for i in range(runs):
         for mode in ("off", "on"):
             trial = fresh_copy(mode, "large", i, src=bases[mode], src_prefix="large-base")
-            wall, _, _ = timed_cpu("backup", "--store", trial, "--series", series, b, "--json")
+            s3_before = cpu_seconds(s3_pid)
+            wall, cpu, rep = timed_cpu("backup", "--store", trial, "--series", series, b, "--json")
             out[mode].append(wall)
+            out["cpu"][mode].append(cpu)
+            if mode == "on":
+                out["s3_cpu"].append(cpu_seconds(s3_pid) - s3_before)
+            # What the backup and its slide wrote (the same on and off).
+            out["written"] = {"backup_container_bytes": rep["new_container_bytes"],
+                              "slide_bytes": (rep.get("slide") or {}).get("bytes_written", 0)}
             shutil.rmtree(trial, ignore_errors=True)
             shutil.rmtree(s3root / bucket / f"large{i}", ignore_errors=True)
     for p in (a, b, *bases.values()):
@@ -183,21 +198,11 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
     key = work / "remote-key"
     key.unlink(missing_ok=True)
     bucket = "revault-bench"
-    stores = {}
-    for mode in ("off", "on"):
-        base = work / f"remote-{mode}"
-        shutil.rmtree(base, ignore_errors=True)
-        extra = ["--remote", f"s3://{bucket}/base", "--key-file", key] if mode == "on" else []
-        rv("init", "--store", base, *extra, "--json")
-        rv("retention", "set", "--store", base, "--series", series, "--live", 1, "--auto", "--json")
-        t0 = time.perf_counter()
-        for t in tars[:-1]:
-            rv("backup", "--store", base, "--series", series, t, "--json")
-        stores[mode] = (base, time.perf_counter() - t0)
+    stores = {m: base_store(rv, work, "kube", m, bucket, key, series, tars[:-1]) for m in ("off", "on")}
     logical = tars[-1].stat().st_size
     backup = {"off": [], "on": []}
     cpu = {"off": [], "on": []}
-    def fresh_copy(mode, kind, i, src=None, src_prefix="base"):
+    def fresh_copy(mode, kind, i, src=None, src_prefix="kube-base"):
         """A copy of the mode's store holding the first versions (or of `src`); with the remote
         on, over a copy of its bucket prefix (so every run uploads the same change)."""
         trial = work / f"remote-{mode}-{kind}"
@@ -253,7 +258,7 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
             if mode == "on":
                 first_s3_cpu.append(cpu_seconds(s3_pid) - s3_before)
             shutil.rmtree(empty, ignore_errors=True)
-    large = large_version(rv, timed_cpu, tars, work, runs, key, bucket, series, fresh_copy, s3root)
+    large = large_version(rv, timed_cpu, tars, work, runs, key, bucket, series, fresh_copy, s3root, s3_pid)
     served = {"off": [], "on": []}
     for i in range(runs):
         for mode in ("off", "on"):
@@ -311,6 +316,9 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
         "large_backup_on_mb_s": large["bytes"] / 1e6 / med(large["on"]),
         "large_backup_on_vs_off": med(large["off"]) / med(large["on"]),
         "large_backup_runs_s": {m: large[m] for m in ("off", "on")},
+        "large_backup_cpu_s": {m: med(v) for m, v in large["cpu"].items()},
+        "large_backup_s3_server_cpu_s": med(large["s3_cpu"]),
+        "large_backup_written": large["written"],
         "sync_step_ms": {k: med(v) for k, v in sync_steps.items() if v},
         "open_list_ms": {m: med(v) for m, v in open_ms.items()},
         "first_backup_s3_server_cpu_s": med(first_s3_cpu),
@@ -341,7 +349,9 @@ def measure(rv, timed_cpu, log, tars, work, runs, s3root, bin_path, s3_pid):
         f"on {res['first_backup_on_mb_s']:.0f} MB/s (CPU s off {res['first_backup_cpu_s']['off']:.2f}, on "
         f"{res['first_backup_cpu_s']['on']:.2f}, the S3 server {res['first_backup_s3_server_cpu_s']:.2f}); "
         f"large version ({res['logical_bytes_large'] / 1e9:.1f} GB) off {res['large_backup_off_mb_s']:.0f}, "
-        f"on {res['large_backup_on_mb_s']:.0f} MB/s (on/off time {1 / res['large_backup_on_vs_off']:.2f}); "
+        f"on {res['large_backup_on_mb_s']:.0f} MB/s (on/off time {1 / res['large_backup_on_vs_off']:.2f}; CPU s off "
+        f"{res['large_backup_cpu_s']['off']:.2f}, on {res['large_backup_cpu_s']['on']:.2f}, the S3 server "
+        f"{res['large_backup_s3_server_cpu_s']:.2f}; wrote {res['large_backup_written']}); "
         f"sync steps ms {res['sync_step_ms']}; `revault list` ms {res['open_list_ms']}; served push off {res['served_push_off_mb_s']:.0f}, "
         f"on {res['served_push_on_mb_s']:.0f} MB/s; restore from the bucket {res['restore_from_bucket_mb_s']:.0f} MB/s "
         f"({res['restore_gets_per_container_read']:.1f} GETs per container read; system s {res['restore_system_s']['off']:.2f}, "
