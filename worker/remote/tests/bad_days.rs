@@ -25,6 +25,13 @@ fn rebuild(url: &RemoteUrl, key: &std::path::Path) -> (tempfile::TempDir, Store,
     (dir, s, r)
 }
 
+/// The store at `root` opened again with its remote, as a restarted process does.
+fn reopen(root: &std::path::Path) -> (Store, Remote) {
+    let store = Store::open(root, OpenMode::ReadWrite, "test").unwrap();
+    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    (store, remote)
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     let st = std::process::Command::new("cp")
         .arg("-a")
@@ -49,8 +56,7 @@ fn a_store_whose_disk_went_back_in_time_uploads_and_deletes_nothing() {
     drop(remote);
     drop(store);
     copy_dir(&root, &dir.path().join("snapshot"));
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     let v2 = random(1_200_000, 2);
     backup_bytes(&store, "ns/a", &v2, DedupUnit::Chunk);
     remote.sync(&store).unwrap();
@@ -67,8 +73,7 @@ fn a_store_whose_disk_went_back_in_time_uploads_and_deletes_nothing() {
     // The snapshot comes back, and changes something.
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::rename(dir.path().join("snapshot"), &root).unwrap();
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     // As the CLI does: containers go up as they are sealed. The rolled-back store reuses the
     // session (so the container names) of version 2, whose only copy is in the bucket now.
     remote.upload_as_sealed(&store);
@@ -198,8 +203,7 @@ fn losing_the_uploaders_records_with_containers_evicted_loses_nothing() {
     drop(remote);
     drop(store);
     std::fs::remove_dir_all(root.join("remote/state")).unwrap();
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     backup_bytes(&store, "ns/a", &random(200_000, 3), DedupUnit::Chunk);
     remote
         .sync(&store)
@@ -347,8 +351,7 @@ fn a_head_written_but_not_recorded_is_the_stores_own() {
     // The process dies there.
     drop(remote);
     drop(store);
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     let v2 = random(900_000, 2);
     backup_bytes(&store, "ns/a", &v2, DedupUnit::Chunk);
     remote.sync(&store).unwrap();
@@ -380,8 +383,7 @@ fn a_copy_taken_while_a_head_was_being_written_does_not_take_the_originals_head_
     drop(store);
     copy_dir(&root, &dir.path().join("snapshot"));
     // The original goes on and writes that head (same name, its own bytes).
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     remote.sync(&store).unwrap();
     assert_eq!(remote.durable_version("ns/a"), Some(2));
     drop(remote);
@@ -389,8 +391,7 @@ fn a_copy_taken_while_a_head_was_being_written_does_not_take_the_originals_head_
     // The copy comes back.
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::rename(dir.path().join("snapshot"), &root).unwrap();
-    let store = Store::open(&root, OpenMode::ReadWrite, "test").unwrap();
-    let remote = Remote::attach(&store, None).unwrap().unwrap();
+    let (store, remote) = reopen(&root);
     backup_bytes(&store, "ns/a", &random(300_000, 3), DedupUnit::Chunk);
     let e = remote.sync(&store).unwrap_err();
     assert_eq!(e.code(), "remote_diverged", "{e}");
